@@ -1,0 +1,275 @@
+"""Blob: Caffe's N-D array pair (data, diff), float32.
+
+Memory is a flat buffer with a capacity, as in Caffe: reshaping within the capacity keeps the buffer (and
+its contents), growing it allocates a new zero-filled one.  ``data``/``diff`` are views of the buffer in
+the blob's shape, so pycaffe code such as ``net.blobs['data'].data[...] = x`` writes into the net.
+Buffers are allocated lazily (zero-filled) on first access.  Two blobs can share data or diff memory
+(Split tops, Flatten/Reshape, weight sharing, in-place layers use the very same Blob object).
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator, Sequence
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from cct.errors import CctError
+
+MAX_AXES = 32
+DTYPE = np.float32
+_default_dtype: Any = DTYPE
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: Any) -> Iterator[None]:
+    """Blobs created inside the block use ``dtype`` (float32 otherwise).
+
+    Nets and the command line are float32 like Caffe; float64 exists for gradient checks (as Caffe's own
+    tests run every layer in double too)."""
+    global _default_dtype
+    old, _default_dtype = _default_dtype, np.dtype(dtype)
+    try:
+        yield
+    finally:
+        _default_dtype = old
+
+
+class _Buffer:
+    """A flat array that several blobs may reference (Caffe's SyncedMemory)."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, xp: ModuleType, capacity: int, dtype: Any):
+        self.array = xp.zeros(max(capacity, 1), dtype=dtype)
+
+
+class Blob:
+    """An N-D float32 array of data and the gradient (diff) of the same shape."""
+
+    __slots__ = ("_shape", "_count", "_data_buf", "_diff_buf", "_data", "_diff", "xp", "dtype",
+                 "__weakref__")
+
+    def __init__(self, shape: Iterable[int] = (), xp: ModuleType = np, dtype: Any = None):
+        self.xp = xp
+        self.dtype = np.dtype(dtype) if dtype is not None else _default_dtype
+        self._shape: tuple[int, ...] = ()
+        self._count = 1
+        self._data_buf: _Buffer | None = None
+        self._diff_buf: _Buffer | None = None
+        self._data: Any = None
+        self._diff: Any = None
+        self.reshape(shape)
+
+    # ---- shape -------------------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._shape
+
+    @property
+    def count(self) -> int:
+        return self._count
+
+    @property
+    def num_axes(self) -> int:
+        return len(self._shape)
+
+    def reshape(self, *shape: Any) -> None:
+        """Reshape to ``shape`` (ints, or one sequence of ints).  Keeps memory if the count fits."""
+        if len(shape) == 1 and isinstance(shape[0], Iterable) and not isinstance(shape[0], (str, bytes)):
+            shape = tuple(shape[0])
+        dims = tuple(int(d) for d in shape)
+        if dims == self._shape and (self._data_buf is not None or self._diff_buf is not None):
+            return
+        if len(dims) > MAX_AXES:
+            raise CctError(f"blob has {len(dims)} axes; at most {MAX_AXES} are supported")
+        if any(d < 0 for d in dims):
+            raise CctError(f"blob shape {dims} has a negative dimension")
+        count = 1
+        for d in dims:
+            count *= d
+        self._shape = dims
+        self._count = count
+        for name in ("_data_buf", "_diff_buf"):
+            buf = getattr(self, name)
+            if buf is not None and buf.array.size < count:
+                setattr(self, name, None)  # grows: new zero-filled memory on next access
+        self._data = None
+        self._diff = None
+
+    def reshape_like(self, other: Blob) -> None:
+        self.reshape(other.shape)
+
+    def shape_string(self) -> str:
+        """Caffe's ``shape_string``: ``'64 1 28 28 (50176)'``; a scalar is ``'(1)'``."""
+        return "".join(f"{d} " for d in self._shape) + f"({self._count})"
+
+    def canonical_axis_index(self, axis: int) -> int:
+        n = len(self._shape)
+        if not -n <= axis < max(n, 1):
+            raise CctError(f"axis {axis} out of range for a {n}-D blob with shape {self.shape_string()}")
+        return axis + n if axis < 0 else axis
+
+    def count_range(self, start: int, end: int | None = None) -> int:
+        """Product of dims ``start..end-1`` (Caffe's ``count(start, end)``)."""
+        c = 1
+        for d in self._shape[start:end]:
+            c *= d
+        return c
+
+    # legacy 4-D accessors (pycaffe's num/channels/height/width)
+    def _legacy(self, i: int) -> int:
+        if len(self._shape) > 4:
+            raise CctError(f"legacy accessor used on a {len(self._shape)}-D blob")
+        return self._shape[i] if i < len(self._shape) else 1
+
+    @property
+    def num(self) -> int:
+        return self._legacy(0)
+
+    @property
+    def channels(self) -> int:
+        return self._legacy(1)
+
+    @property
+    def height(self) -> int:
+        return self._legacy(2)
+
+    @property
+    def width(self) -> int:
+        return self._legacy(3)
+
+    # ---- memory ------------------------------------------------------------------------------
+    @property
+    def data(self) -> Any:
+        """The data as an array of the blob's shape (a live view: writes go into the blob)."""
+        if self._data is None:
+            if self._data_buf is None:
+                self._data_buf = _Buffer(self.xp, self._count, self.dtype)
+            self._data = self._data_buf.array[: self._count].reshape(self._shape)
+        return self._data
+
+    @property
+    def diff(self) -> Any:
+        """The gradient, same shape as ``data`` (a live view)."""
+        if self._diff is None:
+            if self._diff_buf is None:
+                self._diff_buf = _Buffer(self.xp, self._count, self.dtype)
+            self._diff = self._diff_buf.array[: self._count].reshape(self._shape)
+        return self._diff
+
+    def share_data(self, other: Blob) -> None:
+        """Use ``other``'s data memory (counts must match)."""
+        if other.count != self._count:
+            raise CctError(f"cannot share data: count {other.count} != {self._count}")
+        other.data  # noqa: B018 - make sure the buffer exists
+        self._data_buf = other._data_buf
+        self._data = None
+
+    def share_diff(self, other: Blob) -> None:
+        """Use ``other``'s diff memory (counts must match)."""
+        if other.count != self._count:
+            raise CctError(f"cannot share diff: count {other.count} != {self._count}")
+        other.diff  # noqa: B018
+        self._diff_buf = other._diff_buf
+        self._diff = None
+
+    def shares_data_with(self, other: Blob) -> bool:
+        return self._data_buf is not None and self._data_buf is other._data_buf
+
+    def set_data(self, values: Any) -> None:
+        """Copy ``values`` (broadcastable) into data."""
+        self.data[...] = values
+
+    def set_diff(self, values: Any) -> None:
+        self.diff[...] = values
+
+    def update(self) -> None:
+        """``data -= diff`` (Caffe's ``Blob::Update``)."""
+        self.data -= self.diff
+
+    def __repr__(self) -> str:
+        return f"Blob({self.shape_string()})"
+
+
+class BlobVec(list):
+    """A layer's list of parameter blobs; ``add_blob(*shape)`` as in pycaffe's ``layer.blobs``."""
+
+    def add_blob(self, *shape: int) -> Blob:
+        b = Blob(shape)
+        self.append(b)
+        return b
+
+
+def shape_equals_legacy(proto_dims: Sequence[int], shape: Sequence[int]) -> bool:
+    """Caffe's ``ShapeEquals`` for a legacy (num, channels, height, width) proto: the target shape,
+    right-aligned and left-padded with 1s to 4 axes, must equal the four legacy dims."""
+    if len(shape) > 4:
+        return False
+    padded = (1,) * (4 - len(shape)) + tuple(shape)
+    return padded == tuple(proto_dims)
+
+
+def blob_from_proto(proto: Any, blob: Blob | None = None, reshape: bool = True) -> Blob:
+    """Caffe's ``Blob::FromProto``: shape from legacy num/channels/height/width if any is set, else
+    ``shape.dim``; data from ``double_data`` if present else ``data``; diff likewise if present."""
+    legacy = any(proto.HasField(f) for f in ("num", "channels", "height", "width"))
+    shape = (proto.num, proto.channels, proto.height, proto.width) if legacy else tuple(proto.shape.dim)
+    if blob is None:
+        blob = Blob(shape)
+    elif reshape:
+        blob.reshape(shape)
+    count = blob.count
+    src = proto.double_data if len(proto.double_data) else proto.data
+    if len(src) != count:
+        raise CctError(f"blob proto has {len(src)} values for shape {shape} (count {count})")
+    blob.data[...] = blob.xp.asarray(np.fromiter(src, dtype=np.float64 if src is proto.double_data
+                                                  else np.float32, count=count).reshape(blob.shape))
+    diff = proto.double_diff if len(proto.double_diff) else proto.diff
+    if len(diff):
+        if len(diff) != count:
+            raise CctError(f"blob proto has {len(diff)} diff values for shape {shape} (count {count})")
+        blob.diff[...] = blob.xp.asarray(np.fromiter(diff, dtype=np.float64 if diff is proto.double_diff
+                                                      else np.float32, count=count).reshape(blob.shape))
+    return blob
+
+
+def proto_shape(proto: Any) -> tuple[int, ...]:
+    """The shape a BlobProto describes (legacy 4-D or ``shape.dim``)."""
+    if any(proto.HasField(f) for f in ("num", "channels", "height", "width")):
+        return (proto.num, proto.channels, proto.height, proto.width)
+    return tuple(proto.shape.dim)
+
+
+def blob_to_proto(blob: Blob, proto: Any, write_diff: bool = False) -> Any:
+    """Caffe's ``Blob::ToProto``: ``shape.dim`` + float ``data`` (+ ``diff``)."""
+    from cct.device import to_host
+
+    proto.Clear()
+    proto.shape.dim.extend(blob.shape)
+    # Packed floats go in as raw bytes: parsing them is a memcpy, while extend() converts one by one.
+    proto.MergeFromString(_packed_floats(5, to_host(blob.data)))
+    if write_diff:
+        proto.MergeFromString(_packed_floats(6, to_host(blob.diff)))
+    return proto
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def _packed_floats(field_number: int, values: np.ndarray) -> bytes:
+    """Wire encoding of a packed ``repeated float`` field holding ``values``."""
+    raw = np.ascontiguousarray(values, dtype="<f4").tobytes()
+    if not raw:
+        return b""
+    return _varint((field_number << 3) | 2) + _varint(len(raw)) + raw

@@ -1,0 +1,40 @@
+"""Array-module dispatch.  The one place that imports cupy.
+
+Without cupy (or without a GPU) ``cupy`` is a stub whose ``ndarray`` matches nothing, so
+``isinstance(x, cupy.ndarray)`` checks work everywhere.
+"""
+from __future__ import annotations
+
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import numpy
+
+try:  # pragma: no cover - depends on the machine
+    import cupy as _cupy  # type: ignore[import-not-found]
+
+    _cupy.cuda.runtime.getDeviceCount()
+    cupy: Any = _cupy
+    cupy_available = True
+except Exception:  # noqa: BLE001 - any failure (no package, no driver, no device) means no cupy
+    class _NoArray:  # matches no object
+        pass
+
+    cupy = SimpleNamespace(ndarray=_NoArray)
+    cupy_available = False
+
+
+def get_array_module(*arrays: Any) -> ModuleType:
+    """numpy, or cupy if any argument is a cupy array (Chainer's ``get_array_module``)."""
+    if cupy_available:
+        for a in arrays:
+            if isinstance(a, cupy.ndarray):
+                return cupy
+    return numpy
+
+
+def to_host(a: Any) -> numpy.ndarray:
+    """A numpy view/copy of ``a`` wherever it lives."""
+    if cupy_available and isinstance(a, cupy.ndarray):
+        return cupy.asnumpy(a)
+    return numpy.asarray(a)

@@ -1,0 +1,27 @@
+"""Layers: one module per family, one class per Caffe type, all registered by type string.
+
+Importing this package imports every layer module so that :mod:`cct.layers.registry` knows them all.
+"""
+from cct.layers import (  # noqa: F401  (imported for registration)
+    accuracy,
+    conv,
+    eltwise,
+    embed,
+    inner_product,
+    input,
+    loss,
+    lrn,
+    neuron,
+    normalization,
+    pooling,
+    python_layer,
+    reduction,
+    scale,
+    shape,
+    softmax,
+    spp,
+)
+from cct.layers.base import Layer, LossLayer
+from cct.layers.registry import create_layer, layer_type_list, register
+
+__all__ = ["Layer", "LossLayer", "create_layer", "layer_type_list", "register"]
