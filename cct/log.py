@@ -62,3 +62,13 @@ warning = logger.warning
 error = logger.error
 
 init_log()
+
+
+class _CallableModule(type(sys)):
+    """Lets ``caffe.log("message")`` (pycaffe's function) and ``cct.log.info(...)`` both work."""
+
+    def __call__(self, message: str) -> None:
+        logger.info("%s", message, stacklevel=2)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -21,6 +21,7 @@ from cct.layers import (  # noqa: F401  (imported for registration)
     softmax,
     spp,
 )
+from cct import data as _data  # noqa: F401,E402  (data layers register themselves)
 from cct.layers.base import Layer, LossLayer
 from cct.layers.registry import create_layer, layer_type_list, register
 

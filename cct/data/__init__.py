@@ -1,0 +1,1 @@
+"""Data layers, the DataTransformer, dataset sources and tools (being written)."""

@@ -1,0 +1,51 @@
+"""Caffe's global mode state: CPU/GPU mode, device id, solver count/rank (pycaffe's module functions)."""
+from __future__ import annotations
+
+from cct.device import cupy_available
+from cct.errors import CctError
+
+CPU, GPU = 0, 1
+_state = {"mode": CPU, "device": 0, "solver_count": 1, "solver_rank": 0, "multiprocess": False}
+
+
+def set_mode_cpu() -> None:
+    _state["mode"] = CPU
+
+
+def set_mode_gpu() -> None:
+    """GPU mode needs cupy and a CUDA device; without them this is an error, not a silent CPU run."""
+    if not cupy_available:
+        raise CctError("GPU mode needs cupy and a CUDA device (pip install 'cct[gpu]'); none is available")
+    _state["mode"] = GPU
+
+
+def mode() -> int:
+    return _state["mode"]
+
+
+def set_device(device_id: int) -> None:
+    _state["device"] = int(device_id)
+
+
+def solver_count() -> int:
+    return _state["solver_count"]
+
+
+def set_solver_count(n: int) -> None:
+    _state["solver_count"] = int(n)
+
+
+def solver_rank() -> int:
+    return _state["solver_rank"]
+
+
+def set_solver_rank(r: int) -> None:
+    _state["solver_rank"] = int(r)
+
+
+def set_multiprocess(flag: bool) -> None:
+    _state["multiprocess"] = bool(flag)
+
+
+def has_nccl() -> bool:
+    return False
