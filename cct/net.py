@@ -462,10 +462,10 @@ class NetCore:
 
         layers, diffs = [], []
         for i, layer in enumerate(self.layers):
-            owned = [k for k in range(len(layer.blobs)) if self._param_owners[self._param_id_vecs[i][k]] == -1]
-            if layer.blobs:
-                layers.append((self._layer_names[i], {k: np.asarray(layer.blobs[k].data) for k in owned}))
-                diffs.append((self._layer_names[i], {k: np.asarray(b.diff) for k, b in enumerate(layer.blobs)}))
+            owners = [self._param_owners[pid] == -1 for pid in self._param_id_vecs[i]]
+            layers.append((self._layer_names[i], [np.asarray(b.data) if own else None
+                                                  for b, own in zip(layer.blobs, owners)]))
+            diffs.append((self._layer_names[i], [np.asarray(b.diff) for b in layer.blobs]))
         write_hdf5_weights(path, layers, diffs if write_diff else None)
 
     # ---- introspection -----------------------------------------------------------------------
