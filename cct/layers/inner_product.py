@@ -1,0 +1,107 @@
+"""InnerProduct: a fully connected layer, one GEMM over all rows."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from cct.blob import Blob, shape_equals_legacy
+from cct.device import get_array_module
+from cct.errors import CctError, ParamError
+from cct.fillers import fill
+from cct.layers.base import Layer
+from cct.layers.registry import register
+
+
+def check_param_blob(blob: Blob, expected: tuple[int, ...], field: str, what: str) -> None:
+    """A weight stored in the layer definition must have the shape the layer needs.  A legacy 4-D shape
+    that pads ``expected`` with leading 1s (V1 files: ``1 1 N K``) is accepted and reshaped."""
+    if blob.shape == expected:
+        return
+    if len(blob.shape) == 4 and shape_equals_legacy(blob.shape, expected):
+        data = blob.data.copy()
+        blob.reshape(expected)
+        blob.data[...] = data.reshape(expected)
+        return
+    got = " ".join(str(d) for d in blob.shape) or "()"
+    want = " ".join(str(d) for d in expected) or "()"
+    raise ParamError(field, f"{what} blob has shape ({got}), expected ({want})")
+
+
+@register("InnerProduct")
+class InnerProductLayer(Layer):
+    """Fully connected: ``y = x W^T + b`` over rows of x.
+
+    With ``axis`` a (default 1, negative allowed), the bottom is seen as an ``M x K`` matrix, ``M =
+    count(0, a)``, ``K = count(a)``; the top has shape ``bottom.shape[:a] + (num_output,)``.
+    Blobs: ``[weight (num_output, K), bias (num_output,)]``; with ``transpose`` the weight is stored
+    ``(K, num_output)`` and ``y = x W + b``.  Backward: ``dW += dy^T x`` (transpose: ``x^T dy``),
+    ``db += Σ_rows dy``, ``dx = dy W`` (transpose: ``dy W^T``).
+    Parameters (``inner_product_param``): ``num_output``, ``bias_term`` (true), ``weight_filler``,
+    ``bias_filler`` (both default constant 0), ``axis`` (1), ``transpose`` (false).
+    """
+
+    exact_num_bottom = 1
+    exact_num_top = 1
+
+    def setup(self, bottom: list[Blob], top: list[Blob]) -> None:
+        p = self.layer_param.inner_product_param
+        if p.num_output <= 0:
+            raise ParamError("inner_product_param.num_output", f"must be given and positive "
+                                                               f"(got {p.num_output})")
+        self.num_output = int(p.num_output)
+        self.bias_term = bool(p.bias_term)
+        self.transpose = bool(p.transpose)
+        self.axis = bottom[0].canonical_axis_index(p.axis)
+        self.K = bottom[0].count_range(self.axis)
+        n, k = self.num_output, self.K
+        w_shape = (k, n) if self.transpose else (n, k)
+        n_blobs = 2 if self.bias_term else 1
+        if self.blobs:
+            if len(self.blobs) != n_blobs:
+                raise ParamError("blobs", f"InnerProduct with bias_term {str(self.bias_term).lower()} "
+                                          f"takes {n_blobs} blob(s), the definition stores {len(self.blobs)}")
+            check_param_blob(self.blobs[0], w_shape, "blobs", "weight")
+            if self.bias_term:
+                check_param_blob(self.blobs[1], (n,), "blobs", "bias")
+        else:
+            weight = Blob(w_shape, xp=bottom[0].xp, dtype=bottom[0].dtype)
+            fill(weight, p.weight_filler, "inner_product_param.weight_filler")
+            self.blobs.append(weight)
+            if self.bias_term:
+                bias = Blob((n,), xp=bottom[0].xp, dtype=bottom[0].dtype)
+                fill(bias, p.bias_filler, "inner_product_param.bias_filler")
+                self.blobs.append(bias)
+        self.param_propagate_down = [True] * len(self.blobs)
+
+    def reshape(self, bottom: list[Blob], top: list[Blob]) -> None:
+        axis = bottom[0].canonical_axis_index(self.layer_param.inner_product_param.axis)
+        if bottom[0].count_range(axis) != self.K:
+            raise CctError(f"InnerProduct: input size incompatible with inner product parameters: bottom "
+                           f"shape {bottom[0].shape_string()} gives {bottom[0].count_range(axis)} inputs "
+                           f"per row from axis {axis}, the weights expect {self.K}")
+        self.axis = axis
+        self.M = bottom[0].count_range(0, axis)
+        top[0].reshape(bottom[0].shape[:axis] + (self.num_output,))
+
+    def forward(self, bottom: list[Blob], top: list[Blob]) -> None:
+        x = bottom[0].data.reshape(self.M, self.K)
+        y = top[0].data.reshape(self.M, self.num_output)
+        xp = get_array_module(x)
+        w = self.blobs[0].data
+        xp.matmul(x, w if self.transpose else w.T, out=y)
+        if self.bias_term:
+            y += self.blobs[1].data
+
+    def backward(self, top: list[Blob], propagate_down: Sequence[bool], bottom: list[Blob]) -> None:
+        dy = top[0].diff.reshape(self.M, self.num_output)
+        x = bottom[0].data.reshape(self.M, self.K)
+        xp = get_array_module(dy)
+        if self.param_propagate_down[0]:
+            w_diff = self.blobs[0].diff
+            w_diff += (x.T @ dy) if self.transpose else (dy.T @ x)
+        if self.bias_term and self.param_propagate_down[1]:
+            b_diff = self.blobs[1].diff
+            b_diff += dy.sum(axis=0)
+        if propagate_down[0]:
+            w = self.blobs[0].data
+            dx = bottom[0].diff.reshape(self.M, self.K)
+            xp.matmul(dy, w.T if self.transpose else w, out=dx)

@@ -1,0 +1,155 @@
+"""InnerProduct: forward against a per-element reference, gradients for every mode, stored blobs, errors."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import cct.layers  # noqa: F401  (registers the layers)
+from cct.errors import CctError, ParamError
+from cct.gradient_check import check_gradient, setup_layer
+
+RNG = np.random.default_rng(2)
+FILLERS = 'weight_filler { type: "gaussian" std: 1 } bias_filler { type: "gaussian" std: 1 }'
+
+
+def ip(params: str = "") -> str:
+    return f'type: "InnerProduct" inner_product_param {{ num_output: 5 {FILLERS} {params} }}'
+
+
+def reference(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, axis: int, transpose: bool):
+    m = int(np.prod(x.shape[:axis]))
+    k = int(np.prod(x.shape[axis:]))
+    rows = x.reshape(m, k)
+    n = w.shape[1] if transpose else w.shape[0]
+    y = np.zeros((m, n))
+    for i in range(m):
+        for o in range(n):
+            acc = 0.0
+            for j in range(k):
+                acc += rows[i, j] * (w[j, o] if transpose else w[o, j])
+            y[i, o] = acc + (b[o] if b is not None else 0.0)
+    return y.reshape(x.shape[:axis] + (n,))
+
+
+CASES = [  # (params, bottom shape, canonical axis)
+    ("", (2, 3, 4), 1),
+    ("axis: 2", (2, 3, 4), 2),
+    ("axis: -1", (2, 3, 4), 2),
+    ("axis: 0", (3, 2), 0),
+    ("transpose: true", (2, 3, 4), 1),
+    ("bias_term: false", (4, 6), 1),
+    ("transpose: true bias_term: false axis: -2", (2, 3, 4), 1),
+]
+
+
+@pytest.mark.parametrize("params,shape,axis", CASES)
+def test_forward(params, shape, axis):
+    x = RNG.standard_normal(shape)
+    run = setup_layer(ip(params), [x], dtype=np.float64)
+    lay = run.layer
+    k = int(np.prod(shape[axis:]))
+    transpose = "transpose: true" in params
+    assert lay.blobs[0].shape == ((k, 5) if transpose else (5, k))
+    bias = lay.blobs[1].data if len(lay.blobs) > 1 else None
+    assert (bias is None) == ("bias_term: false" in params)
+    y = run.forward()[0]
+    assert y.shape == shape[:axis] + (5,)
+    np.testing.assert_allclose(y, reference(x, lay.blobs[0].data, bias, axis, transpose), rtol=1e-10)
+
+
+@pytest.mark.parametrize("params,shape,axis", CASES)
+def test_gradient(params, shape, axis):
+    check_gradient(ip(params), [RNG.standard_normal(shape)])
+
+
+def test_default_fillers_are_zero_and_param_diffs_accumulate():
+    x = RNG.standard_normal((2, 3))
+    run = setup_layer('type: "InnerProduct" inner_product_param { num_output: 4 }', [x], dtype=np.float64)
+    w, b = run.layer.blobs
+    assert w.shape == (4, 3) and b.shape == (4,)
+    np.testing.assert_array_equal(w.data, 0)
+    np.testing.assert_array_equal(b.data, 0)
+    w.data[...] = RNG.standard_normal((4, 3))
+    run.forward()
+    dy = RNG.standard_normal((2, 4))
+    run.top[0].diff[...] = dy
+    for _ in range(2):
+        run.layer.backward_layer(run.top, [True], run.bottom)
+    np.testing.assert_allclose(w.diff, 2 * dy.T @ x, rtol=1e-12)
+    np.testing.assert_allclose(b.diff, 2 * dy.sum(0), rtol=1e-12)
+    np.testing.assert_allclose(run.bottom[0].diff, dy @ w.data, rtol=1e-12)  # overwritten, not summed
+
+
+def test_stored_blobs():
+    stored = ('type: "InnerProduct" inner_product_param { num_output: 2 } '
+              'blobs { shape { dim: 2 dim: 3 } data: [1, 2, 3, 4, 5, 6] } '
+              'blobs { shape { dim: 2 } data: [10, 20] }')
+    x = np.array([[1.0, 0.0, -1.0]])
+    run = setup_layer(stored, [x], dtype=np.float64)
+    np.testing.assert_allclose(run.forward()[0], [[8.0, 18.0]])
+    legacy = ('type: "InnerProduct" inner_product_param { num_output: 2 bias_term: false } '
+              'blobs { num: 1 channels: 1 height: 2 width: 3 data: [1, 2, 3, 4, 5, 6] }')
+    run = setup_layer(legacy, [x], dtype=np.float64)
+    assert run.layer.blobs[0].shape == (2, 3)
+    np.testing.assert_allclose(run.forward()[0], [[-2.0, -2.0]])
+    wrong = ('type: "InnerProduct" inner_product_param { num_output: 2 bias_term: false } '
+             'blobs { shape { dim: 3 dim: 2 } data: [1, 2, 3, 4, 5, 6] }')
+    with pytest.raises(ParamError, match=r"expected \(2 3\)"):
+        setup_layer(wrong, [x])
+    with pytest.raises(ParamError, match="blob"):
+        setup_layer(wrong.replace(" bias_term: false", ""), [x])
+
+
+def test_float32():
+    x = RNG.standard_normal((3, 4)).astype(np.float32)
+    run = setup_layer(ip(), [x], dtype=np.float32)
+    y = run.forward()[0]
+    assert y.dtype == np.float32 and run.layer.blobs[0].dtype == np.float32
+    w, b = run.layer.blobs[0].data, run.layer.blobs[1].data
+    np.testing.assert_allclose(y, x.astype(np.float64) @ w.T.astype(np.float64) + b, rtol=1e-5, atol=1e-5)
+
+
+def test_errors():
+    x = RNG.standard_normal((2, 3, 4))
+    with pytest.raises(ParamError, match="inner_product_param.num_output"):
+        setup_layer('type: "InnerProduct"', [x])
+    run = setup_layer(ip(), [x])
+    run.bottom[0].reshape((2, 3, 5))
+    with pytest.raises(CctError, match="incompatible"):
+        run.layer.forward_layer(run.bottom, run.top)
+    run.bottom[0].reshape((6, 3, 4))  # another batch size is fine
+    run.layer.forward_layer(run.bottom, run.top)
+    assert run.top[0].shape == (6, 5)
+
+
+def test_against_caffe_lenet():
+    """ip1 (800 -> 500, followed by an in-place ReLU) and ip2 (500 -> 10) of the reference LeNet."""
+    from google.protobuf import text_format
+
+    from cct.layers.registry import create_layer
+    from cct.proto import caffe_pb2 as pb
+    from tests.reference import assert_close, reference_dir
+
+    folder = reference_dir("nets", "lenet")
+    net = text_format.Parse((folder / "net.prototxt").read_text(), pb.NetParameter())
+    z = np.load(folder / "train.npz")
+    layers = {lay.name: lay for lay in net.layer}
+
+    def run(name: str, bottom: str):
+        r = setup_layer(create_layer(layers[name]), [z[f"data/{bottom}"]], dtype=np.float32)
+        for j, blob in enumerate(r.layer.blobs):
+            blob.data[...] = z[f"param/{name}/{j}"]
+        y = r.forward()[0]
+        r.top[0].diff[...] = z[f"diff/{name}"]
+        r.layer.backward_layer(r.top, [True], r.bottom)
+        for j, blob in enumerate(r.layer.blobs):
+            assert_close(blob.diff, z[f"param_diff/{name}/{j}"], f"{name} param diff {j}")
+        return y, r.bottom[0].diff
+
+    # ip1's top blob was then rectified in place, and its diff is what ip1's backward read.
+    y1, dx1 = run("ip1", "pool2")
+    assert_close(np.maximum(y1, 0), z["data/ip1"], "ip1 top (after relu1)")
+    assert_close(dx1, z["diff/pool2"], "ip1 bottom diff")
+    y2, dx2 = run("ip2", "ip1")
+    assert_close(y2, z["data/ip2"], "ip2 top")
+    assert_close(dx2 * (z["data/ip1"] > 0), z["diff/ip1"], "ip2 bottom diff (after relu1's backward)")
