@@ -11,6 +11,15 @@ from cct.errors import CctError
 from cct.proto import caffe_pb2 as pb
 
 
+class GraphError(CctError):
+    """A wiring error attributable to one layer of the definition."""
+
+    def __init__(self, layer: pb.LayerParameter, message: str):
+        self.layer = layer
+        self.message = message
+        super().__init__(message)
+
+
 def state_meets_rule(state: pb.NetState, rule: pb.NetStateRule) -> bool:
     """True iff phase, level bounds, required stages and forbidden stages all hold."""
     if rule.HasField("phase") and rule.phase != state.phase:
@@ -30,7 +39,7 @@ def state_meets_rule(state: pb.NetState, rule: pb.NetStateRule) -> bool:
 def layer_included(state: pb.NetState, layer: pb.LayerParameter) -> bool:
     """Include rules: included iff any matches.  Otherwise: excluded iff any exclude rule matches."""
     if layer.include and layer.exclude:
-        raise CctError(f"layer '{layer.name}' specifies both include and exclude rules; use one kind")
+        raise GraphError(layer, f"layer '{layer.name}' specifies both include and exclude rules; use one kind")
     if layer.include:
         return any(state_meets_rule(state, r) for r in layer.include)
     return not any(state_meets_rule(state, r) for r in layer.exclude)
@@ -65,7 +74,7 @@ def insert_splits(param: pb.NetParameter) -> pb.NetParameter:
     for i, layer in enumerate(layers):
         for j, name in enumerate(layer.bottom):
             if name not in producer:
-                raise CctError(f"Unknown bottom blob '{name}' (layer '{layer.name}', bottom index {j})")
+                raise GraphError(layer, f"Unknown bottom blob '{name}' (layer '{layer.name}', bottom index {j})")
             src = producer[name]
             bottom_src[(i, j)] = src
             consumers[src] = consumers.get(src, 0) + 1
@@ -88,7 +97,7 @@ def insert_splits(param: pb.NetParameter) -> pb.NetParameter:
             if consumers[src] > 1:
                 k = next_k.get(src, 1 if src in loss_weight else 0)
                 next_k[src] = k + 1
-                new.bottom[j] = split_blob_name(name, layers[src[0]].name, src[1])
+                new.bottom[j] = split_blob_name(name, layers[src[0]].name, src[1], k)
         for j, name in enumerate(layer.top):
             n = consumers.get((i, j), 0)
             if n <= 1:

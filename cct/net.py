@@ -20,7 +20,7 @@ import numpy as np
 from cct import log
 from cct.blob import Blob, blob_to_proto, proto_shape, shape_equals_legacy
 from cct.errors import CctError
-from cct.graph import filter_net, insert_splits
+from cct.graph import GraphError, filter_net, insert_splits
 from cct.layers.base import Layer
 from cct.layers.registry import create_layer
 from cct.proto import caffe_pb2 as pb
@@ -37,12 +37,12 @@ class NetCore:
         self._before_backward: list[Callable[[int], None]] = []
         self._after_backward: list[Callable[[int], None]] = []
         self.phase = param.state.phase
-        filtered = filter_net(param)
-        log.info("Initializing net from parameters: \n%s", _debug_string(filtered))
         try:
+            filtered = filter_net(param)
+            log.info("Initializing net from parameters: \n%s", _debug_string(filtered))
             net_param = insert_splits(filtered)
-        except CctError as e:
-            raise CctError(f"{source}: {e}") from None
+        except GraphError as e:
+            self._fail(e.layer, e.message)
         self.name = net_param.name
         self.debug_info = net_param.debug_info
         self._net_param = net_param

@@ -1,0 +1,199 @@
+"""Normalization layers: BatchNorm and MVN (mean-variance normalization).
+
+Neither has a learned scale or shift; Caffe nets follow them with a Scale layer (``bias_term: true``).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from cct.blob import Blob
+from cct.device import get_array_module
+from cct.errors import CctError, ParamError
+from cct.layers.base import Layer
+from cct.layers.registry import register
+from cct.proto import caffe_pb2 as pb
+
+
+@register("BatchNorm")
+class BatchNormLayer(Layer):
+    """Normalizes each channel to zero mean and unit variance: ``y = (x - μ) / sqrt(σ² + eps)``.
+
+    Bottom x: ``(N, C, ...)`` (a 1-D bottom is one channel); top y: same shape.  Statistics are taken
+    per channel over N and all spatial axes.
+
+    * Batch statistics (``use_global_stats`` false; the default in TRAIN): μ, σ² (biased) of this batch,
+      and the running sums are updated: ``s = maf*s + 1``, ``m_sum = μ + maf*m_sum``,
+      ``v_sum = (m/(m-1))*σ² + maf*v_sum`` with ``m = count/C`` (factor 1 when m == 1).
+      Backward: ``bd = (td - mean(td) - y*mean(td*y)) / sqrt(σ²+eps)``.
+    * Global statistics (the default in TEST): ``μ = m_sum/s``, ``σ² = v_sum/s`` (0 when s == 0);
+      backward ``bd = td / sqrt(σ²+eps)``.
+
+    Blobs (never learned: setup forces ``lr_mult: 0``): ``[0]`` mean sum (C,), ``[1]`` variance sum (C,),
+    ``[2]`` scale factor s (1,), all zero-initialised.  Parameters (``batch_norm_param``):
+    ``use_global_stats``, ``moving_average_fraction`` maf (0.999), ``eps`` (1e-5).  In-place supported.
+    """
+
+    exact_num_bottom = 1
+    exact_num_top = 1
+
+    def setup(self, bottom: list[Blob], top: list[Blob]) -> None:
+        p = self.layer_param.batch_norm_param
+        self.maf = p.moving_average_fraction
+        self.eps = p.eps
+        self.use_global_stats = (p.use_global_stats if p.HasField("use_global_stats")
+                                 else self.phase == pb.TEST)
+        if bottom[0].num_axes == 0:
+            raise CctError("BatchNorm: the bottom needs at least one axis")
+        self.channels = 1 if bottom[0].num_axes == 1 else bottom[0].shape[1]
+        shapes = [(self.channels,), (self.channels,), (1,)]
+        if self.blobs:
+            got = [tuple(b.shape) for b in self.blobs]
+            if got != shapes:
+                raise ParamError("blobs", f"BatchNorm expects blobs of shapes {shapes} (mean sum, variance "
+                                          f"sum, scale factor) for {self.channels} channels, got {got}")
+        else:
+            for shape in shapes:
+                self.blobs.append(Blob(shape))  # zero-filled
+        # The statistics are not parameters: lr_mult 0 on all three (added where missing, as Caffe does).
+        for i in range(len(self.blobs)):
+            if len(self.layer_param.param) == i:
+                self.layer_param.param.add().lr_mult = 0.0
+            elif (lr := self.layer_param.param[i].lr_mult) != 0:
+                raise ParamError(f"param[{i}].lr_mult", f"cannot configure batch normalization statistics as "
+                                                        f"layer parameters (lr_mult must be 0, got {lr})")
+        self.param_propagate_down = [True] * len(self.blobs)
+
+    def reshape(self, bottom: list[Blob], top: list[Blob]) -> None:
+        b = bottom[0]
+        channels = 1 if b.num_axes == 1 else b.shape[1] if b.num_axes else None
+        if channels != self.channels:
+            raise CctError(f"BatchNorm: bottom {b.shape_string()} does not have the {self.channels} channels "
+                           f"the layer was set up with")
+        top[0].reshape(b.shape)
+        xp = get_array_module(b.data)
+        # y, kept for backward: a later in-place layer may overwrite the top.
+        self._x_norm = _buffer(getattr(self, "_x_norm", None), xp, b.shape, b.dtype)
+        self._tmp = _buffer(getattr(self, "_tmp", None), xp, b.shape, b.dtype)
+
+    def _view(self, a: Any) -> Any:
+        """``a`` as ``(N, C, spatial)``."""
+        return a.reshape(a.shape[0], self.channels, -1)
+
+    def forward(self, bottom: list[Blob], top: list[Blob]) -> None:
+        b = bottom[0]
+        xp = get_array_module(b.data)
+        x = self._view(b.data)
+        xn = self._view(self._x_norm)
+        y = self._view(top[0].data)
+        if self.use_global_stats:
+            s = self.blobs[2].data[0]
+            factor = 0 if s == 0 else 1 / s
+            mean = self.blobs[0].data * factor
+            var = self.blobs[1].data * factor
+            xp.subtract(x, mean[:, None], out=xn)
+        else:
+            mean = x.mean(axis=(0, 2))
+            xp.subtract(x, mean[:, None], out=xn)
+            xp.multiply(xn, xn, out=y)  # x has been consumed: the top is free scratch even in place
+            var = y.mean(axis=(0, 2))
+            self.blobs[2].data[...] *= self.maf
+            self.blobs[2].data[...] += 1
+            self.blobs[0].data[...] *= self.maf
+            self.blobs[0].data[...] += mean
+            m = b.count // self.channels
+            correction = m / (m - 1) if m > 1 else 1.0
+            self.blobs[1].data[...] *= self.maf
+            self.blobs[1].data[...] += correction * var
+        self._std = xp.sqrt(var + self.eps)
+        xn /= self._std[:, None]
+        y[...] = xn
+
+    def backward(self, top: list[Blob], propagate_down: Sequence[bool], bottom: list[Blob]) -> None:
+        if not propagate_down[0]:
+            return
+        xp = get_array_module(top[0].diff)
+        td = self._view(top[0].diff)
+        bd = self._view(bottom[0].diff)  # may be td itself (in place): each step below is elementwise
+        std = self._std[:, None]
+        if self.use_global_stats:
+            xp.divide(td, std, out=bd)
+            return
+        y = self._view(self._x_norm)
+        m = td.shape[0] * td.shape[2]
+        mean_td = td.sum(axis=(0, 2)) / m
+        mean_tdy = xp.einsum("ncs,ncs->c", td, y) / m
+        tmp = self._view(self._tmp)
+        xp.multiply(y, mean_tdy[:, None], out=tmp)
+        tmp += mean_td[:, None]
+        xp.subtract(td, tmp, out=bd)
+        bd /= std
+
+
+@register("MVN")
+class MVNLayer(Layer):
+    """Mean-variance normalization per item and channel: ``y = (x - μ) / (sqrt(E[(x-μ)²]) + eps)``.
+
+    Bottom x: up to 4-D, read as legacy ``(num, channels, height, width)``; top: that 4-D shape.
+    Statistics over H×W for each (n, c), or over C×H×W for each n with ``across_channels``.  Note that
+    eps is added to the standard deviation, not the variance (Caffe).
+
+    Backward: with ``normalize_variance`` ``bd = (td - mean(td) - y*mean(td*y)) / (std + eps)``
+    (Caffe's formula; it reads y from the top's data as Caffe does), else ``bd = td - mean(td)``.
+    Parameters (``mvn_param``): ``normalize_variance`` (true), ``across_channels`` (false),
+    ``eps`` (1e-9).
+    """
+
+    exact_num_bottom = 1
+    exact_num_top = 1
+
+    def setup(self, bottom: list[Blob], top: list[Blob]) -> None:
+        p = self.layer_param.mvn_param
+        self.normalize_variance = p.normalize_variance
+        self.across_channels = p.across_channels
+        self.eps = p.eps
+
+    def reshape(self, bottom: list[Blob], top: list[Blob]) -> None:
+        b = bottom[0]
+        if b.num_axes > 4:
+            raise CctError(f"MVN: bottom {b.shape_string()} has more than 4 axes (MVN uses legacy 4-D "
+                           f"shapes)")
+        # Caffe sizes the top with the legacy accessors: the top is always 4-D (in place, so is the bottom).
+        top[0].reshape((b.num, b.channels, b.height, b.width))
+        self.rows = b.num if self.across_channels else b.num * b.channels
+
+    def forward(self, bottom: list[Blob], top: list[Blob]) -> None:
+        xp = get_array_module(bottom[0].data)
+        x = bottom[0].data.reshape(self.rows, -1)
+        y = top[0].data.reshape(self.rows, -1)
+        mean = x.mean(axis=1)
+        xp.subtract(x, mean[:, None], out=y)
+        if self.normalize_variance:
+            var = xp.einsum("ij,ij->i", y, y) / y.shape[1]
+            self._std = xp.sqrt(var) + self.eps
+            y /= self._std[:, None]
+
+    def backward(self, top: list[Blob], propagate_down: Sequence[bool], bottom: list[Blob]) -> None:
+        if not propagate_down[0]:
+            return
+        xp = get_array_module(top[0].diff)
+        td = top[0].diff.reshape(self.rows, -1)
+        bd = bottom[0].diff.reshape(self.rows, -1)  # may alias td (in place): elementwise steps only
+        dim = td.shape[1]
+        mean_td = td.sum(axis=1) / dim
+        if not self.normalize_variance:
+            xp.subtract(td, mean_td[:, None], out=bd)
+            return
+        y = top[0].data.reshape(self.rows, -1)
+        mean_tdy = xp.einsum("ij,ij->i", td, y) / dim
+        tmp = y * mean_tdy[:, None]
+        tmp += mean_td[:, None]
+        xp.subtract(td, tmp, out=bd)
+        bd /= self._std[:, None]
+
+
+def _buffer(buf: Any, xp: Any, shape: tuple[int, ...], dtype: Any) -> Any:
+    """A scratch array of ``shape``, reusing ``buf`` when it already fits."""
+    if buf is not None and buf.shape == tuple(shape) and buf.dtype == dtype and get_array_module(buf) is xp:
+        return buf
+    return xp.empty(shape, dtype=dtype)
