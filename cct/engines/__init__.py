@@ -1,0 +1,143 @@
+"""Engines: how heavy layers compute.  A layer owns parameters, shapes and blobs; an engine the arithmetic.
+
+Convolution engines implement :class:`ConvEngine` on a :class:`ConvGeometry`.  Every method is written in
+terms of a plain (forward) convolution ``y = conv(x, w) + b`` with
+
+* ``x``  — input,  shape ``(N, C, *in_shape)``
+* ``w``  — filters, shape ``(O, C/group, *kernel)`` (Caffe's weight layout)
+* ``y``  — output, shape ``(N, O, *out_shape)``,
+  ``y[n, g*Og+o, p] = b[g*Og+o] + Σ_{c<Cg, k} w[g*Og+o, c, k] · x_pad[n, g*Cg+c, p*stride - pad + k*dil]``
+
+and the three products of back-propagation: ``forward`` (x → y), ``backward_data`` (dy → dx, the transposed
+convolution) and ``backward_weights`` (x, dy → dw).  Deconvolution uses the same engine with the roles of
+``forward`` and ``backward_data`` swapped (its geometry is that of the convolution it is the transpose of).
+
+Engines are looked up by name with :func:`create_conv_engine`; a layer's creator function picks the name.
+"""
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+from cct.errors import CctError
+
+__all__ = ["ConvEngine", "ConvGeometry", "conv_engine_names", "create_conv_engine"]
+
+
+@dataclass(frozen=True)
+class ConvGeometry:
+    """Shapes of one convolution ``(N, C, *in_shape) → (N, O, *out_shape)``; spatial tuples have one entry
+    per spatial axis (possibly none)."""
+
+    num: int
+    in_channels: int
+    out_channels: int
+    group: int
+    in_shape: tuple[int, ...]
+    kernel: tuple[int, ...]
+    stride: tuple[int, ...]
+    pad: tuple[int, ...]
+    dilation: tuple[int, ...]
+
+    @property
+    def num_spatial_axes(self) -> int:
+        return len(self.in_shape)
+
+    @property
+    def extent(self) -> tuple[int, ...]:
+        """Dilated kernel extent per axis: ``dilation*(kernel-1) + 1``."""
+        return tuple(d * (k - 1) + 1 for k, d in zip(self.kernel, self.dilation))
+
+    @property
+    def out_shape(self) -> tuple[int, ...]:
+        """``(in + 2*pad - extent) // stride + 1`` per axis (the caller checks ``in + 2*pad >= extent``)."""
+        return tuple((i + 2 * p - e) // s + 1
+                     for i, p, e, s in zip(self.in_shape, self.pad, self.extent, self.stride))
+
+    @property
+    def kernel_count(self) -> int:
+        n = 1
+        for k in self.kernel:
+            n *= k
+        return n
+
+    @property
+    def out_count(self) -> int:
+        n = 1
+        for o in self.out_shape:
+            n *= o
+        return n
+
+    @property
+    def is_pointwise(self) -> bool:
+        """1x1 kernel, stride 1, no padding: lowering is a pure transposition of the input."""
+        return all(k == 1 and s == 1 and p == 0 for k, s, p in zip(self.kernel, self.stride, self.pad))
+
+
+class ConvEngine(ABC):
+    """The arithmetic of a convolution.  ``configure`` is called from the layer's reshape whenever the
+    geometry may have changed; the other methods write into the given output arrays."""
+
+    name: str = "abstract"
+
+    def __init__(self) -> None:
+        self.geometry: ConvGeometry | None = None
+
+    def configure(self, geometry: ConvGeometry) -> None:
+        """Adopt ``geometry``; engines (re)allocate their buffers lazily when it changes."""
+        self.geometry = geometry
+
+    @abstractmethod
+    def forward(self, x: Any, w: Any, b: Any | None, y: Any) -> Any:
+        """``y[...] = conv(x, w) (+ b broadcast over the channel axis)``; returns ``y``."""
+
+    @abstractmethod
+    def backward_data(self, dy: Any, w: Any, dx: Any) -> Any:
+        """``dx[...] = conv_transpose(dy, w)`` (overwrites ``dx``); returns ``dx``."""
+
+    @abstractmethod
+    def backward_weights(self, x: Any, dy: Any, dw: Any) -> Any:
+        """``dw += correlation of x with dy`` (accumulates); returns ``dw``."""
+
+    def backward(self, x: Any, dy: Any, w: Any, dx: Any | None, dw: Any | None) -> None:
+        """Both gradients of one convolution (either may be None); engines may share work between them."""
+        if dw is not None:
+            self.backward_weights(x, dy, dw)
+        if dx is not None:
+            self.backward_data(dy, w, dx)
+
+    def forward_and_backward_weights(self, x: Any, w: Any, y: Any | None, dy: Any, dw: Any | None) -> None:
+        """``y[...] = conv(x, w)`` and ``dw += corr(x, dy)`` (either may be None): Deconvolution's backward,
+        where the same ``x`` (its top gradient) feeds both; engines may share the work."""
+        if dw is not None:
+            self.backward_weights(x, dy, dw)
+        if y is not None:
+            self.forward(x, w, None, y)
+
+    @staticmethod
+    def backward_bias(dy: Any, db: Any) -> Any:
+        """``db += Σ_{n, spatial} dy[n, o, ...]``; returns ``db``."""
+        axes = (0,) + tuple(range(2, dy.ndim))
+        db += dy.sum(axis=axes)
+        return db
+
+
+# name -> "module:Class"; imported on first use so that an engine's dependencies load only when chosen.
+_CONV_ENGINES: dict[str, str] = {
+    "lowering": "cct.engines.lowering:LoweringEngine",
+}
+
+
+def conv_engine_names() -> list[str]:
+    return sorted(_CONV_ENGINES)
+
+
+def create_conv_engine(name: str) -> ConvEngine:
+    """A new engine instance by name (each layer owns its engine and its buffers)."""
+    target = _CONV_ENGINES.get(name)
+    if target is None:
+        raise CctError(f"unknown convolution engine '{name}' (known: {', '.join(conv_engine_names())})")
+    module, cls = target.split(":")
+    return getattr(importlib.import_module(module), cls)()

@@ -1,0 +1,126 @@
+"""Local response normalization (Caffe's ``lrn_layer``), across channels or within a channel."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from cct.blob import Blob
+from cct.device import get_array_module
+from cct.errors import CctError, ParamError
+from cct.layers.base import Layer
+from cct.layers.registry import register
+from cct.proto import caffe_pb2 as pb
+
+_F = "lrn_param"
+
+
+def _window_sum(a: Any, axis: int, size: int, padded: Any, out: Any) -> Any:
+    """``out[..., i, ...] = Σ_{|j-i| <= (size-1)/2} a[..., j, ...]`` along ``axis``, zero outside; ``padded``
+    is a scratch array shaped like ``a`` with ``size - 1`` more entries along ``axis`` (border zero)."""
+    half = (size - 1) // 2
+    n = a.shape[axis]
+    idx = [slice(None)] * a.ndim
+    idx[axis] = slice(half, half + n)
+    padded[tuple(idx)] = a
+    for j in range(size):
+        idx[axis] = slice(j, j + n)
+        if j == 0:
+            out[...] = padded[tuple(idx)]
+        else:
+            out += padded[tuple(idx)]
+    return out
+
+
+@register("LRN")
+class LRN(Layer):
+    """Local response normalization, ``y = x · scale^(-beta)``.
+
+    ACROSS_CHANNELS: ``scale[n,c,h,w] = k + (alpha/size) · Σ_{c' = c-(size-1)/2}^{c+(size-1)/2} x[n,c',h,w]²``
+    (zero outside ``[0, C)``).  WITHIN_CHANNEL: ``scale = 1 + (alpha/size²) · Σ_{size×size window} x²``
+    (zero padding; divisor always size², ``k`` is ignored — Caffe builds it from AVE pooling and Power).
+    Backward (both, with N = size resp. size²):
+    ``dx = dy · scale^(-beta) - (2·alpha·beta/N) · x · Σ_{window} (dy · y / scale)``.
+
+    Shapes: bottom ``(N, C, H, W)`` → top of the same shape.  Parameters (``lrn_param``): ``local_size``
+    (5, odd), ``alpha`` (1), ``beta`` (0.75), ``k`` (1), ``norm_region``.
+    """
+
+    exact_num_bottom = 1
+    exact_num_top = 1
+    allow_in_place = False  # backward needs both x and y
+
+    def setup(self, bottom: list[Blob], top: list[Blob]) -> None:
+        p = self.layer_param.lrn_param
+        self.size = int(p.local_size)
+        if self.size % 2 != 1:
+            raise ParamError(f"{_F}.local_size",
+                             f"LRN only supports odd values for local_size (got {self.size})")
+        self.alpha, self.beta, self.k = float(p.alpha), float(p.beta), float(p.k)
+        self.region = p.norm_region
+        if self.region not in (pb.LRNParameter.ACROSS_CHANNELS, pb.LRNParameter.WITHIN_CHANNEL):
+            raise ParamError(f"{_F}.norm_region", f"Unknown normalization region {self.region}")
+        self._scale: Any = None
+        self._buffers: dict[str, Any] = {}
+
+    def reshape(self, bottom: list[Blob], top: list[Blob]) -> None:
+        x = bottom[0]
+        if x.num_axes != 4:
+            raise CctError(f"LRN layer '{self.name}': Input must have 4 axes, corresponding to (num, "
+                           f"channels, height, width) (got {x.shape_string()})")
+        top[0].reshape(x.shape)
+
+    def _buffer(self, name: str, shape: tuple[int, ...], like: Any) -> Any:
+        """A scratch array kept across calls (zero-filled when (re)allocated)."""
+        buf = self._buffers.get(name)
+        if buf is None or buf.shape != shape or buf.dtype != like.dtype:
+            buf = get_array_module(like).zeros(shape, dtype=like.dtype)
+            self._buffers[name] = buf
+        return buf
+
+    def _window_sum(self, a: Any, axis: int, out: Any) -> Any:
+        shape = list(a.shape)
+        shape[axis] += self.size - 1
+        return _window_sum(a, axis, self.size, self._buffer(f"pad{axis}", tuple(shape), a), out)
+
+    def _neighbourhood_sum(self, a: Any, out: Any) -> Any:
+        """Σ over the normalization window: channels, or the size×size spatial square (separable)."""
+        if self.region == pb.LRNParameter.ACROSS_CHANNELS:
+            return self._window_sum(a, 1, out)
+        tmp = self._buffer("tmp", a.shape, a)
+        self._window_sum(a, 2, tmp)
+        return self._window_sum(tmp, 3, out)
+
+    @property
+    def _norm(self) -> tuple[float, float]:
+        """(constant, coefficient): scale = constant + coefficient · Σ_window x²."""
+        if self.region == pb.LRNParameter.ACROSS_CHANNELS:
+            return self.k, self.alpha / self.size
+        return 1.0, self.alpha / (self.size * self.size)
+
+    def forward(self, bottom: list[Blob], top: list[Blob]) -> None:
+        xp = get_array_module(bottom[0].data)
+        x, y = bottom[0].data, top[0].data
+        scale = self._scale = self._buffer("scale", x.shape, x)
+        const, coeff = self._norm
+        self._neighbourhood_sum(x * x, scale)
+        scale *= coeff
+        scale += const
+        xp.power(scale, -self.beta, out=y)
+        y *= x
+
+    def backward(self, top: list[Blob], propagate_down: Sequence[bool], bottom: list[Blob]) -> None:
+        if not propagate_down[0]:
+            return
+        xp = get_array_module(top[0].diff)
+        x, y, dy, dx = bottom[0].data, top[0].data, top[0].diff, bottom[0].diff
+        scale = self._scale
+        if scale is None:
+            raise CctError(f"LRN layer '{self.name}': backward called before forward")
+        const, coeff = self._norm
+        ratio = self._buffer("ratio", x.shape, x)
+        self._neighbourhood_sum(dy * y / scale, ratio)
+        ratio *= x
+        ratio *= -2.0 * coeff * self.beta
+        xp.power(scale, -self.beta, out=dx)
+        dx *= dy
+        dx += ratio

@@ -1,0 +1,379 @@
+"""Pooling (Caffe's ``pooling_layer``): MAX, AVE and STOCHASTIC over windows of the spatial axes.
+
+The arithmetic lives in :class:`Pooler`, which works on ``(N, C, *spatial)`` arrays with any number of
+spatial axes and loops only over kernel offsets; the Pooling layer (4-D, as Caffe) and SPP use it.
+"""
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from cct.blob import Blob
+from cct.device import get_array_module
+from cct.errors import CctError, ParamError
+from cct.layers.base import Layer
+from cct.layers.registry import register
+from cct.proto import caffe_pb2 as pb
+from cct.rng import get_rng
+
+FLT_MAX = 3.4028234663852886e38
+FLT_MIN = 1.1754943508222875e-38
+MAX, AVE, STOCHASTIC = pb.PoolingParameter.MAX, pb.PoolingParameter.AVE, pb.PoolingParameter.STOCHASTIC
+_METHOD_NAMES = {MAX: "MAX", AVE: "AVE", STOCHASTIC: "STOCHASTIC"}
+
+
+def pooled_shape(in_shape: Sequence[int], kernel: Sequence[int], stride: Sequence[int], pad: Sequence[int],
+                 ceil_mode: bool = True) -> tuple[int, ...]:
+    """Caffe's output size: ``ceil((in + 2*pad - kernel) / stride) + 1`` (floor in FLOOR mode); when any pad
+    is non-zero, every axis drops its last window if that window would start at or beyond ``in + pad``
+    (Caffe's "last pooling starts strictly inside the image" correction; none without padding, so windows
+    entirely outside the image are possible then)."""
+    out = []
+    for n, k, s, p in zip(in_shape, kernel, stride, pad):
+        num = n + 2 * p - k
+        out.append((-(-num // s) if ceil_mode else num // s) + 1)
+    if any(pad):
+        out = [o - 1 if (o - 1) * s >= n + p else o for o, n, s, p in zip(out, in_shape, stride, pad)]
+    return tuple(out)
+
+
+def check_pool_window(method: int, kernel: Sequence[int], stride: Sequence[int], pad: Sequence[int],
+                      field: str) -> None:
+    """Caffe's checks on a window: kernel > 0, stride > 0, padding only for MAX/AVE and below the kernel."""
+    if any(k <= 0 for k in kernel):
+        raise ParamError(f"{field}.kernel_size", f"Filter dimensions cannot be zero (kernel {_dims(kernel)})")
+    if any(s <= 0 for s in stride):
+        raise ParamError(f"{field}.stride", f"stride must be > 0 (stride {_dims(stride)})")
+    if any(pad):
+        if method not in (MAX, AVE):
+            raise ParamError(f"{field}.pad", f"Padding implemented only for average and max pooling "
+                                             f"(pool {_METHOD_NAMES.get(method, method)}, pad {_dims(pad)})")
+        if any(p >= k for p, k in zip(pad, kernel)):
+            raise ParamError(f"{field}.pad", f"pad must be smaller than the kernel (pad {_dims(pad)}, "
+                                             f"kernel {_dims(kernel)})")
+
+
+def _dims(t: Sequence[int]) -> str:
+    return " x ".join(str(v) for v in t)
+
+
+class Pooler:
+    """Pooling of ``(N, C, *in_shape)`` into ``(N, C, *out_shape)`` with one window geometry.
+
+    Windows start at ``o*stride - pad``.  MAX: Caffe's scan (initial ``-FLT_MAX``, update on strictly
+    greater, kernel offsets in row-major order, so ties keep the lowest flat index); the argmax is kept
+    as the flat index within the channel plane (``h*W + w``), ``-1`` for a window without cells.  AVE: sum
+    over the window clipped to the image, divided by Caffe's ``pool_size`` (the window clipped to
+    ``[-pad, in + pad)``, padding included; a window entirely outside gives 0/0 = NaN as in Caffe).
+    STOCHASTIC: TEST ``Σx² / (FLT_MIN + Σx)``; TRAIN samples one cell with probability ∝ its activation
+    (threshold ``u·Σx`` on the running sum, row-major scan), as Caffe's GPU kernel.
+    """
+
+    def __init__(self, method: int, in_shape: Sequence[int], kernel: Sequence[int], stride: Sequence[int],
+                 pad: Sequence[int], ceil_mode: bool = True):
+        self.method = method
+        self.in_shape, self.kernel = tuple(in_shape), tuple(kernel)
+        self.stride, self.pad = tuple(stride), tuple(pad)
+        self.out_shape = pooled_shape(in_shape, kernel, stride, pad, ceil_mode)
+        if any(o <= 0 for o in self.out_shape):
+            raise ParamError("pooling_param.kernel_size",
+                             f"kernel larger than padded input: input {_dims(self.in_shape)}, pad "
+                             f"{_dims(self.pad)}, kernel {_dims(self.kernel)} give output "
+                             f"{_dims(self.out_shape)}")
+        # padded extent: the image plus pad, plus whatever the (ceil-mode) last window overhangs
+        self.padded_shape = tuple(max(n + 2 * p, (o - 1) * s + k) for n, p, o, s, k
+                                  in zip(self.in_shape, self.pad, self.out_shape, self.stride, self.kernel))
+        self._buffers: dict[str, Any] = {}
+        self._index: Any = None
+        self._tables: dict[Any, Any] = {}  # per array module (and dtype): offset tables, divisors
+        self._stats: tuple[Any, Any] | None = None
+        self.plane = 1
+        for n in self.in_shape:
+            self.plane *= n
+
+    # ---- helpers -------------------------------------------------------------------------------
+    def _buf(self, name: str, shape: tuple[int, ...], like: Any, fill: float | None = None,
+             dtype: Any = None) -> Any:
+        xp = get_array_module(like)
+        dtype = like.dtype if dtype is None else np.dtype(dtype)
+        b = self._buffers.get(name)
+        if b is None or b.shape != shape or b.dtype != dtype or get_array_module(b) is not xp:
+            b = xp.full(shape, fill if fill is not None else 0, dtype=dtype)
+            self._buffers[name] = b
+        return b
+
+    def _interior(self) -> tuple[slice, ...]:
+        return (slice(None), slice(None)) + tuple(slice(p, p + n) for p, n in zip(self.pad, self.in_shape))
+
+    def _padded(self, x: Any, fill: float) -> Any:
+        """``x`` inside a buffer whose border (padding and overhang) holds ``fill``."""
+        buf = self._buf(f"x_pad{fill}", x.shape[:2] + self.padded_shape, x, fill)
+        buf[self._interior()] = x
+        return buf
+
+    def _offsets(self, xp: Any = np) -> list[tuple[tuple[slice, ...], Any, Any]]:
+        """Per kernel offset (row-major): the slices of the padded buffer holding that cell of every window,
+        the cell's flat index within the channel plane (``h*W + w`` in 2-D) and whether it lies inside the
+        image — arrays shaped ``out_shape`` (computed once per array module)."""
+        table = self._tables.get(xp)
+        if table is None:
+            table = self._tables[xp] = [self._offset_entry(off, xp) for off in
+                                        itertools.product(*(range(k) for k in self.kernel))]
+        return table
+
+    def _offset_entry(self, off: tuple[int, ...], xp: Any) -> tuple[tuple[slice, ...], Any, Any]:
+        nd = len(off)
+        sl = (slice(None), slice(None)) + tuple(
+            slice(q, q + s * (o - 1) + 1, s) for q, s, o in zip(off, self.stride, self.out_shape))
+        index, inside, mult = 0, True, 1
+        for i in reversed(range(nd)):
+            shape = [1] * nd
+            shape[i] = self.out_shape[i]
+            pos = (xp.arange(self.out_shape[i]) * self.stride[i] - self.pad[i] + off[i]).reshape(shape)
+            index = index + pos * mult
+            inside = inside & (pos >= 0) & (pos < self.in_shape[i])
+            mult *= self.in_shape[i]
+        return sl, index, inside
+
+    def _pool_size(self, xp: Any, dtype: Any) -> tuple[Any, Any]:
+        """Caffe's AVE divisor per window and its safe inverse (0 for windows without image cells)."""
+        key = (xp, np.dtype(dtype))
+        if key in self._tables:
+            return self._tables[key]
+        size, nonempty = 1, True
+        nd = len(self.kernel)
+        for i, (n, k, s, p, o) in enumerate(zip(self.in_shape, self.kernel, self.stride, self.pad,
+                                                self.out_shape)):
+            shape = [1] * nd
+            shape[i] = o
+            start = xp.arange(o).reshape(shape) * s - p
+            extent = xp.minimum(start + k, n + p) - start
+            size = size * extent
+            nonempty = nonempty & (extent > 0)
+        size = xp.asarray(size, dtype=dtype)
+        inv = xp.where(nonempty, 1 / xp.where(nonempty, size, 1), 0).astype(dtype)
+        self._tables[key] = (size, inv)
+        return size, inv
+
+    # ---- forward -------------------------------------------------------------------------------
+    def forward(self, x: Any, y: Any, train: bool = True, mask: Any | None = None) -> None:
+        """``y`` (N, C, *out) from ``x`` (N, C, *in); MAX writes its argmax into ``mask`` if given."""
+        xp = get_array_module(x)
+        if self.method == MAX:
+            self._forward_max(x, y, mask, xp)
+        elif self.method == AVE:
+            buf = self._padded(x, 0.0)
+            for j, (sl, _, _) in enumerate(self._offsets(xp)):
+                if j == 0:
+                    y[...] = buf[sl]
+                else:
+                    y += buf[sl]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                y /= self._pool_size(xp, y.dtype)[0]  # Caffe divides unguarded: 0/0 -> NaN
+        elif self.method == STOCHASTIC:
+            if train:
+                self._forward_stochastic_train(x, y, xp)
+            else:
+                buf = self._padded(x, 0.0)
+                s1 = self._buf("s1", y.shape, y)
+                s2 = self._buf("s2", y.shape, y)
+                s1.fill(FLT_MIN)
+                s2.fill(0)
+                for sl, _, _ in self._offsets(xp):
+                    cell = buf[sl]
+                    s1 += cell
+                    s2 += cell * cell
+                xp.divide(s2, s1, out=y)
+                self._stats = (s1, s2)
+        else:
+            raise ParamError("pooling_param.pool", f"Unknown pooling method {self.method}")
+
+    def _forward_max(self, x: Any, y: Any, mask: Any | None, xp: Any) -> None:
+        buf = self._padded(x, float("-inf"))  # padded cells never win against -FLT_MAX
+        idx = self._buf("index", y.shape, y, dtype=np.int64)
+        better = self._buf("better", y.shape, y, dtype=bool)
+        y.fill(-FLT_MAX)
+        idx.fill(-1)
+        for sl, index, _ in self._offsets(xp):
+            cell = buf[sl]
+            xp.greater(cell, y, out=better)  # strictly greater: ties keep the earlier (lower) index
+            xp.copyto(y, cell, where=better)
+            xp.copyto(idx, index, where=better)
+        self._index = idx
+        if mask is not None:
+            mask[...] = idx
+
+    def _forward_stochastic_train(self, x: Any, y: Any, xp: Any) -> None:
+        buf = self._padded(x, 0.0)
+        total = self._buf("s1", y.shape, y)
+        total.fill(0)
+        for sl, _, _ in self._offsets(xp):
+            total += buf[sl]
+        u = get_rng().random(y.shape, dtype=np.float64 if y.dtype == np.float64 else np.float32)
+        thres = total * xp.asarray(u, dtype=y.dtype)
+        running = self._buf("running", y.shape, y)
+        running.fill(0)
+        chosen = self._buf("chosen", y.shape, y, dtype=bool)
+        chosen.fill(False)
+        hit = self._buf("better", y.shape, y, dtype=bool)
+        idx = self._buf("index", y.shape, y, dtype=np.int64)
+        idx.fill(-1)
+        y.fill(0)  # a window whose running sum never reaches the threshold outputs 0 (Caffe: stale value)
+        for sl, index, inside in self._offsets(xp):
+            cell = buf[sl]
+            running += cell
+            xp.greater_equal(running, thres, out=hit)
+            hit &= ~chosen
+            hit &= inside
+            xp.copyto(y, cell, where=hit)
+            xp.copyto(idx, index, where=hit)
+            chosen |= hit
+        self._index = idx
+
+    # ---- backward ------------------------------------------------------------------------------
+    def backward(self, dy: Any, dx: Any, x: Any | None = None, mask: Any | None = None,
+                 train: bool = True, accumulate: bool = False) -> None:
+        """``dx`` from ``dy``: overwritten, or accumulated when ``accumulate``.  MAX routes through
+        ``mask`` (the float mask top) if given, else the argmax kept by forward."""
+        xp = get_array_module(dy)
+        if self.method == MAX or (self.method == STOCHASTIC and train):
+            index = self._index if mask is None else mask.astype(np.int64)
+            if index is None:
+                raise CctError("pooling backward called before forward")
+            self._scatter(dy, dx, index, accumulate, xp)
+            return
+        if self.method == AVE:
+            g = dy * self._pool_size(xp, dy.dtype)[1]
+            gbuf = self._buf("g_pad", dy.shape[:2] + self.padded_shape, dy)
+            gbuf.fill(0)
+            for sl, _, _ in self._offsets(xp):
+                gbuf[sl] += g
+        else:
+            # STOCHASTIC at TEST: the gradient of Σx²/(FLT_MIN + Σx) (Caffe reuses a stale TRAIN sample)
+            if self._stats is None or x is None:
+                raise CctError("stochastic pooling backward (TEST phase) needs its forward and bottom data")
+            s1, s2 = self._stats
+            a, b = -dy * s2 / (s1 * s1), 2 * dy / s1
+            xbuf = self._padded(x, 0.0)
+            gbuf = self._buf("g_pad", dy.shape[:2] + self.padded_shape, dy)
+            gbuf.fill(0)
+            for sl, _, _ in self._offsets(xp):
+                gbuf[sl] += a + b * xbuf[sl]
+        if accumulate:
+            dx += gbuf[self._interior()]
+        else:
+            dx[...] = gbuf[self._interior()]
+
+    def _scatter(self, dy: Any, dx: Any, index: Any, accumulate: bool, xp: Any) -> None:
+        """``dx[n, c, index[n, c, o]] += dy[n, c, o]``; index -1 (a window without cells) is dropped, as
+        Caffe's GPU code does (its CPU code writes one element before the plane)."""
+        planes = dy.shape[0] * dy.shape[1]
+        index = index.reshape(planes, -1)
+        top_index = int(index.max()) if index.size else -1
+        if top_index >= self.plane:
+            raise CctError(f"pooling mask index {top_index} out of range for a plane of {self.plane}")
+        valid = index >= 0
+        flat = xp.where(valid, index + xp.arange(planes).reshape(planes, 1) * self.plane, 0)
+        weights = xp.where(valid, dy.reshape(planes, -1), 0)
+        grad = xp.bincount(flat.ravel(), weights=weights.ravel(), minlength=planes * self.plane)
+        grad = grad.reshape(dx.shape).astype(dx.dtype, copy=False)
+        if accumulate:
+            dx += grad
+        else:
+            dx[...] = grad
+
+
+@register("Pooling")
+class Pooling(Layer):
+    """``top[n, c, o] = pool over bottom[n, c, window(o)]``, window ``o*stride - pad ... + kernel``.
+
+    Shapes: bottom ``(N, C, H, W)`` → top ``(N, C, PH, PW)`` (see :func:`pooled_shape`; CEIL by default,
+    FLOOR with ``round_mode: FLOOR``); optional second top (MAX only): the argmax as float ``h*W + w``.
+    Parameters (``pooling_param``): ``pool`` (MAX | AVE | STOCHASTIC), ``kernel_size`` or ``kernel_h`` and
+    ``kernel_w``, ``stride`` (1) or ``stride_h`` and ``stride_w``, ``pad`` (0) or ``pad_h`` and ``pad_w``
+    (MAX/AVE only, pad < kernel), ``global_pooling`` (kernel = H×W, pad 0, stride 1), ``round_mode``.
+    STOCHASTIC runs on the CPU too (Caffe: GPU only); TRAIN samples from :func:`cct.rng.get_rng`.
+    """
+
+    exact_num_bottom = 1
+    min_top = 1
+    max_top = 2
+    allow_in_place = False
+    num_spatial = 2  # Caffe's Pooling is 4-D; the Pooler itself is N-D
+
+    def setup(self, bottom: list[Blob], top: list[Blob]) -> None:
+        p = self.layer_param.pooling_param
+        f = "pooling_param"
+        self.method = p.pool
+        if len(top) > 1 and self.method != MAX:
+            raise ParamError("top", f"Pooling Layer produces a second (mask) top only for MAX pooling "
+                                    f"(pool {_METHOD_NAMES.get(self.method, self.method)}, {len(top)} tops)")
+        self.global_pooling = p.global_pooling
+        has_hw = p.HasField("kernel_h") and p.HasField("kernel_w")
+        if self.global_pooling:
+            if p.HasField("kernel_size") or p.HasField("kernel_h") or p.HasField("kernel_w"):
+                raise ParamError(f"{f}.global_pooling",
+                                 "With Global_pooling: true Filter size cannot specified")
+        elif p.HasField("kernel_size") and has_hw:
+            raise ParamError(f"{f}.kernel_size",
+                             "Filter size is kernel_size OR kernel_h and kernel_w; not both")
+        elif not p.HasField("kernel_size") and not has_hw:
+            raise ParamError(f"{f}.kernel_size",
+                             "For non-square filters both kernel_h and kernel_w are required."
+                             if p.HasField("kernel_h") or p.HasField("kernel_w")
+                             else "kernel_size (or kernel_h and kernel_w) is required")
+        self.pad = self._pair(p, "pad", f)
+        self.stride = self._pair(p, "stride", f)
+        if self.global_pooling and (any(self.pad) or any(s != 1 for s in self.stride)):
+            raise ParamError(f"{f}.global_pooling", f"With Global_pooling: true; only pad = 0 and stride = 1 "
+                                                    f"(pad {_dims(self.pad)}, stride {_dims(self.stride)})")
+        if self.global_pooling:
+            self.kernel = tuple(bottom[0].shape[2:]) if bottom[0].num_axes == 4 else (1, 1)
+        elif p.HasField("kernel_size"):
+            self.kernel = (int(p.kernel_size),) * self.num_spatial
+        else:
+            self.kernel = (int(p.kernel_h), int(p.kernel_w))
+        check_pool_window(self.method, self.kernel, self.stride, self.pad, f)
+        self.ceil_mode = p.round_mode == pb.PoolingParameter.CEIL
+        self.pooler: Pooler | None = None
+
+    @staticmethod
+    def _pair(p: pb.PoolingParameter, name: str, f: str) -> tuple[int, int]:
+        """``name`` for both axes, or ``name_h`` and ``name_w`` (both, and not with ``name``)."""
+        has_h, has_w = p.HasField(f"{name}_h"), p.HasField(f"{name}_w")
+        if not has_h and not has_w:
+            v = int(getattr(p, name))
+            return v, v
+        if p.HasField(name) or not (has_h and has_w):
+            raise ParamError(f"{f}.{name}", f"{name} is {name} OR {name}_h and {name}_w are required.")
+        return int(getattr(p, f"{name}_h")), int(getattr(p, f"{name}_w"))
+
+    def reshape(self, bottom: list[Blob], top: list[Blob]) -> None:
+        x = bottom[0]
+        if x.num_axes != 2 + self.num_spatial:
+            raise CctError(f"Pooling layer '{self.name}': Input must have 4 axes, corresponding to (num, "
+                           f"channels, height, width) (got {x.shape_string()})")
+        in_shape = tuple(x.shape[2:])
+        if self.global_pooling:
+            self.kernel = in_shape
+        pl = self.pooler
+        if pl is None or pl.in_shape != in_shape or pl.kernel != self.kernel:
+            pl = Pooler(self.method, in_shape, self.kernel, self.stride, self.pad, self.ceil_mode)
+            self.pooler = pl
+        for t in top:
+            t.reshape(x.shape[:2] + pl.out_shape)
+
+    def forward(self, bottom: list[Blob], top: list[Blob]) -> None:
+        assert self.pooler is not None
+        mask = top[1].data if len(top) > 1 else None
+        self.pooler.forward(bottom[0].data, top[0].data, self.phase == pb.TRAIN, mask)
+
+    def backward(self, top: list[Blob], propagate_down: Sequence[bool], bottom: list[Blob]) -> None:
+        if not propagate_down[0]:
+            return
+        assert self.pooler is not None
+        mask = top[1].data if len(top) > 1 else None
+        self.pooler.backward(top[0].diff, bottom[0].diff, bottom[0].data, mask, self.phase == pb.TRAIN)

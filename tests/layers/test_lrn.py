@@ -1,0 +1,53 @@
+"""LRN against loop transcriptions of Caffe's formulas (both normalization regions)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import cct.layers.lrn  # noqa: F401  (registers the layer)
+from cct.errors import CctError, ParamError
+from cct.gradient_check import check_gradient, setup_layer
+
+
+def ref_lrn(x, size, alpha, beta, k, within):
+    alpha, beta, k = (float(np.float32(v)) for v in (alpha, beta, k))  # proto floats are float32
+    n_img, c, h, w = x.shape
+    half = (size - 1) // 2
+    y = np.zeros_like(x)
+    for n, ch, i, j in np.ndindex(*x.shape):
+        if within:  # k ignored; zero padding; divisor size²
+            win = x[n, ch, max(i - half, 0):i + half + 1, max(j - half, 0):j + half + 1]
+            scale = 1 + alpha / size ** 2 * (win ** 2).sum()
+        else:
+            win = x[n, max(ch - half, 0):ch + half + 1, i, j]
+            scale = k + alpha / size * (win ** 2).sum()
+        y[n, ch, i, j] = x[n, ch, i, j] * scale ** -beta
+    return y
+
+
+CASES = [
+    ("local_size: 5", 5, 1.0, 0.75, 1.0, False),
+    ("local_size: 3 alpha: 0.7 beta: 0.6 k: 2", 3, 0.7, 0.6, 2.0, False),
+    ("local_size: 1 alpha: 2 beta: 1.5 k: 0.5", 1, 2.0, 1.5, 0.5, False),
+    ("local_size: 3 alpha: 0.9 beta: 0.75 k: 5 norm_region: WITHIN_CHANNEL", 3, 0.9, 0.75, 5.0, True),
+    ("local_size: 5 alpha: 2 beta: 0.5 norm_region: WITHIN_CHANNEL", 5, 2.0, 0.5, 1.0, True),
+]
+
+
+@pytest.mark.parametrize("params,size,alpha,beta,k,within", CASES)
+def test_forward_and_gradient(params, size, alpha, beta, k, within):
+    x = np.random.default_rng(0).standard_normal((2, 7, 4, 5))
+    run = setup_layer(f'type: "LRN" lrn_param {{ {params} }}', [x], dtype=np.float64)
+    (y,) = run.forward()
+    np.testing.assert_allclose(y, ref_lrn(x, size, alpha, beta, k, within), rtol=1e-12, atol=1e-12)
+    check_gradient(f'type: "LRN" lrn_param {{ {params} }}', [x])
+
+
+def test_errors():
+    with pytest.raises(ParamError, match="odd") as e:
+        setup_layer('type: "LRN" lrn_param { local_size: 4 }', [np.zeros((1, 3, 2, 2))])
+    assert e.value.field == "lrn_param.local_size"
+    with pytest.raises(CctError, match="4 axes"):
+        setup_layer('type: "LRN"', [np.zeros((1, 3, 2))])
+    with pytest.raises(ParamError, match="in-place"):
+        setup_layer('type: "LRN"', [np.zeros((1, 3, 2, 2))], in_place=True)

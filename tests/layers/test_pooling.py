@@ -1,0 +1,244 @@
+"""Pooling against a loop transcription of Caffe's CPU semantics, including its quirks."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import cct.layers.pooling  # noqa: F401  (registers the layer)
+from cct.errors import CctError, ParamError
+from cct.gradient_check import check_gradient, setup_layer
+from cct.layers.pooling import Pooler, pooled_shape
+from cct.proto import caffe_pb2 as pb
+
+FLT_MAX = float(np.finfo(np.float32).max)
+FLT_MIN = float(np.finfo(np.float32).tiny)
+
+
+def ref_out_size(n, k, s, p, ceil=True, any_pad=None):
+    o = (math.ceil if ceil else math.floor)((n + 2 * p - k) / s) + 1
+    if (p if any_pad is None else any_pad) and (o - 1) * s >= n + p:
+        o -= 1
+    return o
+
+
+def ref_pool(x, method, k, s, p, ceil=True):
+    """Caffe's loops: MAX (init -FLT_MAX, strictly greater, mask h*W+w, -1 if none), AVE (pool_size with
+    padding, clipped at H+pad; unguarded division), STOCHASTIC at TEST (Σx²/(FLT_MIN+Σx))."""
+    (kh, kw), (sh, sw), (ph_, pw_) = k, s, p
+    n_img, c, h, w = x.shape
+    any_pad = ph_ > 0 or pw_ > 0
+    oh = ref_out_size(h, kh, sh, ph_, ceil, any_pad)
+    ow = ref_out_size(w, kw, sw, pw_, ceil, any_pad)
+    y = np.zeros((n_img, c, oh, ow))
+    mask = np.full((n_img, c, oh, ow), -1.0)
+    for n in range(n_img):
+        for ch in range(c):
+            for i in range(oh):
+                for j in range(ow):
+                    hs, ws = i * sh - ph_, j * sw - pw_
+                    if method == "MAX":
+                        he, we = min(hs + kh, h), min(ws + kw, w)
+                        hs, ws = max(hs, 0), max(ws, 0)
+                        best = -FLT_MAX
+                        for a in range(hs, he):
+                            for b in range(ws, we):
+                                if x[n, ch, a, b] > best:
+                                    best, mask[n, ch, i, j] = x[n, ch, a, b], a * w + b
+                        y[n, ch, i, j] = best
+                    elif method == "AVE":
+                        he, we = min(hs + kh, h + ph_), min(ws + kw, w + pw_)
+                        size = (he - hs) * (we - ws)
+                        hs, ws, he, we = max(hs, 0), max(ws, 0), min(he, h), min(we, w)
+                        total = sum(x[n, ch, a, b] for a in range(hs, he) for b in range(ws, we))
+                        with np.errstate(invalid="ignore", divide="ignore"):
+                            y[n, ch, i, j] = np.float64(total) / size
+                    else:
+                        he, we = min(hs + kh, h), min(ws + kw, w)
+                        cells = x[n, ch, hs:he, ws:we]
+                        y[n, ch, i, j] = (cells ** 2).sum() / (FLT_MIN + cells.sum())
+    return y, mask
+
+
+def _pool(params: str, x, num_tops=None, phase=pb.TRAIN):
+    run = setup_layer(f'type: "Pooling" pooling_param {{ {params} }}', [x], num_tops, phase=phase,
+                      dtype=np.float64)
+    return run, run.forward()
+
+
+# (params, shape, method, kernel, stride, pad, ceil)
+CASES = [
+    ("pool: MAX kernel_size: 3 stride: 2", (2, 2, 7, 7), "MAX", (3, 3), (2, 2), (0, 0), True),
+    ("pool: MAX kernel_size: 3 stride: 2", (1, 2, 6, 8), "MAX", (3, 3), (2, 2), (0, 0), True),  # overhang
+    ("pool: MAX kernel_size: 3 stride: 2 pad: 1", (2, 2, 6, 5), "MAX", (3, 3), (2, 2), (1, 1), True),
+    # ceil with pad: the last window would start in the padding and is dropped
+    ("pool: MAX kernel_size: 2 stride: 2 pad: 1", (1, 2, 3, 5), "MAX", (2, 2), (2, 2), (1, 1), True),
+    ("pool: AVE kernel_size: 2 stride: 2 pad: 1", (1, 2, 3, 5), "AVE", (2, 2), (2, 2), (1, 1), True),
+    ("pool: AVE kernel_size: 3 stride: 2", (2, 2, 6, 8), "AVE", (3, 3), (2, 2), (0, 0), True),
+    ("pool: AVE kernel_size: 3 stride: 2 pad: 1", (2, 3, 7, 6), "AVE", (3, 3), (2, 2), (1, 1), True),
+    ("pool: AVE kernel_h: 3 kernel_w: 2 stride_h: 1 stride_w: 2 pad_h: 1 pad_w: 0", (1, 2, 5, 7), "AVE",
+     (3, 2), (1, 2), (1, 0), True),
+    ("pool: MAX kernel_h: 2 kernel_w: 3 stride_h: 2 stride_w: 1 pad_h: 0 pad_w: 1", (1, 2, 5, 6), "MAX",
+     (2, 3), (2, 1), (0, 1), True),
+    ("pool: MAX kernel_size: 3 stride: 2 round_mode: FLOOR", (1, 2, 6, 8), "MAX", (3, 3), (2, 2), (0, 0),
+     False),
+    ("pool: AVE kernel_size: 3 stride: 2 pad: 1 round_mode: FLOOR", (1, 2, 6, 7), "AVE", (3, 3), (2, 2),
+     (1, 1), False),
+    ("pool: STOCHASTIC kernel_size: 3 stride: 2", (2, 2, 6, 7), "STOCHASTIC", (3, 3), (2, 2), (0, 0), True),
+]
+
+
+@pytest.mark.parametrize("params,shape,method,k,s,p,ceil", CASES)
+def test_forward_matches_caffe_loops(params, shape, method, k, s, p, ceil):
+    x = np.abs(np.random.default_rng(0).standard_normal(shape)) + 0.05 if method == "STOCHASTIC" else \
+        np.random.default_rng(0).standard_normal(shape)
+    phase = pb.TEST if method == "STOCHASTIC" else pb.TRAIN
+    _, (y,) = _pool(params, x, phase=phase)
+    ref, _ = ref_pool(x, method, k, s, p, ceil)
+    np.testing.assert_allclose(y, ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("params,shape,method,k,s,p,ceil", CASES)
+def test_gradient(params, shape, method, k, s, p, ceil):
+    rng = np.random.default_rng(1)
+    x = np.abs(rng.standard_normal(shape)) + 0.05 if method == "STOCHASTIC" else rng.standard_normal(shape)
+    check_gradient(f'type: "Pooling" pooling_param {{ {params} }}', [x])
+    if method == "STOCHASTIC":
+        check_gradient(f'type: "Pooling" pooling_param {{ {params} }}', [x], phase=pb.TEST)
+
+
+def test_output_sizes():
+    assert pooled_shape((6, 8), (3, 3), (2, 2), (0, 0)) == (3, 4)            # ceil: partial last window
+    assert pooled_shape((6, 8), (3, 3), (2, 2), (0, 0), ceil_mode=False) == (2, 3)
+    assert pooled_shape((3, 5), (2, 2), (2, 2), (1, 1)) == (2, 3)            # ceil gives 3, 4; corrected
+    assert pooled_shape((3, 5), (2, 2), (2, 2), (1, 0)) == (2, 3)            # correction hits every axis
+    assert pooled_shape((4,), (1,), (2,), (0,)) == (3,)                      # no pad: empty window kept
+
+
+def test_empty_window_quirk():
+    """No padding and kernel < stride: the last window lies outside the image.  Caffe: MAX gives -FLT_MAX with
+    mask -1, AVE divides an empty sum by its pool_size (0 -> NaN, negative -> -0)."""
+    x = np.random.default_rng(2).standard_normal((1, 1, 4, 5))
+    run, (y, mask) = _pool("pool: MAX kernel_size: 1 stride: 2", x, num_tops=2)
+    ref, ref_mask = ref_pool(x, "MAX", (1, 1), (2, 2), (0, 0))
+    assert y.shape == (1, 1, 3, 3) and y[0, 0, 2, 0] == -FLT_MAX and mask[0, 0, 2, 0] == -1
+    np.testing.assert_array_equal(y, ref)
+    np.testing.assert_array_equal(mask, ref_mask)
+    run.top[0].diff[...] = 1.0
+    run.layer.backward_layer(run.top, [True], run.bottom)  # the empty window's gradient is dropped
+    assert run.bottom[0].diff.sum() == 6.0  # 9 windows, 3 of them empty
+    _, (ya,) = _pool("pool: AVE kernel_size: 1 stride: 2", x)
+    ref_a, _ = ref_pool(x, "AVE", (1, 1), (2, 2), (0, 0))
+    assert np.isnan(ya[0, 0, 2, 0])
+    np.testing.assert_array_equal(ya, ref_a)
+    x2 = np.random.default_rng(3).standard_normal((1, 1, 5, 5))
+    _, (yb,) = _pool("pool: AVE kernel_size: 1 stride: 3", x2)  # window at 6 > 5: pool_size negative
+    np.testing.assert_array_equal(yb, ref_pool(x2, "AVE", (1, 1), (3, 3), (0, 0))[0])
+
+
+def test_mask_top_and_ties():
+    x = np.zeros((1, 2, 4, 4))
+    x[0, 0] = [[1, 3, 3, 0], [3, 2, 0, 5], [0, 0, 0, 0], [4, 4, 4, 4]]
+    x[0, 1] = 7.0  # every window tied
+    run, (y, mask) = _pool("pool: MAX kernel_size: 2 stride: 2", x, num_tops=2)
+    np.testing.assert_array_equal(y[0, 0], [[3, 5], [4, 4]])
+    np.testing.assert_array_equal(mask[0, 0], [[1, 7], [12, 14]])  # first (lowest) index wins a tie
+    np.testing.assert_array_equal(mask[0, 1], [[0, 2], [8, 10]])
+    run.top[0].diff[...] = np.arange(8).reshape(1, 2, 2, 2)
+    run.layer.backward_layer(run.top, [True], run.bottom)
+    expect = np.zeros((1, 2, 4, 4))
+    for c in range(2):
+        for i in range(2):
+            for j in range(2):
+                m = int(mask[0, c, i, j])
+                expect[0, c, m // 4, m % 4] += run.top[0].diff[0, c, i, j]
+    np.testing.assert_array_equal(run.bottom[0].diff, expect)
+    # overlapping windows sharing a maximum accumulate into it
+    x3 = np.zeros((1, 1, 3, 3))
+    x3[0, 0, 1, 1] = 9
+    run3, _ = _pool("pool: MAX kernel_size: 2 stride: 1", x3)
+    run3.top[0].diff[...] = 1
+    run3.layer.backward_layer(run3.top, [True], run3.bottom)
+    assert run3.bottom[0].diff[0, 0, 1, 1] == 4 and run3.bottom[0].diff.sum() == 4
+
+
+def test_mask_top_gradient():
+    x = np.random.default_rng(4).standard_normal((2, 2, 5, 6))
+    check_gradient('type: "Pooling" pooling_param { pool: MAX kernel_size: 3 stride: 2 pad: 1 }', [x],
+                   num_tops=2, top_indices=[0])
+
+
+def test_global_pooling():
+    x = np.random.default_rng(5).standard_normal((2, 3, 4, 5))
+    _, (y,) = _pool("pool: AVE global_pooling: true", x)
+    np.testing.assert_allclose(y, x.mean(axis=(2, 3), keepdims=True), rtol=1e-12)
+    _, (ym,) = _pool("pool: MAX global_pooling: true", x)
+    np.testing.assert_array_equal(ym, x.max(axis=(2, 3), keepdims=True))
+    check_gradient('type: "Pooling" pooling_param { pool: AVE global_pooling: true }', [x])
+    check_gradient('type: "Pooling" pooling_param { pool: MAX global_pooling: true }', [x])
+    # the kernel follows the input on reshape
+    run, _ = _pool("pool: MAX global_pooling: true", x)
+    run.bottom[0].reshape((2, 3, 6, 2))
+    run.layer.reshape(run.bottom, run.top)
+    assert run.top[0].shape == (2, 3, 1, 1)
+
+
+def test_stochastic_train_samples_proportionally():
+    """TRAIN samples a cell with probability ∝ activation (Caffe runs this on GPU only)."""
+    from cct.rng import set_random_seed
+
+    set_random_seed(11)
+    x = np.tile(np.array([[1.0, 2.0], [3.0, 4.0]]), (1, 4000, 1, 1))
+    run, (y,) = _pool("pool: STOCHASTIC kernel_size: 2 stride: 2", x)
+    freq = np.array([(y == v).mean() for v in (1, 2, 3, 4)])
+    np.testing.assert_allclose(freq, [0.1, 0.2, 0.3, 0.4], atol=0.03)
+    run.top[0].diff[...] = 1
+    run.layer.backward_layer(run.top, [True], run.bottom)
+    d = run.bottom[0].diff
+    assert (d.sum(axis=(2, 3)) == 1).all()                       # one cell per window
+    np.testing.assert_array_equal((d * x).sum(axis=(2, 3)), y[:, :, 0, 0])  # the sampled one
+    # a single positive cell is always chosen
+    x1 = np.zeros((1, 1, 2, 2))
+    x1[0, 0, 1, 0] = 2.5
+    _, (y1,) = _pool("pool: STOCHASTIC kernel_size: 2 stride: 2", x1)
+    assert y1[0, 0, 0, 0] == 2.5
+
+
+def test_nd_pooler():
+    """The Pooler is N-D (the layer keeps Caffe's 4-D check)."""
+    x = np.random.default_rng(6).standard_normal((1, 2, 4, 5, 3))
+    y = np.zeros((1, 2) + pooled_shape((4, 5, 3), (2, 3, 2), (2, 2, 1), (0, 1, 0)))
+    Pooler(pb.PoolingParameter.MAX, (4, 5, 3), (2, 3, 2), (2, 2, 1), (0, 1, 0)).forward(x, y)
+    xp = np.pad(x, [(0, 0), (0, 0), (0, 0), (1, 1), (0, 0)], constant_values=-np.inf)
+    for i, j, k in np.ndindex(*y.shape[2:]):
+        win = xp[:, :, 2 * i:2 * i + 2, 2 * j:2 * j + 3, k:k + 2]
+        np.testing.assert_array_equal(y[:, :, i, j, k], win.max(axis=(2, 3, 4)))
+
+
+@pytest.mark.parametrize("params,field,match", [
+    ("pool: MAX kernel_size: 2 kernel_h: 2 kernel_w: 2", "pooling_param.kernel_size", "not both"),
+    ("pool: MAX kernel_h: 2", "pooling_param.kernel_size", "both kernel_h and kernel_w"),
+    ("pool: MAX", "pooling_param.kernel_size", "required"),
+    ("pool: MAX kernel_size: 0", "pooling_param.kernel_size", "cannot be zero"),
+    ("pool: MAX kernel_size: 2 stride: 0", "pooling_param.stride", "> 0"),
+    ("pool: MAX kernel_size: 2 pad: 2", "pooling_param.pad", "smaller than the kernel"),
+    ("pool: STOCHASTIC kernel_size: 2 pad: 1", "pooling_param.pad", "only for average and max"),
+    ("pool: MAX kernel_size: 2 pad: 1 pad_h: 1", "pooling_param.pad", "pad OR pad_h and pad_w"),
+    ("pool: MAX kernel_size: 2 stride_h: 1", "pooling_param.stride", "stride OR stride_h and stride_w"),
+    ("pool: MAX global_pooling: true kernel_size: 2", "pooling_param.global_pooling", "cannot specified"),
+    ("pool: AVE global_pooling: true stride: 2", "pooling_param.global_pooling", "stride = 1"),
+    ("pool: MAX kernel_size: 9", "pooling_param.kernel_size", "kernel larger than padded input"),
+])
+def test_param_errors(params, field, match):
+    with pytest.raises(ParamError, match=match) as e:
+        setup_layer(f'type: "Pooling" pooling_param {{ {params} }}', [np.zeros((1, 1, 5, 5))])
+    assert e.value.field == field
+
+
+def test_arity_and_shape_errors():
+    with pytest.raises(ParamError, match="only for MAX"):
+        setup_layer('type: "Pooling" pooling_param { pool: AVE kernel_size: 2 }', [np.zeros((1, 1, 4, 4))],
+                    num_tops=2)
+    with pytest.raises(CctError, match="4 axes"):
+        setup_layer('type: "Pooling" pooling_param { pool: MAX kernel_size: 2 }', [np.zeros((1, 1, 4, 4, 4))])
