@@ -3,10 +3,13 @@
 The same prototxt, caffemodel, solverstate and binaryproto files as Caffe; the same numbers layer by
 layer; the same command line (``cct train -solver s.prototxt``) and log lines.
 """
-from cct import io, log
+from cct import io, layers, log
+from cct.classifier import Classifier
+from cct.detector import Detector
 from cct.layers.base import Layer
 from cct.layers.registry import layer_type_list
 from cct.log import init_log
+from cct.net_spec import NetSpec, params, to_proto
 from cct.mode import (
     has_nccl,
     set_device,
@@ -25,6 +28,7 @@ from cct.rng import set_random_seed
 __version__ = "1.0.0"
 
 __all__ = [
+    "Classifier", "Detector", "NetSpec", "layers", "params", "to_proto",
     "Layer", "Net", "TEST", "TRAIN", "__version__", "caffe_pb2", "has_nccl", "init_log", "io",
     "layer_type_list", "log", "set_device", "set_mode_cpu", "set_mode_gpu", "set_multiprocess",
     "set_random_seed", "set_solver_count", "set_solver_rank", "solver_count", "solver_rank",

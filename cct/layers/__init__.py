@@ -26,3 +26,13 @@ from cct.layers.base import Layer, LossLayer
 from cct.layers.registry import create_layer, layer_type_list, register
 
 __all__ = ["Layer", "LossLayer", "create_layer", "layer_type_list", "register"]
+
+
+def __getattr__(name: str):
+    """pycaffe's ``caffe.layers.<Type>(...)`` (net_spec): ``cct.layers`` is this package, and a capitalised
+    name that is not one of its attributes is a layer type for NetSpec."""
+    if name[:1].isupper():
+        from cct.net_spec import layers as _net_spec_layers
+
+        return getattr(_net_spec_layers, name)
+    raise AttributeError(f"module 'cct.layers' has no attribute '{name}'")
