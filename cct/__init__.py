@@ -9,7 +9,6 @@ from cct.detector import Detector
 from cct.layers.base import Layer
 from cct.layers.registry import layer_type_list
 from cct.log import init_log
-from cct.net_spec import NetSpec, params, to_proto
 from cct.mode import (
     has_nccl,
     set_device,
@@ -21,6 +20,7 @@ from cct.mode import (
     solver_count,
     solver_rank,
 )
+from cct.net_spec import NetSpec, params, to_proto
 from cct.proto import caffe_pb2
 from cct.pycaffe import TEST, TRAIN, Net
 from cct.rng import set_random_seed

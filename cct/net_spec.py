@@ -28,7 +28,6 @@ layers are reached by the depth-first walk from the requested tops).
 """
 from __future__ import annotations
 
-import importlib
 from collections import Counter, OrderedDict
 from collections.abc import Iterator
 from typing import Any, Union

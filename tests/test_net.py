@@ -89,7 +89,8 @@ def test_lr_mult_zero_below_stops_backward() -> None:
 
 def test_automatic_top_of_loss_layer() -> None:
     net = make("""
-      layer { name: "d" type: "Input" top: "x" top: "y" input_param { shape { dim: 2 dim: 3 } shape { dim: 2 dim: 3 } } }
+      layer { name: "d" type: "Input" top: "x" top: "y"
+              input_param { shape { dim: 2 dim: 3 } shape { dim: 2 dim: 3 } } }
       layer { name: "e" type: "EuclideanLoss" bottom: "x" bottom: "y" }
     """)
     assert "(automatic)" in net.blobs

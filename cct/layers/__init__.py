@@ -2,6 +2,7 @@
 
 Importing this package imports every layer module so that :mod:`cct.layers.registry` knows them all.
 """
+from cct import data as _data  # noqa: F401,E402  (data layers register themselves)
 from cct.layers import (  # noqa: F401  (imported for registration)
     accuracy,
     conv,
@@ -21,7 +22,6 @@ from cct.layers import (  # noqa: F401  (imported for registration)
     softmax,
     spp,
 )
-from cct import data as _data  # noqa: F401,E402  (data layers register themselves)
 from cct.layers.base import Layer, LossLayer
 from cct.layers.registry import create_layer, layer_type_list, register
 
