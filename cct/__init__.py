@@ -24,11 +24,22 @@ from cct.net_spec import NetSpec, params, to_proto
 from cct.proto import caffe_pb2
 from cct.pycaffe import TEST, TRAIN, Net
 from cct.rng import set_random_seed
+from cct.solvers import (
+    AdaDeltaSolver,
+    AdaGradSolver,
+    AdamSolver,
+    NesterovSolver,
+    RMSPropSolver,
+    SGDSolver,
+    get_solver,
+)
+from cct.timer import Timer
 
 __version__ = "1.0.0"
 
 __all__ = [
-    "Classifier", "Detector", "NetSpec", "layers", "params", "to_proto",
+    "AdaDeltaSolver", "AdaGradSolver", "AdamSolver", "NesterovSolver", "RMSPropSolver", "SGDSolver", "Timer",
+    "get_solver", "Classifier", "Detector", "NetSpec", "layers", "params", "to_proto",
     "Layer", "Net", "TEST", "TRAIN", "__version__", "caffe_pb2", "has_nccl", "init_log", "io",
     "layer_type_list", "log", "set_device", "set_mode_cpu", "set_mode_gpu", "set_multiprocess",
     "set_random_seed", "set_solver_count", "set_solver_rank", "solver_count", "solver_rank",

@@ -187,7 +187,8 @@ class Blob:
 
     def update(self) -> None:
         """``data -= diff`` (Caffe's ``Blob::Update``)."""
-        self.data -= self.diff
+        data = self.data
+        data -= self.diff
 
     def __repr__(self) -> str:
         return f"Blob({self.shape_string()})"

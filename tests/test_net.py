@@ -200,3 +200,12 @@ def test_to_proto_records_layers_and_blobs() -> None:
     assert list(loss.loss_weight) == [1.0]  # added at setup, as Caffe records it
     ip1 = [layer for layer in p.layer if layer.name == "ip1"][0]
     assert list(ip1.blobs[0].shape.dim) == [5, 3] and ip1.phase == cct.TRAIN
+
+
+def test_update_subtracts_diff_from_owners() -> None:
+    net = make(MLP)
+    w = net.params["ip1"][0]
+    before = w.data.copy()
+    w.diff[...] = 0.25
+    net.update()
+    np.testing.assert_allclose(w.data, before - 0.25)

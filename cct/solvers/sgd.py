@@ -1,0 +1,365 @@
+"""The six update rules: SGD and its subclasses Nesterov, AdaGrad, RMSProp, AdaDelta, Adam.
+
+Shared by all (Caffe's ``SGDSolver::ApplyUpdate``), per iteration:
+
+1. ``rate = lr_policy(iter)`` (:mod:`cct.solvers.lr_policy`); logged as ``Iteration <iter>, lr = <rate>``
+   on display iterations.
+2. Gradient clipping: if ``clip_gradients >= 0`` and the L2 norm of all learnable diffs (still summed
+   over the ``iter_size`` passes) exceeds it, every diff is scaled by ``clip_gradients / norm``.
+3. For each learnable parameter ``w`` with gradient ``g`` (its diff):
+   normalize ``g *= 1 / iter_size`` → regularize (``d = weight_decay * decay_mult``; L2 ``g += d * w``,
+   L1 ``g += d * sign(w)``) → the rule below, with ``lr = rate * lr_mult``, which leaves the step in
+   ``g``.
+4. ``w -= g`` for every learnable parameter (``Net::Update``), then ``iter += 1``.
+
+Everything is float32, in place, one vectorised pass per parameter blob.  History blobs (the
+solverstate's ``history``) have the parameters' shapes, in learnable-parameter order; AdaDelta and
+Adam keep a second set after the first.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from cct import log
+from cct.blob import Blob, blob_from_proto, blob_to_proto
+from cct.device import get_array_module
+from cct.errors import CctError
+from cct.proto import caffe_pb2 as pb
+from cct.solvers.lr_policy import check_lr_policy, learning_rate
+from cct.solvers.solver import Solver, register_solver
+
+f32 = np.float32
+
+
+@register_solver
+class SGDSolver(Solver):
+    r"""Stochastic gradient descent with momentum, Caffe's way.
+
+    .. math::
+        h \leftarrow \mu h + \mathrm{lr}\, g, \qquad w \leftarrow w - h
+
+    (``momentum`` μ; ``h`` is the history).  Unlike PyTorch/TF (``v = μv + g; w -= lr·v``), Caffe
+    puts the learning rate *inside* the momentum buffer, so changing ``lr`` does not rescale the
+    velocity already accumulated; the two agree only for a constant rate.
+    """
+
+    type = "SGD"
+    history_sets = 1  #: how many history blobs per learnable parameter
+
+    def _check_param(self) -> None:
+        check_lr_policy(self.param, self._source)
+        if self.param.regularization_type not in ("L1", "L2"):
+            raise CctError(f"{self._source}: Unknown regularization type: {self.param.regularization_type} "
+                           "(known: L1, L2)")
+
+    def _pre_solve(self) -> None:
+        params = self.net.learnable_params
+        self.history: list[Blob] = [Blob(p.shape, xp=p.xp, dtype=p.dtype)
+                                    for _ in range(self.history_sets) for p in params]
+        self._temp: dict[tuple[int, int], Any] = {}
+
+    def _scratch(self, i: int, k: int = 0) -> Any:
+        """Work array ``k`` shaped like learnable parameter ``i`` (Caffe's ``temp_``/``update_``)."""
+        p = self.net.learnable_params[i]
+        t = self._temp.get((i, k))
+        if t is None or t.shape != p.shape:
+            t = self._temp[i, k] = p.xp.empty(p.shape, dtype=p.dtype)
+        return t
+
+    # ---- rate --------------------------------------------------------------------------------
+    def get_learning_rate(self) -> np.float32:
+        rate, self.current_step = learning_rate(self.param, self.iter, self.current_step)
+        return rate
+
+    @property
+    def lr(self) -> float:
+        """The current learning rate (pycaffe HEAD's ``solver.lr``)."""
+        return float(self.get_learning_rate())
+
+    # ---- update ------------------------------------------------------------------------------
+    def apply_update(self) -> None:
+        rate = self.get_learning_rate()
+        p = self.param
+        if p.display and self.iter % p.display == 0:
+            log.info("Iteration %d, lr = %s", self.iter, log.fmt(rate))
+        self.clip_gradients()
+        for i in range(len(self.net.learnable_params)):
+            self.normalize(i)
+            self.regularize(i)
+            self.compute_update_value(i, rate)
+        self.net.update()
+        self.iter += 1
+
+    def clip_gradients(self) -> None:
+        clip = f32(self.param.clip_gradients)
+        if clip < 0:
+            return
+        params = self.net.learnable_params
+        sumsq = f32(sum(float(_xp(p.diff).vdot(p.diff.ravel(), p.diff.ravel())) for p in params))
+        norm = f32(np.sqrt(sumsq))
+        if norm > clip:
+            scale = clip / norm
+            log.info("Gradient clipping: scaling down gradients (L2 norm %s > %s) by scale factor %s",
+                     log.fmt(norm), log.fmt(clip), log.fmt(scale))
+            for q in params:
+                d = q.diff
+                d *= scale
+
+    def normalize(self, i: int) -> None:
+        """``g *= 1 / iter_size`` (undo the accumulation over ``iter_size`` passes)."""
+        if self.param.iter_size != 1:
+            d = self.net.learnable_params[i].diff
+            d *= f32(1) / f32(self.param.iter_size)
+
+    def regularize(self, i: int) -> None:
+        """Weight decay ``d = weight_decay * decay_mult``: L2 ``g += d w``; L1 ``g += d sign(w)``."""
+        decay = f32(self.param.weight_decay) * f32(self.net.params_weight_decay[i])
+        if not decay:
+            return
+        p = self.net.learnable_params[i]
+        t = self._scratch(i)
+        if self.param.regularization_type == "L2":
+            _xp(p.data).multiply(p.data, decay, out=t)
+        elif self.param.regularization_type == "L1":
+            xp = _xp(p.data)
+            xp.sign(p.data, out=t)
+            t *= decay
+        else:
+            raise CctError(f"Unknown regularization type: {self.param.regularization_type}")
+        d = p.diff
+        d += t
+
+    def _local_rate(self, i: int, rate: np.float32) -> np.float32:
+        return f32(rate) * f32(self.net.params_lr[i])
+
+    def compute_update_value(self, i: int, rate: np.float32) -> None:
+        """``h = μ h + lr g``; ``g = h``."""
+        g, h = self.net.learnable_params[i].diff, self.history[i].data
+        g *= self._local_rate(i, rate)
+        h *= f32(self.param.momentum)
+        h += g
+        g[...] = h
+
+    # ---- solver state ------------------------------------------------------------------------
+    def snapshot_solver_state(self, model_filename: str) -> None:
+        fmt = self.param.snapshot_format
+        if fmt == pb.SolverParameter.HDF5:
+            from cct.io.hdf5 import write_hdf5_solverstate
+
+            filename = self._snapshot_filename(".solverstate.h5")
+            log.info("Snapshotting solver state to HDF5 file %s", filename)
+            write_hdf5_solverstate(filename, self.iter, model_filename, self.current_step,
+                                   [h.data for h in self.history])
+            return
+        from cct.io.weights import write_solverstate
+
+        state = pb.SolverState()
+        state.iter = self.iter
+        state.learned_net = model_filename
+        state.current_step = self.current_step
+        for h in self.history:
+            blob_to_proto(h, state.history.add())
+        filename = self._snapshot_filename(".solverstate")
+        log.info("Snapshotting solver state to binary proto file %s", filename)
+        write_solverstate(filename, state)
+
+    def restore_solver_state_from_binary_proto(self, state_file: str) -> None:
+        from cct.io.weights import read_solverstate
+
+        self._restore_state(read_solverstate(state_file), state_file)
+
+    def restore_solver_state_from_hdf5(self, state_file: str) -> None:
+        from cct.io.hdf5 import read_hdf5_solverstate
+
+        self._restore_state(read_hdf5_solverstate(state_file), state_file)
+
+    def _restore_state(self, state: pb.SolverState, source: str) -> None:
+        if len(state.history) != len(self.history):
+            raise CctError(f"{source}: Incorrect length of history blobs (the file has {len(state.history)}, "
+                           f"a {self.type} solver for this net has {len(self.history)})")
+        self.iter = state.iter
+        if state.HasField("learned_net"):
+            if not os.path.exists(state.learned_net):
+                raise CctError(f"{source}: its weights file {state.learned_net} (learned_net, relative to "
+                               f"the working directory {os.getcwd()}) does not exist")
+            self.net.copy_trained_layers_from(state.learned_net)
+        self.current_step = state.current_step
+        log.info("SGDSolver: restoring history")
+        for h, proto in zip(self.history, state.history):
+            blob_from_proto(proto, h)
+
+
+@register_solver
+class NesterovSolver(SGDSolver):
+    r"""Nesterov's accelerated gradient, in Caffe's form (Sutskever et al., lr inside the momentum).
+
+    .. math::
+        h' = \mu h + \mathrm{lr}\, g, \qquad w \leftarrow w - \big((1+\mu) h' - \mu h\big), \qquad h \leftarrow h'
+
+    PyTorch's ``nesterov=True`` steps ``lr (g + μ v')`` with ``v' = μ v + g``; equal for a constant rate.
+    """
+
+    type = "Nesterov"
+
+    def compute_update_value(self, i: int, rate: np.float32) -> None:
+        p = self.net.learnable_params[i]
+        g, h, t = p.diff, self.history[i].data, self._scratch(i)
+        momentum = f32(self.param.momentum)
+        t[...] = h                                        # h_old
+        g *= self._local_rate(i, rate)                    # h = μ h_old + lr g
+        h *= momentum
+        h += g
+        t *= -momentum                                    # g = (1+μ) h - μ h_old
+        _xp(g).multiply(h, f32(1) + momentum, out=g)
+        g += t
+
+
+@register_solver
+class AdaGradSolver(SGDSolver):
+    r"""AdaGrad (Duchi et al.).  Needs ``momentum == 0``.
+
+    .. math::
+        h \leftarrow h + g^2, \qquad w \leftarrow w - \mathrm{lr}\, \frac{g}{\sqrt{h} + \delta}
+
+    ``δ`` = ``delta`` is added to the square root (PyTorch: ``eps`` likewise; TF adds it inside).
+    """
+
+    type = "AdaGrad"
+
+    def _check_param(self) -> None:
+        super()._check_param()
+        if self.param.momentum != 0:
+            raise CctError(f"{self._source}: Momentum cannot be used with AdaGrad.")
+
+    def compute_update_value(self, i: int, rate: np.float32) -> None:
+        p = self.net.learnable_params[i]
+        g, h, t = p.diff, self.history[i].data, self._scratch(i)
+        xp = _xp(g)
+        xp.multiply(g, g, out=t)
+        h += t
+        xp.sqrt(h, out=t)
+        t += f32(self.param.delta)
+        xp.divide(g, t, out=t)
+        xp.multiply(t, self._local_rate(i, rate), out=g)
+
+
+@register_solver
+class RMSPropSolver(SGDSolver):
+    r"""RMSProp (Tieleman & Hinton).  ``rms_decay`` ρ in [0, 1); needs ``momentum == 0``.
+
+    .. math::
+        h \leftarrow \rho h + (1-\rho) g^2, \qquad w \leftarrow w - \mathrm{lr}\, \frac{g}{\sqrt{h} + \delta}
+
+    No momentum term and ``δ`` outside the square root (PyTorch ``RMSprop`` with ``alpha = ρ``).
+    """
+
+    type = "RMSProp"
+
+    def _check_param(self) -> None:
+        super()._check_param()
+        if self.param.momentum != 0:
+            raise CctError(f"{self._source}: Momentum cannot be used with RMSProp.")
+        if not 0 <= self.param.rms_decay < 1:
+            raise CctError(f"{self._source}: rms_decay should lie between 0 and 1 "
+                           f"(got {log.fmt(self.param.rms_decay)}).")
+
+    def compute_update_value(self, i: int, rate: np.float32) -> None:
+        p = self.net.learnable_params[i]
+        g, h, t = p.diff, self.history[i].data, self._scratch(i)
+        xp = _xp(g)
+        decay = f32(self.param.rms_decay)
+        xp.multiply(g, g, out=t)
+        t *= f32(1) - decay
+        h *= decay
+        h += t
+        xp.sqrt(h, out=t)
+        t += f32(self.param.delta)
+        xp.divide(g, t, out=t)
+        xp.multiply(t, self._local_rate(i, rate), out=g)
+
+
+@register_solver
+class AdaDeltaSolver(SGDSolver):
+    r"""AdaDelta (Zeiler); the decay ρ is ``momentum``, ``δ`` is ``delta``.  Two history sets:
+    ``h`` (mean squared gradient) then ``s`` (mean squared update).
+
+    .. math::
+        h \leftarrow \rho h + (1-\rho) g^2, \quad
+        u = g \sqrt{\frac{s + \delta}{h + \delta}}, \quad
+        s \leftarrow \rho s + (1-\rho) u^2, \quad
+        w \leftarrow w - \mathrm{lr}\, u
+
+    Zeiler's method has no learning rate; Caffe multiplies by ``lr`` (use ``base_lr: 1``), as PyTorch.
+    """
+
+    type = "AdaDelta"
+    history_sets = 2
+
+    def compute_update_value(self, i: int, rate: np.float32) -> None:
+        p = self.net.learnable_params[i]
+        n = len(self.net.learnable_params)
+        g, h, s = p.diff, self.history[i].data, self.history[n + i].data
+        t, u = self._scratch(i), self._scratch(i, 1)
+        xp = _xp(g)
+        rho, delta = f32(self.param.momentum), f32(self.param.delta)
+        one_minus = f32(1) - rho
+        xp.multiply(g, g, out=t)                          # h = ρ h + (1-ρ) g²
+        t *= one_minus
+        h *= rho
+        h += t
+        xp.add(s, delta, out=u)                           # u = sqrt((s + δ) / (h + δ))
+        xp.add(h, delta, out=t)
+        u /= t
+        xp.sqrt(u, out=u)
+        g *= u                                            # g = u ⊙ g (the unscaled step)
+        xp.multiply(g, g, out=t)                          # s = ρ s + (1-ρ) step²
+        t *= one_minus
+        s *= rho
+        s += t
+        g *= self._local_rate(i, rate)
+
+
+@register_solver
+class AdamSolver(SGDSolver):
+    r"""Adam (Kingma & Ba): β1 = ``momentum``, β2 = ``momentum2``, ε = ``delta``; history ``m`` then ``v``.
+
+    .. math::
+        m \leftarrow \beta_1 m + (1-\beta_1) g, \quad v \leftarrow \beta_2 v + (1-\beta_2) g^2, \quad
+        w \leftarrow w - \mathrm{lr} \frac{\sqrt{1-\beta_2^t}}{1-\beta_1^t} \frac{m}{\sqrt{v} + \varepsilon}
+
+    with ``t = iter + 1``.  As the paper's "efficient" form (and TF), ε is added to the *uncorrected*
+    ``sqrt(v)``; PyTorch adds it to the bias-corrected one.
+    """
+
+    type = "Adam"
+    history_sets = 2
+
+    def compute_update_value(self, i: int, rate: np.float32) -> None:
+        p = self.net.learnable_params[i]
+        n = len(self.net.learnable_params)
+        g, m, v, t = p.diff, self.history[i].data, self.history[n + i].data, self._scratch(i)
+        xp = _xp(g)
+        beta1, beta2 = f32(self.param.momentum), f32(self.param.momentum2)
+        step = self.iter + 1
+        correction = f32(np.sqrt(1.0 - np.float64(beta2) ** step) / (1.0 - np.float64(beta1) ** step))
+        xp.multiply(g, f32(1) - beta1, out=t)             # m = β1 m + (1-β1) g
+        m *= beta1
+        m += t
+        xp.multiply(g, g, out=t)                          # v = β2 v + (1-β2) g²
+        t *= f32(1) - beta2
+        v *= beta2
+        v += t
+        xp.sqrt(v, out=t)                                 # g = lr·corr · m / (sqrt(v) + ε)
+        t += f32(self.param.delta)
+        xp.divide(m, t, out=t)
+        xp.multiply(t, self._local_rate(i, rate) * correction, out=g)
+
+
+def _xp(a: Any):
+    return get_array_module(a)
+
+
+__all__ = ["SGDSolver", "NesterovSolver", "AdaGradSolver", "RMSPropSolver", "AdaDeltaSolver", "AdamSolver"]
