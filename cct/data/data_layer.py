@@ -1,0 +1,153 @@
+"""``Data``: batches of Datum records from an LMDB (Caffe's ``DataLayer``).
+
+Tops: ``data`` ``(batch_size, C, H', W')`` — the shape of each batch's first record after the
+transformer — and optionally ``label`` ``(batch_size,)`` (``Datum.label``).  Records are read in key
+order and the cursor wraps at the end ("Restarting data prefetching from start.").  Each layer keeps
+its own cursor for its lifetime, so a test net's Data layer continues where the previous test pass
+stopped.  ``data_param.rand_skip`` is ignored, as in Caffe 1.0.  With several solver ranks
+(``cct.mode.solver_count() > 1``) a TRAIN-phase layer takes every ``count``-th record starting at its
+rank.
+"""
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from cct import log, mode
+from cct.blob import Blob
+from cct.data.base import Batch, PrefetchingDataLayer, reuse
+from cct.data.datum import DatumError, datum_to_array, decode_flag, parse_datum, raw_view
+from cct.data.db import LmdbReader, resolve_source
+from cct.data.transformer import DataTransformer
+from cct.errors import CctError, ParamError
+from cct.layers.registry import register
+from cct.proto import caffe_pb2 as pb
+
+
+def _key_name(key: bytes) -> str:
+    return key.decode("utf-8", "backslashreplace")
+
+
+class DbProducer:
+    """Reads, decodes and transforms one batch of records at a time (runs in the prefetch thread).
+
+    Encoded images are decoded by a small pool of threads (Pillow releases the GIL while decoding)."""
+
+    decode_threads = min(8, os.cpu_count() or 1)
+
+    def __init__(self, reader: LmdbReader, transformer: DataTransformer, batch_size: int, flag: int,
+                 labels: bool, shard: tuple[int, int] | None):
+        self.reader = reader
+        self.transformer = transformer
+        self.batch_size = batch_size
+        self.flag = flag
+        self.labels = labels
+        self.shard = shard
+        self.offset = 0
+        self._pool: ThreadPoolExecutor | None = None
+
+    def decode(self, key: bytes, value: Any) -> tuple[np.ndarray, int]:
+        fast = raw_view(value)
+        if fast is not None:
+            return fast
+        datum = self.parse(key, value)
+        return self.to_array(key, datum), datum.label
+
+    def parse(self, key: bytes, value: Any) -> pb.Datum:
+        try:
+            return parse_datum(value)
+        except DatumError as e:
+            raise CctError(f"{self.reader.path}: record {_key_name(key)}: {e}") from None
+
+    def to_array(self, key: bytes, datum: pb.Datum) -> np.ndarray:
+        try:
+            return datum_to_array(datum, self.flag)
+        except DatumError as e:
+            raise CctError(f"{self.reader.path}: record {_key_name(key)}: {e}") from None
+
+    def _decode_all(self, records: list[tuple[bytes, Any]]) -> list[tuple[np.ndarray, int]]:
+        if self.decode_threads > 1 and len(records) > 1 and raw_view(records[0][1]) is None:
+            datums = [self.parse(k, v) for k, v in records]
+            if datums[0].encoded:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(self.decode_threads, thread_name_prefix="cct-decode")
+                images = list(self._pool.map(self.to_array, [k for k, _ in records], datums))
+                return [(im, d.label) for im, d in zip(images, datums)]
+        return [self.decode(k, v) for k, v in records]
+
+    def _read(self) -> tuple[bytes, Any]:
+        if self.shard is not None:
+            size, rank = self.shard
+            while self.offset % size != rank:
+                self.reader.skip()
+                self.offset += 1
+        self.offset += 1
+        return self.reader.next()
+
+    def next_batch(self, recycled: Batch | None) -> Batch:
+        records = [self._read() for _ in range(self.batch_size)]
+        keys = [k for k, _ in records]
+        decoded = self._decode_all(records)
+        images = [im for im, _ in decoded]
+        labels = [lab for _, lab in decoded]
+        names = [f"{self.reader.path}: record {_key_name(k)}" for k in keys]
+        try:
+            shape = (self.batch_size,) + self.transformer.infer_shape(images[0].shape)
+        except CctError as e:
+            raise CctError(f"{names[0]}: {e}") from None
+        batch = reuse(recycled, shape, (self.batch_size,) if self.labels else None)
+        self.transformer.transform_batch(images, batch.data, names)
+        if batch.label is not None:
+            batch.label[...] = labels
+        return batch
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        self.reader.close()
+
+
+@register("Data")
+class DataLayer(PrefetchingDataLayer):
+    """Caffe's ``Data`` layer over an LMDB of Datum records."""
+
+    min_top = 1
+    max_top = 2
+
+    def setup(self, bottom: list[Blob], top: list[Blob]) -> None:
+        dp = self.layer_param.data_param
+        tp = self.layer_param.transform_param
+        if dp.batch_size <= 0:
+            raise ParamError("data_param.batch_size", "a positive batch_size is required")
+        source = resolve_source(dp.source, dp.backend)
+        if dp.rand_skip:
+            log.info("data_param.rand_skip (%d) is ignored by the Data layer, as in Caffe 1.0", dp.rand_skip)
+        transformer = DataTransformer(tp, self.phase)
+        flag = decode_flag(tp.force_color, tp.force_gray)
+        reader = LmdbReader(source)
+        producer = DbProducer(reader, transformer, int(dp.batch_size), flag, len(top) > 1, None)
+        key, value = reader.first()
+        datum = producer.parse(key, value)
+        if (tp.force_color or tp.force_gray) and not datum.encoded:
+            log.error("force_color and force_gray only for encoded datum")
+        image, _ = producer.decode(key, value)
+        try:
+            shape = transformer.infer_shape(image.shape)
+            transformer.check(image.shape)
+        except CctError as e:
+            raise CctError(f"{source}: record {_key_name(key)}: {e}") from None
+        top[0].reshape((int(dp.batch_size),) + shape)
+        log.info("output data size: %d,%d,%d,%d", top[0].num, top[0].channels, top[0].height, top[0].width)
+        if len(top) > 1:
+            top[1].reshape((int(dp.batch_size),))
+        size, rank = mode.solver_count(), mode.solver_rank()
+        if self.phase == pb.TRAIN and size > 1:
+            producer.shard = (size, rank)
+        transformer.init_rand()
+        self.transformer = transformer
+        self.start_prefetch(producer, int(dp.prefetch))
+

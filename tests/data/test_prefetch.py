@@ -1,0 +1,97 @@
+"""The prefetch thread: cursor continuity, order, sharding and clean shutdown."""
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+
+from cct import mode
+from cct.proto import caffe_pb2 as pb
+from tests.data.helpers import (
+    captured_log,
+    forward,
+    make_layer,
+    prefetch_threads,
+    random_images,
+    raw_datum,
+    wait_no_prefetch_threads,
+    write_lmdb,
+)
+
+
+def small_db(tmp_path, n=7):
+    imgs = random_images(n, (1, 2, 3))
+    return write_lmdb(tmp_path / "db", [(f"{i:08d}".encode(), raw_datum(im, i)) for i, im in enumerate(imgs)])
+
+
+def data_text(src, batch, prefetch=4, extra=""):
+    return (f'type: "Data" data_param {{ source: "{src}" batch_size: {batch} backend: LMDB prefetch: {prefetch} '
+            f'{extra} }}')
+
+
+def test_order_wrap_and_continuity(tmp_path):
+    src = small_db(tmp_path)
+    for prefetch in (1, 4):
+        with captured_log() as buf:  # from setup on: the thread may wrap before the first forward
+            layer, top = make_layer(data_text(src, 3, prefetch), 2)
+            labels = [forward(layer, top)[1].tolist() for _ in range(5)]
+        assert sum(labels, []) == [i % 7 for i in range(15)]
+        assert "Restarting data prefetching from start." in buf.getvalue()
+        layer.close()
+
+
+def test_single_top_and_rand_skip_logged(tmp_path):
+    src = small_db(tmp_path)
+    with captured_log() as buf:
+        layer, top = make_layer(data_text(src, 2, extra="rand_skip: 5"), 1)
+    assert "rand_skip" in buf.getvalue()
+    assert forward(layer, top)[0].shape == (2, 1, 2, 3)
+    layer.close()
+
+
+def test_multi_rank_sharding(tmp_path):
+    src = small_db(tmp_path, 8)
+    try:
+        mode.set_solver_count(2)
+        got = []
+        for rank in (0, 1):
+            mode.set_solver_rank(rank)
+            layer, top = make_layer(data_text(src, 3), 2, phase=pb.TRAIN)
+            got.append(sum((forward(layer, top)[1].tolist() for _ in range(2)), []))
+            layer.close()
+        mode.set_solver_rank(1)
+        layer, top = make_layer(data_text(src, 3), 2, phase=pb.TEST)  # TEST: no sharding
+        test_labels = forward(layer, top)[1].tolist()
+        layer.close()
+    finally:
+        mode.set_solver_count(1)
+        mode.set_solver_rank(0)
+    assert got == [[0, 2, 4, 6, 0, 2], [1, 3, 5, 7, 1, 3]]
+    assert test_labels == [0, 1, 2]
+
+
+def test_threads_end_when_layers_and_nets_are_dropped(tmp_path):
+    src = small_db(tmp_path)
+    assert not wait_no_prefetch_threads()
+    for i in range(10):
+        layer, top = make_layer(data_text(src, 2), 2)
+        if i % 2:
+            forward(layer, top)  # a queue that is full or being filled both stop
+        assert prefetch_threads()
+        del layer, top
+    assert not wait_no_prefetch_threads()
+    try:
+        from cct.pycaffe import Net
+    except ImportError:
+        return
+    text = f'layer {{ name: "d" top: "data" top: "label" {data_text(src, 2)} }}'
+    proto = tmp_path / "net.prototxt"
+    proto.write_text(text)
+    for _ in range(5):
+        net = Net(str(proto), pb.TEST)
+        for first in (0, 2):  # the layer keeps its cursor between forwards (test passes)
+            net.forward()
+            np.testing.assert_array_equal(net.blobs["label"].data, [first, first + 1])
+        del net
+        gc.collect()
+    assert not wait_no_prefetch_threads()
