@@ -15,13 +15,13 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from cct import log
 from cct.errors import CctError
+from cct.flags import Flag, Flags, parse_flags, usage_text
 
 USAGE = ("command line brew\n"
          "usage: caffe <command> <args>\n\n"
@@ -32,14 +32,6 @@ USAGE = ("command line brew\n"
          "  time            benchmark model execution time\n"
          "  convert_imageset    convert a set of images to the leveldb/lmdb format (own flags)\n"
          "  compute_image_mean  compute the mean image of a leveldb/lmdb (own flags)")
-
-
-@dataclass(frozen=True)
-class Flag:
-    name: str
-    kind: type
-    default: Any
-    help: str
 
 
 FLAGS = [
@@ -58,79 +50,11 @@ FLAGS = [
          "snapshot, stop or none."),
     Flag("sighup_effect", str, "snapshot", "Optional; action to take when a SIGHUP signal is received: "
          "snapshot, stop or none."),
-    # glog's flags that Caffe users pass; logging always goes to stderr here, so they are accepted as is.
-    Flag("logtostderr", bool, False, "glog: log to stderr (always on)."),
-    Flag("alsologtostderr", bool, False, "glog: also log to stderr (always on)."),
 ]
-_FLAG_BY_NAME = {f.name: f for f in FLAGS}
-_HELP_FLAGS = ("help", "helpfull", "helpshort")
-
-
-class Flags(dict):
-    """Parsed flag values with attribute access (``flags.solver``)."""
-
-    def __getattr__(self, name: str) -> Any:
-        return self[name]
 
 
 def usage(prog: str = "cct") -> str:
-    lines = [f"{prog}: {USAGE}", "", "  Flags from tools/caffe.cpp:"]
-    for f in FLAGS:
-        default = f'"{f.default}"' if f.kind is str else str(f.default).lower()
-        kind = {str: "string", int: "int32", bool: "bool"}[f.kind]
-        lines.append(f"    -{f.name} ({f.help}) type: {kind} default: {default}")
-    return "\n".join(lines)
-
-
-def parse_flags(argv: Sequence[str]) -> tuple[Flags, list[str]]:
-    """gflags parsing: returns (flag values, positional arguments).  Errors are one-line CctErrors."""
-    flags = Flags({f.name: f.default for f in FLAGS})
-    flags["help"] = False
-    positional: list[str] = []
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        i += 1
-        if arg == "--":
-            positional.extend(argv[i:])
-            break
-        if not arg.startswith("-") or arg == "-":
-            positional.append(arg)
-            continue
-        body = arg[2:] if arg.startswith("--") else arg[1:]
-        name, has_value, value = body.partition("=")
-        if name in _HELP_FLAGS:
-            flags["help"] = True
-            continue
-        flag = _FLAG_BY_NAME.get(name)
-        if flag is None and name.startswith("no") and name[2:] in _FLAG_BY_NAME \
-                and _FLAG_BY_NAME[name[2:]].kind is bool and not has_value:
-            flags[name[2:]] = False
-            continue
-        if flag is None:
-            raise CctError(f"unknown command line flag '{name}' (see 'cct -help')")
-        if flag.kind is bool:
-            if not has_value:
-                flags[name] = True
-                continue
-            lowered = value.lower()
-            if lowered not in ("1", "0", "true", "false", "t", "f", "yes", "no", "y", "n"):
-                raise CctError(f"illegal value '{value}' specified for bool flag '{name}'")
-            flags[name] = lowered in ("1", "true", "t", "yes", "y")
-            continue
-        if not has_value:
-            if i >= len(argv):
-                raise CctError(f"flag '{arg}' is missing its argument; flag description: {flag.help}")
-            value = argv[i]
-            i += 1
-        if flag.kind is int:
-            try:
-                flags[name] = int(value)
-            except ValueError:
-                raise CctError(f"illegal value '{value}' specified for int32 flag '{name}'") from None
-        else:
-            flags[name] = value
-    return flags, positional
+    return usage_text(f"{prog}: {USAGE}", FLAGS, "Flags from tools/caffe.cpp")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -447,7 +371,7 @@ def run(argv: Sequence[str]) -> int:
     argv = list(argv)
     if argv and argv[0] in TOOLS:
         return TOOLS[argv[0]](argv[1:])
-    flags, positional = parse_flags(argv)
+    flags, positional = parse_flags(argv, FLAGS)
     if flags.help:
         print(usage(), file=sys.stderr)
         return 0

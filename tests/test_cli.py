@@ -51,19 +51,14 @@ def tiny_case(tmp_path, monkeypatch):
 
 # ---- flags and usage -------------------------------------------------------------------------------
 
-def test_gflags_syntax():
+def test_caffe_flags_and_defaults():
     flags, pos = cli.parse_flags(["-solver=a.prototxt", "train", "--weights", "w1,w2", "-level", "3",
-                                  "--logtostderr", "--noalsologtostderr", "--", "-x"])
+                                  "--logtostderr", "--", "-x"], cli.FLAGS)
     assert pos == ["train", "-x"]
-    assert (flags.solver, flags.weights, flags.level, flags.logtostderr, flags.alsologtostderr) == \
-        ("a.prototxt", "w1,w2", 3, True, False)
+    assert (flags.solver, flags.weights, flags.level) == ("a.prototxt", "w1,w2", 3)
     assert flags.iterations == 50 and flags.sigint_effect == "stop" and flags.sighup_effect == "snapshot"
     with pytest.raises(CctError, match="illegal value 'x' specified for int32 flag 'iterations'"):
-        cli.parse_flags(["-iterations=x"])
-    with pytest.raises(CctError, match="unknown command line flag 'solverr'"):
-        cli.parse_flags(["-solverr", "s"])
-    with pytest.raises(CctError, match="missing its argument"):
-        cli.parse_flags(["train", "-solver"])
+        cli.parse_flags(["-iterations=x"], cli.FLAGS)
 
 
 def test_usage_without_a_command(capsys):

@@ -21,8 +21,6 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -32,96 +30,13 @@ from cct.data.db import LmdbWriter, is_lmdb, iterate_lmdb
 from cct.data.image import encode_image, read_image
 from cct.data.image_data_layer import atoi
 from cct.errors import CctError
+from cct.flags import Flag, FlagError, parse_flags, usage_text
 from cct.proto import caffe_pb2 as pb
 from cct.rng import get_rng
 
-# ---- gflags ---------------------------------------------------------------------------------------
 
-
-class FlagError(CctError):
-    """A command-line mistake, reported as gflags reports it."""
-
-
-@dataclass
-class Flag:
-    kind: type  # bool, int or str
-    default: Any
-    help: str
-
-
-# glog's own flags, accepted (and ignored) as the Caffe binaries accept them.
-_GLOG_FLAGS = {"logtostderr": bool, "alsologtostderr": bool, "colorlogtostderr": bool, "minloglevel": int,
-               "stderrthreshold": int, "v": int, "log_dir": str, "logbuflevel": int, "logbufsecs": int,
-               "max_log_size": int, "stop_logging_if_full_disk": bool, "vmodule": str}
-_TRUE = {"true", "t", "yes", "y", "1"}
-_FALSE = {"false", "f", "no", "n", "0"}
-
-
-def _convert(name: str, kind: type, text: str) -> Any:
-    if kind is bool:
-        low = text.lower()
-        if low in _TRUE or low in _FALSE:
-            return low in _TRUE
-        raise FlagError(f"ERROR: illegal value '{text}' specified for bool flag '{name}'")
-    if kind is int:
-        try:
-            value = int(text, 0) if text.lower().startswith(("0x", "-0x")) else int(text)
-        except ValueError:
-            raise FlagError(f"ERROR: illegal value '{text}' specified for int32 flag '{name}'") from None
-        if not -(1 << 31) <= value < (1 << 31):
-            raise FlagError(f"ERROR: illegal value '{text}' specified for int32 flag '{name}'")
-        return value
-    return text
-
-
-def parse_flags(argv: Sequence[str], flags: dict[str, Flag]) -> tuple[dict[str, Any], list[str], bool]:
-    """gflags parsing: ``(values, positional arguments, help requested)``."""
-    values = {name: f.default for name, f in flags.items()}
-    positional: list[str] = []
-    wants_help = False
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        i += 1
-        if arg == "--":
-            positional.extend(argv[i:])
-            break
-        if not arg.startswith("-") or arg == "-":
-            positional.append(arg)
-            continue
-        name, eq, text = arg.lstrip("-").partition("=")
-        kind = flags[name].kind if name in flags else _GLOG_FLAGS.get(name)
-        if name in ("help", "helpfull", "helpshort"):
-            wants_help = True
-            continue
-        if kind is None:
-            base = name[2:] if name.startswith("no") else None
-            base_kind = flags[base].kind if base in flags else _GLOG_FLAGS.get(base or "")
-            if base_kind is bool and not eq:
-                if base in flags:
-                    values[base] = False
-                continue
-            raise FlagError(f"ERROR: unknown command line flag '{name}'")
-        if kind is bool:
-            value = _convert(name, bool, text) if eq else True
-        else:
-            if not eq:
-                if i >= len(argv):
-                    raise FlagError(f"ERROR: flag '{arg}' is missing its argument")
-                text = argv[i]
-                i += 1
-            value = _convert(name, kind, text)
-        if name in flags:
-            values[name] = value
-    return values, positional, wants_help
-
-
-def _usage(tool: str, text: str, flags: dict[str, Flag]) -> str:
-    lines = [f"{tool}: {text}", "", "  Flags:"]
-    for name, f in flags.items():
-        default = f"\"{f.default}\"" if f.kind is str else str(f.default).lower()
-        lines.append(f"    -{name} ({f.help}) type: {f.kind.__name__} default: {default}")
-    return "\n".join(lines)
+def _usage(tool: str, text: str, flags: list[Flag]) -> str:
+    return usage_text(f"{tool}: {text}", flags)
 
 
 def _run(body, argv: Sequence[str]) -> int:
@@ -136,16 +51,16 @@ def _run(body, argv: Sequence[str]) -> int:
 
 
 # ---- convert_imageset -----------------------------------------------------------------------------
-_CONVERT_FLAGS = {
-    "gray": Flag(bool, False, "When this option is on, treat images as grayscale ones"),
-    "shuffle": Flag(bool, False, "Randomly shuffle the order of images and their labels"),
-    "backend": Flag(str, "lmdb", "The backend {lmdb, leveldb} for storing the result"),
-    "resize_width": Flag(int, 0, "Width images are resized to"),
-    "resize_height": Flag(int, 0, "Height images are resized to"),
-    "check_size": Flag(bool, False, "When this option is on, check that all the datum have the same size"),
-    "encoded": Flag(bool, False, "When this option is on, the encoded image will be save in datum"),
-    "encode_type": Flag(str, "", "Optional: What type should we encode the image as ('png','jpg',...)."),
-}
+_CONVERT_FLAGS = [
+    Flag("gray", bool, False, "When this option is on, treat images as grayscale ones"),
+    Flag("shuffle", bool, False, "Randomly shuffle the order of images and their labels"),
+    Flag("backend", str, "lmdb", "The backend {lmdb, leveldb} for storing the result"),
+    Flag("resize_width", int, 0, "Width images are resized to"),
+    Flag("resize_height", int, 0, "Height images are resized to"),
+    Flag("check_size", bool, False, "When this option is on, check that all the datum have the same size"),
+    Flag("encoded", bool, False, "When this option is on, the encoded image will be save in datum"),
+    Flag("encode_type", str, "", "Optional: What type should we encode the image as ('png','jpg',...)."),
+]
 _CONVERT_USAGE = ("Convert a set of images to the leveldb/lmdb\nformat used as input for Caffe.\nUsage:\n"
                   "    convert_imageset [FLAGS] ROOTFOLDER/ LISTFILE DB_NAME\n")
 
@@ -178,8 +93,8 @@ def read_image_to_datum(filename: str, label: int, height: int, width: int, is_c
 
 
 def _convert_imageset(argv: list[str]) -> int:
-    values, args, wants_help = parse_flags(argv, _CONVERT_FLAGS)
-    if wants_help or len(args) != 3:
+    values, args = parse_flags(argv, _CONVERT_FLAGS)
+    if values.help or len(args) != 3:
         print(_usage("convert_imageset", _CONVERT_USAGE, _CONVERT_FLAGS), file=sys.stderr)
         return 1
     root, list_file, db_name = args
@@ -248,7 +163,7 @@ def convert_imageset_main(argv: list[str]) -> int:
 
 
 # ---- compute_image_mean ---------------------------------------------------------------------------
-_MEAN_FLAGS = {"backend": Flag(str, "lmdb", "The backend {leveldb, lmdb} containing the images")}
+_MEAN_FLAGS = [Flag("backend", str, "lmdb", "The backend {leveldb, lmdb} containing the images")]
 _MEAN_USAGE = ("Compute the mean_image of a set of images given by a leveldb/lmdb\nUsage:\n"
                "    compute_image_mean [FLAGS] INPUT_DB [OUTPUT_FILE]\n")
 
@@ -260,8 +175,8 @@ def _datum_values(datum: pb.Datum) -> np.ndarray:
 
 
 def _compute_image_mean(argv: list[str]) -> int:
-    values, args, wants_help = parse_flags(argv, _MEAN_FLAGS)
-    if wants_help or len(args) not in (1, 2):
+    values, args = parse_flags(argv, _MEAN_FLAGS)
+    if values.help or len(args) not in (1, 2):
         print(_usage("compute_image_mean", _MEAN_USAGE, _MEAN_FLAGS), file=sys.stderr)
         return 1
     db_path = args[0]

@@ -8,11 +8,8 @@ from PIL import Image
 
 from cct.data import db as dbmod
 from cct.data.tools import (
-    Flag,
-    FlagError,
     compute_image_mean_main,
     convert_imageset_main,
-    parse_flags,
 )
 from cct.proto import caffe_pb2 as pb
 from tests.data.helpers import captured_log, forward, make_layer
@@ -128,20 +125,6 @@ def test_errors_are_one_line(tmp_path, capsys):
         assert "Traceback" not in err[0]
     assert convert_imageset_main(args + [str(tmp_path / "db1")]) != 0  # exists (made by the first case)
     assert convert_imageset_main(["only_one_arg"]) == 1
-
-
-def test_parse_flags():
-    flags = {"gray": Flag(bool, False, ""), "n": Flag(int, 0, ""), "s": Flag(str, "x", "")}
-    assert parse_flags(["a", "-gray", "--n=3", "b", "-s", "y"], flags) == (
-        {"gray": True, "n": 3, "s": "y"}, ["a", "b"], False)
-    assert parse_flags(["-gray=false", "-nogray", "--", "-n"], flags)[:2] == (
-        {"gray": False, "n": 0, "s": "x"}, ["-n"])
-    assert parse_flags(["-logtostderr", "-v", "2", "p"], flags)[1] == ["p"]
-    assert parse_flags(["-help"], flags)[2]
-    with pytest.raises(FlagError, match="missing its argument"):
-        parse_flags(["-n"], flags)
-    with pytest.raises(FlagError, match="illegal value 'maybe'"):
-        parse_flags(["-gray=maybe"], flags)
 
 
 def test_compute_image_mean(tmp_path):
