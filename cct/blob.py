@@ -246,31 +246,12 @@ def proto_shape(proto: Any) -> tuple[int, ...]:
 def blob_to_proto(blob: Blob, proto: Any, write_diff: bool = False) -> Any:
     """Caffe's ``Blob::ToProto``: ``shape.dim`` + float ``data`` (+ ``diff``)."""
     from cct.device import to_host
+    from cct.io.wire import packed_floats
 
     proto.Clear()
     proto.shape.dim.extend(blob.shape)
     # Packed floats go in as raw bytes: parsing them is a memcpy, while extend() converts one by one.
-    proto.MergeFromString(_packed_floats(5, to_host(blob.data)))
+    proto.MergeFromString(packed_floats(5, to_host(blob.data)))
     if write_diff:
-        proto.MergeFromString(_packed_floats(6, to_host(blob.diff)))
+        proto.MergeFromString(packed_floats(6, to_host(blob.diff)))
     return proto
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
-def _packed_floats(field_number: int, values: np.ndarray) -> bytes:
-    """Wire encoding of a packed ``repeated float`` field holding ``values``."""
-    raw = np.ascontiguousarray(values, dtype="<f4").tobytes()
-    if not raw:
-        return b""
-    return _varint((field_number << 3) | 2) + _varint(len(raw)) + raw

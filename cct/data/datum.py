@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from cct.data.image import COLOR, GRAY, UNCHANGED, decode_image
+from cct.io.wire import read_varint
 from cct.proto import caffe_pb2 as pb
 
 
@@ -26,18 +27,6 @@ def parse_datum(value: bytes) -> pb.Datum:
     return datum
 
 
-def _varint(buf, pos: int, end: int) -> tuple[int, int]:
-    result = shift = 0
-    while pos < end and shift < 70:
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return result, pos
-        shift += 7
-    raise ValueError("bad varint")
-
-
 def raw_view(value) -> tuple[np.ndarray, int] | None:
     """Fast path for the common record, a raw uint8 Datum: ``(pixels (C, H, W) view into value, label)``
     straight from the wire format, without copying the pixels; None for anything else (encoded,
@@ -49,10 +38,10 @@ def raw_view(value) -> tuple[np.ndarray, int] | None:
     data = None
     try:
         while pos < end:
-            tag, pos = _varint(mv, pos, end)
+            tag, pos = read_varint(mv, pos, end)
             field, wire = tag >> 3, tag & 7
             if wire == 0:
-                v, pos = _varint(mv, pos, end)
+                v, pos = read_varint(mv, pos, end)
                 if field == 1:
                     c = v
                 elif field == 2:
@@ -64,7 +53,7 @@ def raw_view(value) -> tuple[np.ndarray, int] | None:
                 elif field == 7 and v:
                     return None  # encoded
             elif wire == 2:
-                n, pos = _varint(mv, pos, end)
+                n, pos = read_varint(mv, pos, end)
                 if pos + n > end or field == 6:
                     return None
                 if field == 4:

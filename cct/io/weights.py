@@ -18,6 +18,7 @@ from google.protobuf.message import DecodeError, Message
 
 from cct.errors import CctError
 from cct.io.upgrade import upgrade_net_as_needed
+from cct.io.wire import WIRE_32BIT, WIRE_64BIT, WIRE_LEN, WIRE_VARINT, Malformed, Truncated, read_varint
 from cct.proto import caffe_pb2
 
 M = TypeVar("M", bound=Message)
@@ -123,57 +124,41 @@ def read_bytes(path: str | os.PathLike[str]) -> bytes:
         raise CctError(f"Could not open file {os.fspath(path)}: {e.strerror or e}") from None
 
 
-def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
-    """(value, next position); position -1 if the varint runs past the end."""
-    value, shift = 0, 0
-    while pos < len(data):
-        b = data[pos]
-        pos += 1
-        value |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return value, pos
-        shift += 7
-        if shift > 63:
-            return value, -2
-    return value, -1
-
-
 def _diagnose(data: bytes) -> str:
     """Why ``data`` does not parse: walk the top-level wire records and report a record that runs
     past the end of the file (truncated) or is malformed (corrupt)."""
     pos, n = 0, len(data)
-    while pos < n:
-        tag, pos = _read_varint(data, pos)
-        if pos == -1:
-            return "the file is truncated (it ends inside a field tag)"
-        field, wire = tag >> 3, tag & 7
-        if pos < 0 or field == 0:
-            return f"the file is corrupt (invalid field tag at byte {pos})"
-        if wire == 0:
-            _, pos = _read_varint(data, pos)
-            if pos == -1:
-                return f"the file is truncated (it ends inside field {field})"
-            if pos < 0:
-                return f"the file is corrupt (bad varint in field {field})"
-        elif wire == 1:
-            pos += 8
-        elif wire == 5:
-            pos += 4
-        elif wire == 2:
+    where = "a field tag"
+    try:
+        while pos < n:
+            where = "a field tag"
             start = pos
-            length, pos = _read_varint(data, pos)
-            if pos == -1:
-                return f"the file is truncated (it ends inside the length of field {field})"
-            if pos < 0:
-                return f"the file is corrupt (bad length of field {field} at byte {start})"
-            pos += length
+            tag, pos = read_varint(data, pos)
+            field, wire = tag >> 3, tag & 7
+            if field == 0:
+                return f"the file is corrupt (invalid field tag at byte {start})"
+            where = f"field {field}"
+            if wire == WIRE_VARINT:
+                _, pos = read_varint(data, pos)
+            elif wire == WIRE_64BIT:
+                pos += 8
+            elif wire == WIRE_32BIT:
+                pos += 4
+            elif wire == WIRE_LEN:
+                where = f"the length of field {field}"
+                length, pos = read_varint(data, pos)
+                pos += length
+                if pos > n:
+                    return (f"the file is truncated (field {field} needs {length} bytes, "
+                            f"{n - (pos - length)} left)")
+            else:
+                return f"the file is corrupt (unexpected wire type {wire} for field {field})"
             if pos > n:
-                return (f"the file is truncated (field {field} needs {length} bytes, "
-                        f"{n - (pos - length)} left)")
-        else:
-            return f"the file is corrupt (unexpected wire type {wire} for field {field})"
-        if pos > n:
-            return f"the file is truncated (it ends inside field {field})"
+                return f"the file is truncated (it ends inside field {field})"
+    except Truncated:
+        return f"the file is truncated (it ends inside {where})"
+    except Malformed:
+        return f"the file is corrupt (bad varint in {where})"
     return "the file is corrupt (a nested message does not decode)"
 
 
