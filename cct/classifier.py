@@ -29,16 +29,7 @@ class Classifier(Net):
                  raw_scale: float | None = None, channel_swap: Sequence[int] | None = None):
         Net.__init__(self, model_file, TEST, weights=pretrained_file)
         in_ = self.inputs[0]
-        self.transformer = Transformer({in_: self.blobs[in_].data.shape})
-        self.transformer.set_transpose(in_, (2, 0, 1))
-        if mean is not None:
-            self.transformer.set_mean(in_, mean)
-        if input_scale is not None:
-            self.transformer.set_input_scale(in_, input_scale)
-        if raw_scale is not None:
-            self.transformer.set_raw_scale(in_, raw_scale)
-        if channel_swap is not None:
-            self.transformer.set_channel_swap(in_, channel_swap)
+        self.transformer = input_transformer(self, mean, input_scale, raw_scale, channel_swap)
         self.crop_dims = np.array(self.blobs[in_].data.shape[2:])
         if image_dims is None or len(image_dims) == 0:
             image_dims = self.crop_dims
@@ -70,3 +61,21 @@ class Classifier(Net):
 
 
 _oversample = oversample  # ``predict``'s flag shadows the function's name inside it
+
+
+def input_transformer(net: Net, mean: np.ndarray | None, input_scale: float | None, raw_scale: float | None,
+                      channel_swap: Sequence[int] | None) -> Transformer:
+    """pycaffe's set-up for a net's first input: H×W×K images in, (K, H, W) blobs out, with the optional
+    mean, scales and channel swap."""
+    in_ = net.inputs[0]
+    transformer = Transformer({in_: net.blobs[in_].data.shape})
+    transformer.set_transpose(in_, (2, 0, 1))
+    if mean is not None:
+        transformer.set_mean(in_, mean)
+    if input_scale is not None:
+        transformer.set_input_scale(in_, input_scale)
+    if raw_scale is not None:
+        transformer.set_raw_scale(in_, raw_scale)
+    if channel_swap is not None:
+        transformer.set_channel_swap(in_, channel_swap)
+    return transformer

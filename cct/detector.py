@@ -12,8 +12,9 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from cct.classifier import input_transformer
 from cct.errors import CctError
-from cct.io.transformer import Transformer, load_image, resize_image
+from cct.io.transformer import load_image, resize_image
 from cct.pycaffe import TEST, Net
 
 
@@ -28,17 +29,7 @@ class Detector(Net):
                  input_scale: float | None = None, raw_scale: float | None = None,
                  channel_swap: Sequence[int] | None = None, context_pad: int | None = None):
         Net.__init__(self, model_file, TEST, weights=pretrained_file)
-        in_ = self.inputs[0]
-        self.transformer = Transformer({in_: self.blobs[in_].data.shape})
-        self.transformer.set_transpose(in_, (2, 0, 1))
-        if mean is not None:
-            self.transformer.set_mean(in_, mean)
-        if input_scale is not None:
-            self.transformer.set_input_scale(in_, input_scale)
-        if raw_scale is not None:
-            self.transformer.set_raw_scale(in_, raw_scale)
-        if channel_swap is not None:
-            self.transformer.set_channel_swap(in_, channel_swap)
+        self.transformer = input_transformer(self, mean, input_scale, raw_scale, channel_swap)
         self.configure_crop(context_pad)
 
     def detect_windows(self, images_windows: Iterable[tuple[str, Sequence[Sequence[int]]]]) -> list[dict]:
