@@ -3,11 +3,10 @@ from __future__ import annotations
 
 from cct.blob import Blob
 from cct.device import get_array_module
-from cct.errors import CctError, ParamError
+from cct.errors import ParamError
 from cct.layers.base import Layer
-from cct.layers.loss import ignore_label_of, read_labels
+from cct.layers.loss import ignore_label_of, label_geometry, read_labels
 from cct.layers.registry import register
-from cct.layers.softmax import canonical_axis
 
 
 @register("Accuracy")
@@ -40,15 +39,8 @@ class Accuracy(Layer):
         if self.top_k > classes_available:
             raise ParamError("accuracy_param.top_k", f"top_k ({self.top_k}) must be less than or equal to "
                                                      f"the number of classes ({classes_available})")
-        self.axis = canonical_axis(bottom[0], self.axis_param, "accuracy_param.axis")
-        self.outer = bottom[0].count_range(0, self.axis)
-        self.inner = bottom[0].count_range(self.axis + 1)
-        self.classes = bottom[0].shape[self.axis]
-        if self.outer * self.inner != bottom[1].count:
-            raise CctError(
-                f"layer '{self.name}': number of labels must match number of predictions: prediction "
-                f"shape {bottom[0].shape_string()} with axis {self.axis} needs {self.outer * self.inner} "
-                f"labels, got {bottom[1].count} ({bottom[1].shape_string()})")
+        self.axis, self.outer, self.inner, self.classes = label_geometry(self, bottom, self.axis_param,
+                                                                         "accuracy_param.axis")
         top[0].reshape(())
         if len(top) > 1:
             top[1].reshape((self.classes,))

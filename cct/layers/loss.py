@@ -82,6 +82,19 @@ def read_labels(layer: Layer, label: Any, shape: tuple[int, ...], num_classes: i
     return lab, valid, int(valid.sum())
 
 
+def label_geometry(layer: Layer, bottom: list[Blob], axis_param: int, field: str) -> tuple[int, int, int, int]:
+    """``(axis, outer, inner, classes)`` of scores ``bottom[0]`` classified along ``axis_param``; one label per
+    (outer, inner) position is required of ``bottom[1]``."""
+    axis = canonical_axis(bottom[0], axis_param, field)
+    outer, inner = bottom[0].count_range(0, axis), bottom[0].count_range(axis + 1)
+    if outer * inner != bottom[1].count:
+        raise CctError(
+            f"layer '{layer.name}': number of labels must match number of predictions: prediction "
+            f"shape {bottom[0].shape_string()} with axis {axis} needs {outer * inner} "
+            f"labels, got {bottom[1].count} ({bottom[1].shape_string()})")
+    return axis, outer, inner, bottom[0].shape[axis]
+
+
 def _num(blob: Blob) -> int:
     """Caffe's ``num()``: shape(0), or 1 for a 0-axis blob."""
     return blob.shape[0] if blob.num_axes else 1
@@ -114,15 +127,8 @@ class _SoftmaxLabelLoss(LossLayer):
 
     def reshape(self, bottom: list[Blob], top: list[Blob]) -> None:
         super().reshape(bottom, top)
-        self.axis = canonical_axis(bottom[0], self.axis_param, self.axis_field)
-        self.outer = bottom[0].count_range(0, self.axis)
-        self.inner = bottom[0].count_range(self.axis + 1)
-        self.classes = bottom[0].shape[self.axis]
-        if self.outer * self.inner != bottom[1].count:
-            raise CctError(
-                f"layer '{self.name}': number of labels must match number of predictions: prediction "
-                f"shape {bottom[0].shape_string()} with axis {self.axis} needs {self.outer * self.inner} "
-                f"labels, got {bottom[1].count} ({bottom[1].shape_string()})")
+        self.axis, self.outer, self.inner, self.classes = label_geometry(self, bottom, self.axis_param,
+                                                                         self.axis_field)
         self.prob.reshape(bottom[0].shape)
         if len(top) >= 2:
             top[1].reshape(bottom[0].shape)
