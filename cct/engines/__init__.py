@@ -12,7 +12,8 @@ and the three products of back-propagation: ``forward`` (x → y), ``backward_da
 convolution) and ``backward_weights`` (x, dy → dw).  Deconvolution uses the same engine with the roles of
 ``forward`` and ``backward_data`` swapped (its geometry is that of the convolution it is the transpose of).
 
-Engines are looked up by name with :func:`create_conv_engine`; a layer's creator function picks the name.
+Engines are looked up by name with :func:`create_conv_engine`; a layer's creator function picks the name
+and the lowering strategy (:mod:`cct.engines.select`: ``CCT_LOWERING``, ``CCT_PARTITIONS``, cost model).
 """
 from __future__ import annotations
 
@@ -85,9 +86,20 @@ class ConvEngine(ABC):
     def __init__(self) -> None:
         self.geometry: ConvGeometry | None = None
 
-    def configure(self, geometry: ConvGeometry) -> None:
-        """Adopt ``geometry``; engines (re)allocate their buffers lazily when it changes."""
+    def configure(self, geometry: ConvGeometry, dtype: Any = None) -> bool:
+        """Adopt ``geometry`` (arrays of ``dtype``); engines (re)allocate their buffers lazily when it changes.
+        Returns True when the engine's plan changed (the layer then logs :meth:`describe`)."""
+        changed = geometry != self.geometry
         self.geometry = geometry
+        return changed
+
+    def describe(self) -> str:
+        """One line: what this engine runs for the configured geometry and why."""
+        return self.name
+
+    def workspace_bytes(self) -> int:
+        """Bytes of scratch memory the engine holds (lowered matrices, transposed copies)."""
+        return 0
 
     @abstractmethod
     def forward(self, x: Any, w: Any, b: Any | None, y: Any) -> Any:

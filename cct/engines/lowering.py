@@ -1,21 +1,33 @@
-"""Convolution by lowering to GEMM, batch-wide (CcT's type-1 "expensive lowering").
+"""Convolution by lowering to GEMM, batch-wide, with CcT's three lowerings (Hadjis et al. 2015, Fig. 6).
 
-Lowering (im2col) copies every receptive field of every image of a batch partition into one matrix
+Input ``n×n×d`` (spatial × channels), kernel ``k×k×d×o``, output ``m×m×o``.  The spatial axes are split into
+*lowered* axes L, replicated into the lowered matrix (im2col along L), and *lifted* axes F, whose kernel
+offsets are summed after the GEMM as shifted slices ("lifting"):
 
-    col[c, k_1..k_d, n, o_1..o_d] = x_pad[n, c, o_i*stride_i + k_i*dilation_i]      (zero padding)
+    type 1, expensive lowering  (F = ∅)        lowered  (k²d, B·m²)   GEMM  (o, k²d)·(k²d, B·m²)   no lifting
+    type 2, balanced            (F = 1st axis)  lowered  (kd,  B·n·m)  GEMM  (ko, kd)·(kd, B·n·m)   lift k slices
+    type 3, expensive lifting   (F = all axes)  raw x    (d,   B·n²)   GEMM  (k²o, d)·(d, B·n²)     lift k² slices
 
-viewed per group as ``col_g`` of shape ``(Cg*prod(k), n*prod(out))``; then one GEMM per group:
+In index form, with ``x`` padded along L only, ``col[c, k_L, b, i_F, o_L] = x[b, c, i_F, o_L·s + k_L·dil]``,
+``W_m[g, k_F, o, c, k_L] = w[g·Og + o, c, k_F, k_L]``, ``Z = W_m · col`` (one GEMM per group over the whole
+batch or partition) and ``y[b, o, o_F, o_L] = Σ_{k_F} Z[k_F, o, b, o_F + k_F·dil - pad, o_L]`` (rows outside the
+input contribute nothing: padding along F costs no GEMM work).  The two backward passes are the adjoints of
+the same steps, so each type keeps its trade-off (type 1 replicates the input, ∝ k²·d; type 3 the output
+gradient, ∝ k²·o):
 
-    forward           y_g  (Og, nP) = W_g (Og, K) @ col_g (K, nP)
-    backward_weights  dW_g (Og, K) += dy_g (Og, nP) @ col_g^T
-    backward_data     dcol_g (K, nP) = W_g^T @ dy_g,   dx = col2im(dcol)   (scatter-add, "lifting")
+    unlift    dZ[k_F, o, b, i_F, o_L] = dy[b, o, i_F - k_F·dil + pad, o_L]   (zero outside; F = ∅: dZ = dy)
+    weights   dW_m += dZ · colᵀ
+    data      dcol = W_mᵀ · dZ,  dx = col2im_L(dcol)  (scatter-add of the k_L slices; F = all: a transposition)
 
-The lowering is one strided copy (``as_strided`` window view → transposed copy), col2im loops over the
-kernel offsets only; nothing loops over images or pixels.  The whole batch is lowered at once unless its
-lowered matrix would exceed ``max_lowered_bytes`` (env ``CCT_LOWERING_MAX_MB``, default 512 MiB); then it
-is processed in equal partitions of whole images (CcT's batch partitions).  A 1x1/stride-1/pad-0
-convolution needs no lowering: forward and backward_data are then batched GEMMs on the input itself.
-Buffers (padded input, lowered matrix, transposed output gradient) are kept and reused across calls.
+Generalisations: groups (one GEMM per group), dilation (offsets ``k·dil``), N-D (balanced lifts the first
+spatial axis and lowers the rest).  A lifted axis needs stride 1 (otherwise the GEMM would compute ``s``
+times the rows it uses), so a strategy whose lifted axes have a stride > 1, type 2 with one spatial axis
+and types 2/3 on a 1x1 kernel fall back to type 1; :func:`strategy_fallback` gives the reason, which
+:attr:`LoweringEngine.reason` keeps.  Deconvolution runs the same engine with roles swapped.
+
+The batch is split into partitions (:mod:`cct.parallel.partition`) run concurrently, each with its own
+workspace; within a partition, images are processed in chunks whose lowered matrices fit
+``max_lowered_bytes`` (env ``CCT_LOWERING_MAX_MB``, default 512 MiB in all).  Buffers persist across calls.
 """
 from __future__ import annotations
 
@@ -23,10 +35,15 @@ import itertools
 import os
 from typing import Any
 
+import numpy as np
+
 from cct.device import get_array_module
 from cct.engines import ConvEngine, ConvGeometry
+from cct.parallel.partition import batch_ranges, partitions_for, run_partitions
 
 _DEFAULT_MAX_MB = 512.0
+
+STRATEGY_NAMES = {1: "expensive lowering", 2: "balanced", 3: "expensive lifting"}
 
 
 def _prod(values: tuple[int, ...]) -> int:
@@ -36,127 +53,352 @@ def _prod(values: tuple[int, ...]) -> int:
     return n
 
 
+def lifted_axes(strategy: int, num_spatial: int) -> int:
+    """How many leading spatial axes a strategy lifts (the others are lowered)."""
+    return {1: 0, 2: 1, 3: num_spatial}[strategy]
+
+
+def strategy_fallback(strategy: int, g: ConvGeometry) -> str | None:
+    """Why ``strategy`` does not apply to ``g`` (then type 1 runs), or None."""
+    if strategy == 1:
+        return None
+    nd = g.num_spatial_axes
+    if nd == 0:
+        return "no spatial axes"
+    if strategy == 2 and nd == 1:
+        return "1 spatial axis"
+    if all(k == 1 for k in g.kernel):
+        return "1x1 kernel"
+    f = lifted_axes(strategy, nd)
+    if any(s != 1 for s in g.stride[:f]):
+        return "stride " + "x".join(str(s) for s in g.stride[:f])
+    return None
+
+
+class _Layout:
+    """Shapes of one geometry under one strategy (per image counts; ``f`` lifted leading axes)."""
+
+    def __init__(self, g: ConvGeometry, strategy: int):
+        nd = g.num_spatial_axes
+        self.f = f = lifted_axes(strategy, nd)
+        self.G, self.C, self.O = g.group, g.in_channels, g.out_channels
+        self.Cg, self.Og = self.C // self.G, self.O // self.G
+        self.kF, self.kL = g.kernel[:f], g.kernel[f:]
+        self.KF, self.KL = _prod(self.kF), _prod(self.kL)
+        self.inF, self.outF, self.outL = g.in_shape[:f], g.out_shape[:f], g.out_shape[f:]
+        self.padL = g.pad[f:]
+        # lowered column count per image: F axes at input resolution, L axes at output resolution
+        self.cols = _prod(self.inF) * _prod(self.outL)
+        self.K = self.Cg * self.KL
+        self.M = self.KF * self.Og
+        self.lift = self._lift_plan(g) if f else []
+
+    def _lift_plan(self, g: ConvGeometry) -> list[tuple[int, tuple[slice, ...], tuple[slice, ...], bool]]:
+        """Per lifted kernel offset: (flat index, output slices, input slices, covers the whole output),
+        over the F axes; offsets whose rows all fall outside the input are dropped."""
+        plan = []
+        for flat, t in enumerate(itertools.product(*(range(k) for k in self.kF))):
+            dst, src, full = [], [], True
+            for a, ka in enumerate(t):
+                off = ka * g.dilation[a] - g.pad[a]
+                i0, i1 = max(0, -off), min(g.out_shape[a], g.in_shape[a] - off)
+                if i1 <= i0:
+                    break
+                dst.append(slice(i0, i1))
+                src.append(slice(i0 + off, i1 + off))
+                full &= i0 == 0 and i1 == g.out_shape[a]
+            else:
+                plan.append((flat, tuple(dst), tuple(src), full))
+        plan.sort(key=lambda e: not e[3])  # a full-coverage offset first: it assigns instead of adding
+        return plan
+
+
 class LoweringEngine(ConvEngine):
-    """Type-1 lowering (im2col + GEMM per group + col2im), batch-wide, N-D, numpy or cupy."""
+    """CcT lowering (type 1, 2 or 3; see the module docstring), batch-wide, partitioned, N-D, numpy/cupy.
+
+    ``strategy``: 1, 2, 3 (forced, falling back to 1 where it does not apply) or ``"auto"`` (chosen per
+    geometry by :func:`cct.engines.select.choose_strategy`: cost model, optionally a measured autotune).
+    After :meth:`configure`, :attr:`strategy` is the lowering that runs and :attr:`reason` says why.
+    """
 
     name = "lowering"
 
-    def __init__(self, max_lowered_bytes: int | None = None):
+    def __init__(self, strategy: int | str = 1, max_lowered_bytes: int | None = None, source: str = "forced"):
         super().__init__()
         if max_lowered_bytes is None:
             max_lowered_bytes = int(float(os.environ.get("CCT_LOWERING_MAX_MB", _DEFAULT_MAX_MB)) * 2**20)
         self.max_lowered_bytes = max_lowered_bytes
-        self._buffers: dict[str, Any] = {}
+        self.requested: int | str = strategy
+        self.source = source
+        self.strategy = 1
+        self.reason = "default"
+        self.dtype: Any = np.dtype(np.float32)
+        self._layout: _Layout | None = None
+        self._ws: list[dict[str, Any]] = []  # one workspace (named flat buffers) per partition
 
-    def configure(self, geometry: ConvGeometry) -> None:
-        if geometry != self.geometry:
-            pad = self._buffers.get("x_pad")
-            if pad is not None:
-                pad.fill(0)  # its border must be zero for the new layout
-        self.geometry = geometry
+    # ---- configuration -------------------------------------------------------------------------
+    def configure(self, geometry: ConvGeometry, dtype: Any = None) -> bool:
+        """Adopt ``geometry`` (and pick the strategy for it); True when the plan changed."""
+        dtype = self.dtype if dtype is None else np.dtype(dtype)
+        if geometry == self.geometry and dtype == self.dtype and self._layout is not None:
+            return False
+        self.geometry, self.dtype = geometry, dtype
+        if self.requested == "auto":
+            from cct.engines.select import choose_strategy
+
+            strategy, reason = choose_strategy(geometry, dtype)
+        else:
+            strategy = int(self.requested)
+            why = strategy_fallback(strategy, geometry)
+            strategy, reason = (1, f"fallback: {why}") if why else (strategy, self.source)
+        changed = (strategy, reason) != (self.strategy, self.reason) or self._layout is None
+        self.set_strategy(strategy, reason)
+        return changed
+
+    def set_strategy(self, strategy: int, reason: str = "forced") -> None:
+        """Run ``strategy`` on the configured geometry (it must apply: see :func:`strategy_fallback`)."""
+        g = self._geom()
+        why = strategy_fallback(strategy, g)
+        if why:
+            raise ValueError(f"lowering {strategy} does not apply to this geometry: {why}")
+        self.strategy, self.reason = strategy, reason
+        self._layout = _Layout(g, strategy)
+        self._ws = []
+
+    def describe(self) -> str:
+        return f"lowering {self.strategy} ({self.reason})"
+
+    def workspace_bytes(self) -> int:
+        """Bytes held in lowering workspaces (all partitions)."""
+        return sum(int(b.nbytes) for ws in self._ws for b in ws.values())
 
     # ---- buffers -----------------------------------------------------------------------------
-    def _view(self, name: str, shape: tuple[int, ...], like: Any) -> Any:
-        """A ``shape`` view of the flat buffer ``name`` (grown, zero-filled, when too small)."""
-        count = _prod(shape)
-        buf = self._buffers.get(name)
-        xp = get_array_module(like)
-        if buf is None or buf.size < count or buf.dtype != like.dtype or get_array_module(buf) is not xp:
-            buf = xp.zeros(max(count, 1), dtype=like.dtype)
-            self._buffers[name] = buf
-        return buf[:count].reshape(shape)
-
     def _geom(self) -> ConvGeometry:
         if self.geometry is None:
             raise RuntimeError("LoweringEngine used before configure()")
         return self.geometry
 
+    def _lay(self) -> _Layout:
+        if self._layout is None:
+            self.configure(self._geom())
+        assert self._layout is not None
+        return self._layout
+
+    def _workspace(self, part: int) -> dict[str, Any]:
+        while len(self._ws) <= part:
+            self._ws.append({})
+        return self._ws[part]
+
+    @staticmethod
+    def _view(ws: dict[str, Any], name: str, shape: tuple[int, ...], like: Any) -> Any:
+        """A ``shape`` view of the flat buffer ``name`` of ``ws`` (grown, zero-filled, when too small)."""
+        count = _prod(shape)
+        buf = ws.get(name)
+        xp = get_array_module(like)
+        if buf is None or buf.size < count or buf.dtype != like.dtype or get_array_module(buf) is not xp:
+            buf = xp.zeros(max(count, 1), dtype=like.dtype)
+            ws[name] = buf
+        return buf[:count].reshape(shape)
+
+    def _chunks(self, n: int, itemsize: int) -> list[list[tuple[int, int]]]:
+        """Per partition, the image ranges processed one after the other (lowered matrices within budget)."""
+        L = self._lay()
+        per_image = max(L.C * L.KL * L.cols, L.KF * L.O * L.cols) * itemsize
+        parts = partitions_for(n, 2.0 * L.M * L.K * L.cols)
+        budget = max(1, self.max_lowered_bytes // parts)
+        out = []
+        for n0, n1 in batch_ranges(n, parts):
+            step = max(1, min(n1 - n0, budget // max(per_image, 1)))
+            out.append([(a, min(a + step, n1)) for a in range(n0, n1, step)] or [(n0, n1)])
+        return out
+
     def _partitions(self, itemsize: int) -> list[tuple[int, int]]:
-        """Batch ranges lowered at once: as many whole images as fit in ``max_lowered_bytes``."""
-        g = self._geom()
-        per_image = g.in_channels * g.kernel_count * g.out_count * itemsize
-        step = max(1, min(g.num, self.max_lowered_bytes // max(per_image, 1)))
-        return [(n0, min(n0 + step, g.num)) for n0 in range(0, g.num, step)] or [(0, 0)]
+        """All image ranges of a full batch, in order (for inspection and tests)."""
+        return [r for part in self._chunks(self._geom().num, itemsize) for r in part]
+
+    def _run(self, n: int, itemsize: int, body: Any) -> int:
+        """``body(ws, part, n0, n1)`` over every chunk, partitions concurrently; returns #partitions."""
+        chunks = self._chunks(n, itemsize)
+        for part in range(len(chunks)):
+            self._workspace(part)
+
+        def run_part(part: int, _a: int, _b: int) -> None:
+            ws = self._ws[part]
+            for n0, n1 in chunks[part]:
+                body(ws, part, n0, n1)
+
+        run_partitions([(c[0][0], c[-1][1]) for c in chunks], run_part)
+        return len(chunks)
+
+    # ---- weights in the GEMM layout ------------------------------------------------------------
+    def _weight_matrix(self, w: Any) -> Any:
+        """``W_m`` (G, KF·Og, Cg·KL); a view of ``w`` for type 1, else a (small) transposed copy."""
+        L = self._lay()
+        if L.f == 0:
+            return w.reshape(L.G, L.M, L.K)
+        wm = w.reshape(L.G, L.Og, L.Cg, L.KF, L.KL).transpose(0, 3, 1, 2, 4)
+        return get_array_module(w).ascontiguousarray(wm).reshape(L.G, L.M, L.K)
+
+    def _add_weight_grad(self, dw: Any, dwm: Any) -> None:
+        """``dw += dW_m`` mapped back from the GEMM layout."""
+        L = self._lay()
+        if L.f == 0:
+            dw.reshape(L.G, L.M, L.K)[...] += dwm
+        else:
+            dw.reshape(L.G, L.Og, L.Cg, L.KF, L.KL)[...] += dwm.reshape(
+                L.G, L.KF, L.Og, L.Cg, L.KL).transpose(0, 2, 3, 1, 4)
 
     # ---- lowering and lifting -----------------------------------------------------------------
-    def _padded_input(self, x: Any) -> Any:
-        g = self._geom()
-        if not any(g.pad):
+    def _padded_input(self, ws: dict[str, Any], x: Any) -> Any:
+        """``x`` zero-padded along the lowered axes (F axes are never padded)."""
+        g, L = self._geom(), self._lay()
+        if not any(L.padL):
             return x
-        n = x.shape[0]
-        shape = (n, g.in_channels) + tuple(i + 2 * p for i, p in zip(g.in_shape, g.pad))
-        buf = self._view("x_pad", shape, x)
-        interior = (slice(None), slice(None)) + tuple(slice(p, p + i) for i, p in zip(g.in_shape, g.pad))
-        buf[interior] = x
+        n, f = x.shape[0], L.f
+        shape = (n, L.C) + L.inF + tuple(i + 2 * p for i, p in zip(g.in_shape[f:], L.padL))
+        buf = self._view(ws, "x_pad", shape, x)
+        buf[(slice(None),) * (2 + f) + tuple(slice(p, p + i) for i, p in zip(g.in_shape[f:], L.padL))] = x
         return buf
 
-    def im2col(self, x: Any, out: Any | None = None) -> Any:
-        """Lower ``x`` (n, C, *in) into ``out`` (or the engine's buffer) of shape (C, *kernel, n, *out)."""
-        g = self._geom()
+    def _lower(self, ws: dict[str, Any], x: Any, out: Any | None = None) -> Any:
+        """``col`` (C, *k_L, n, *in_F, *out_L) from ``x`` (n, C, *in), into ``out`` or the workspace."""
+        g, L = self._geom(), self._lay()
         xp = get_array_module(x)
-        nd = g.num_spatial_axes
-        n = x.shape[0]
-        src = self._padded_input(x)
+        n, f, nd = x.shape[0], L.f, g.num_spatial_axes
+        if out is None:
+            out = self._view(ws, "col", (L.C,) + L.kL + (n,) + L.inF + L.outL, x)
+        if f == nd:
+            xp.copyto(out, xp.moveaxis(x, 0, 1))
+            return out
+        src = self._padded_input(ws, x)
         st = src.strides
+        nl = nd - f
         window = xp.lib.stride_tricks.as_strided(
             src,
-            shape=(n, g.in_channels) + g.out_shape + g.kernel,
-            strides=(st[0], st[1]) + tuple(st[2 + i] * g.stride[i] for i in range(nd))
-            + tuple(st[2 + i] * g.dilation[i] for i in range(nd)))
-        order = (1,) + tuple(range(2 + nd, 2 + 2 * nd)) + (0,) + tuple(range(2, 2 + nd))
-        if out is None:
-            out = self._view("col", (g.in_channels,) + g.kernel + (n,) + g.out_shape, x)
+            shape=(n, L.C) + L.inF + L.outL + L.kL,
+            strides=st[:2 + f] + tuple(st[2 + f + i] * g.stride[f + i] for i in range(nl))
+            + tuple(st[2 + f + i] * g.dilation[f + i] for i in range(nl)))
+        order = (1,) + tuple(range(2 + nd, 2 + nd + nl)) + (0,) + tuple(range(2, 2 + nd))
         xp.copyto(out, window.transpose(order))
         return out
 
-    def col2im(self, col: Any, dx: Any) -> Any:
-        """Lift: ``dx[...] = Σ`` of every column entry into the input cell it was copied from.
-        ``col`` has shape (C, *kernel, n, *out) (any strides); ``dx`` (n, C, *in) is overwritten."""
-        g = self._geom()
+    def _col2im(self, ws: dict[str, Any], col: Any, dx: Any) -> Any:
+        """Adjoint of :meth:`_lower`: ``dx`` (n, C, *in) = Σ of every col entry into the cell it came from."""
+        g, L = self._geom(), self._lay()
         xp = get_array_module(dx)
-        n = dx.shape[0]
-        if any(g.pad):
-            shape = (n, g.in_channels) + tuple(i + 2 * p for i, p in zip(g.in_shape, g.pad))
-            target = self._view("dx_pad", shape, dx)
+        n, f, nd = dx.shape[0], L.f, g.num_spatial_axes
+        if f == nd:
+            xp.copyto(dx, xp.moveaxis(col, 0, 1))
+            return dx
+        if any(L.padL):
+            shape = (n, L.C) + L.inF + tuple(i + 2 * p for i, p in zip(g.in_shape[f:], L.padL))
+            target = self._view(ws, "dx_pad", shape, dx)
         else:
             target = dx
         target.fill(0)
-        for off in itertools.product(*(range(k) for k in g.kernel)):
+        lead = (slice(None),) * (2 + f)
+        for off in itertools.product(*(range(k) for k in L.kL)):
             cells = tuple(slice(o * d, o * d + s * (m - 1) + 1, s)
-                          for o, d, s, m in zip(off, g.dilation, g.stride, g.out_shape))
-            target[(slice(None), slice(None)) + cells] += xp.moveaxis(col[(slice(None),) + off], 0, 1)
+                          for o, d, s, m in zip(off, g.dilation[f:], g.stride[f:], L.outL))
+            target[lead + cells] += xp.moveaxis(col[(slice(None),) + off], 0, 1)
         if target is not dx:
-            dx[...] = target[(slice(None), slice(None))
-                             + tuple(slice(p, p + i) for i, p in zip(g.in_shape, g.pad))]
+            dx[...] = target[lead + tuple(slice(p, p + i) for i, p in zip(g.in_shape[f:], L.padL))]
         return dx
+
+    def _lift(self, z: Any, yt: Any) -> None:
+        """``yt`` (G, Og, n, *out) = Σ_{k_F} shifted slices of ``z`` (G, KF, Og, n, *in_F, *out_L)."""
+        L = self._lay()
+        lead = (slice(None),) * 3
+        plan = L.lift
+        if not plan or not plan[0][3]:
+            yt.fill(0)
+        for j, (flat, dst, src) in enumerate((e[0], e[1], e[2]) for e in plan):
+            s = z[(slice(None), flat) + lead[1:] + src]
+            if j == 0 and plan[0][3]:
+                get_array_module(yt).copyto(yt, s)
+            else:
+                yt[lead + dst] += s
+
+    def _unlift(self, dyt: Any, dz: Any) -> None:
+        """Adjoint of :meth:`_lift`: ``dz[:, k_F]`` = ``dyt`` shifted into input rows, zero elsewhere."""
+        L = self._lay()
+        g = self._geom()
+        lead = (slice(None),) * 2
+        written = {e[0]: e for e in L.lift}
+        for flat in range(L.KF):
+            view = dz[:, flat]
+            e = written.get(flat)
+            if e is None:
+                view.fill(0)
+                continue
+            _, dst, src, _ = e
+            for a, sl in enumerate(src):  # zero the rows this offset does not reach, axis by axis
+                idx = [slice(None)] * view.ndim
+                if sl.start > 0:
+                    idx[3 + a] = slice(0, sl.start)
+                    view[tuple(idx)] = 0
+                if sl.stop < g.in_shape[a]:
+                    idx[3 + a] = slice(sl.stop, None)
+                    view[tuple(idx)] = 0
+            view[lead + (slice(None),) + src] = dyt[lead + (slice(None),) + dst]
+
+    # ---- per chunk bodies ----------------------------------------------------------------------
+    def _forward_chunk(self, ws: dict[str, Any], x: Any, wm: Any, b: Any | None, y: Any) -> None:
+        L = self._lay()
+        col = self._lower(ws, x).reshape(L.G, L.K, x.shape[0] * L.cols)
+        self._forward_lowered(ws, col, wm, b, y)
+
+    def _forward_lowered(self, ws: dict[str, Any], col: Any, wm: Any, b: Any | None, y: Any) -> None:
+        """``y`` (n, O, *out) from the lowered ``col`` (G, K, n·cols): GEMM, lift, transpose (+ bias)."""
+        g, L = self._geom(), self._lay()
+        xp = get_array_module(y)
+        n = y.shape[0]
+        z = self._view(ws, "z", (L.G, L.M, n * L.cols), y)
+        for gi in range(L.G):
+            xp.matmul(wm[gi], col[gi], out=z[gi])
+        if L.f:
+            yt = self._view(ws, "yT", (L.G, L.Og, n) + g.out_shape, y)
+            self._lift(z.reshape((L.G, L.KF, L.Og, n) + L.inF + L.outL), yt)
+        else:
+            yt = z
+        src = xp.moveaxis(yt.reshape((L.O, n) + g.out_shape), 0, 1)
+        if b is None:
+            xp.copyto(y, src)
+        else:
+            xp.add(src, b.reshape((1, L.O) + (1,) * g.num_spatial_axes), out=y)
+
+    def _grad_z(self, ws: dict[str, Any], dy: Any) -> Any:
+        """dZ (G, KF·Og, n·cols): ``dy`` channel-first, unlifted along F."""
+        g, L = self._geom(), self._lay()
+        xp = get_array_module(dy)
+        n = dy.shape[0]
+        dyt = self._view(ws, "dyT", (L.O, n) + g.out_shape, dy)
+        xp.copyto(dyt, xp.moveaxis(dy, 1, 0))
+        if not L.f:
+            return dyt.reshape(L.G, L.M, n * L.cols)
+        dz = self._view(ws, "dz", (L.G, L.KF, L.Og, n) + L.inF + L.outL, dy)
+        self._unlift(dyt.reshape((L.G, L.Og, n) + g.out_shape), dz)
+        return dz.reshape(L.G, L.M, n * L.cols)
+
+    def _weight_grad_chunk(self, ws: dict[str, Any], x: Any, dz: Any, dwm: Any, col: Any | None = None) -> Any:
+        """``dwm += dZ · colᵀ`` (G, M, K); returns the lowered ``col`` matrix."""
+        L = self._lay()
+        xp = get_array_module(x)
+        n = x.shape[0]
+        if col is None:
+            col = self._lower(ws, x).reshape(L.G, L.K, n * L.cols)
+        tmp = self._view(ws, "dwm_tmp", (L.M, L.K), x)
+        for gi in range(L.G):
+            xp.matmul(dz[gi], col[gi].T, out=tmp)
+            dwm[gi] += tmp
+        return col
 
     # ---- the engine interface -----------------------------------------------------------------
     def forward(self, x: Any, w: Any, b: Any | None, y: Any) -> Any:
-        g = self._geom()
-        xp = get_array_module(x)
-        G, O, C = g.group, g.out_channels, g.in_channels
-        if g.is_pointwise:
-            P = g.out_count
-            xp.matmul(w.reshape(G, O // G, C // G), x.reshape(x.shape[0], G, C // G, P),
-                      out=y.reshape(y.shape[0], G, O // G, P))
-        else:
-            for n0, n1 in self._partitions(x.itemsize):
-                self._forward_lowered(self.im2col(x[n0:n1]), w, y[n0:n1])
-        if b is not None:
-            y += b.reshape((1, O) + (1,) * g.num_spatial_axes)
+        wm = self._weight_matrix(w)
+        self._run(x.shape[0], x.itemsize,
+                  lambda ws, part, n0, n1: self._forward_chunk(ws, x[n0:n1], wm, b, y[n0:n1]))
         return y
-
-    def _forward_lowered(self, col: Any, w: Any, y: Any) -> None:
-        """``y`` (n, O, *out) from the lowered input ``col`` (C, *k, n, *out)."""
-        g = self._geom()
-        xp = get_array_module(y)
-        G, O, n = g.group, g.out_channels, y.shape[0]
-        K, NP = g.in_channels // G * g.kernel_count, n * g.out_count
-        colm, wm = col.reshape(G, K, NP), w.reshape(G, O // G, K)
-        res = self._view("res", (G, O // G, NP), y)
-        for gi in range(G):
-            xp.matmul(wm[gi], colm[gi], out=res[gi])
-        y[...] = xp.moveaxis(res.reshape((O, n) + g.out_shape), 0, 1)
 
     def backward_data(self, dy: Any, w: Any, dx: Any) -> Any:
         self.backward(None, dy, w, dx, None)
@@ -166,52 +408,78 @@ class LoweringEngine(ConvEngine):
         self.backward(x, dy, None, None, dw)
         return dw
 
+    def _weight_accumulators(self, dw: Any | None, parts: int) -> list[Any]:
+        """Where each partition accumulates dW_m: ``dw`` itself (type 1, one partition) or zeroed buffers."""
+        L = self._lay()
+        if dw is None:
+            return []
+        if parts == 1 and L.f == 0:
+            return [dw.reshape(L.G, L.M, L.K)]
+        accs = []
+        for part in range(parts):
+            acc = self._view(self._workspace(part), "dw_acc", (L.G, L.M, L.K), dw)
+            acc.fill(0)
+            accs.append(acc)
+        return accs
+
+    def _finish_weight_grad(self, dw: Any | None, accs: list[Any]) -> None:
+        L = self._lay()
+        if dw is None or (len(accs) == 1 and L.f == 0):
+            return
+        total = accs[0]
+        for a in accs[1:]:
+            total += a
+        self._add_weight_grad(dw, total)
+
     def backward(self, x: Any, dy: Any, w: Any, dx: Any | None, dw: Any | None) -> None:
-        """Weight and data gradients sharing one transposition of ``dy`` (and one lowering buffer)."""
-        g = self._geom()
-        xp = get_array_module(dy)
-        G, O, C = g.group, g.out_channels, g.in_channels
-        pointwise_dx = dx is not None and g.is_pointwise
-        if pointwise_dx:
-            P = g.out_count
-            xp.matmul(w.reshape(G, O // G, C // G).transpose(0, 2, 1), dy.reshape(dy.shape[0], G, O // G, P),
-                      out=dx.reshape(dx.shape[0], G, C // G, P))
-            dx = None
+        """Weight and data gradients sharing one unlifting of ``dy`` and one lowering buffer."""
         if dx is None and dw is None:
             return
-        K = C // G * g.kernel_count
-        for n0, n1 in self._partitions(dy.itemsize):
-            n, NP = n1 - n0, (n1 - n0) * g.out_count
-            dyt = self._view("dyT", (O, n) + g.out_shape, dy)
-            dyt[...] = xp.moveaxis(dy[n0:n1], 1, 0)
-            dytm = dyt.reshape(G, O // G, NP)
+        L = self._lay()
+        wm = self._weight_matrix(w) if dx is not None else None
+        n = dy.shape[0]
+        accs = self._weight_accumulators(dw, len(self._chunks(n, dy.itemsize)))
+
+        def body(ws: dict[str, Any], part: int, n0: int, n1: int) -> None:
+            dz = self._grad_z(ws, dy[n0:n1])
             if dw is not None:
-                colm = self.im2col(x[n0:n1]).reshape(G, K, NP)
-                dwm = dw.reshape(G, O // G, K)
-                for gi in range(G):
-                    dwm[gi] += xp.matmul(dytm[gi], colm[gi].T)
+                self._weight_grad_chunk(ws, x[n0:n1], dz, accs[part])
             if dx is not None:
-                dcol = self._view("col", (C,) + g.kernel + (n,) + g.out_shape, dy)
-                dcolm, wm = dcol.reshape(G, K, NP), w.reshape(G, O // G, K)
-                for gi in range(G):
-                    xp.matmul(wm[gi].T, dytm[gi], out=dcolm[gi])
-                self.col2im(dcol, dx[n0:n1])
+                dcol = self._view(ws, "col", (L.G, L.K, (n1 - n0) * L.cols), dy)
+                for gi in range(L.G):
+                    get_array_module(dy).matmul(wm[gi].T, dz[gi], out=dcol[gi])
+                self._col2im(ws, dcol.reshape((L.C,) + L.kL + (n1 - n0,) + L.inF + L.outL), dx[n0:n1])
+
+        self._run(n, dy.itemsize, body)
+        self._finish_weight_grad(dw, accs)
 
     def forward_and_backward_weights(self, x: Any, w: Any, y: Any | None, dy: Any, dw: Any | None) -> None:
         """``y[...] = conv(x, w)`` and ``dw += corr(x, dy)``, lowering ``x`` once (Deconvolution backward)."""
-        g = self._geom()
-        if g.is_pointwise or y is None or dw is None:
+        if y is None or dw is None:
             super().forward_and_backward_weights(x, w, y, dy, dw)
             return
-        xp = get_array_module(x)
-        G, O = g.group, g.out_channels
-        K = g.in_channels // G * g.kernel_count
-        for n0, n1 in self._partitions(x.itemsize):
-            n, NP = n1 - n0, (n1 - n0) * g.out_count
-            col = self.im2col(x[n0:n1])
-            dyt = self._view("dyT", (O, n) + g.out_shape, dy)
-            dyt[...] = xp.moveaxis(dy[n0:n1], 1, 0)
-            colm, dwm, dytm = col.reshape(G, K, NP), dw.reshape(G, O // G, K), dyt.reshape(G, O // G, NP)
-            for gi in range(G):
-                dwm[gi] += xp.matmul(dytm[gi], colm[gi].T)
-            self._forward_lowered(col, w, y[n0:n1])
+        L = self._lay()
+        wm = self._weight_matrix(w)
+        accs = self._weight_accumulators(dw, len(self._chunks(x.shape[0], x.itemsize)))
+
+        def body(ws: dict[str, Any], part: int, n0: int, n1: int) -> None:
+            dz = self._grad_z(ws, dy[n0:n1])
+            col = self._lower(ws, x[n0:n1]).reshape(L.G, L.K, (n1 - n0) * L.cols)
+            self._weight_grad_chunk(ws, x[n0:n1], dz, accs[part], col)
+            self._forward_lowered(ws, col, wm, None, y[n0:n1])
+
+        self._run(x.shape[0], x.itemsize, body)
+        self._finish_weight_grad(dw, accs)
+
+    # ---- Im2col layer helpers (type-1 layout) --------------------------------------------------
+    def im2col(self, x: Any, out: Any | None = None) -> Any:
+        """Lower ``x`` (n, C, *in) into ``out`` (or a workspace) of shape (C, *kernel, n, *out) — type 1."""
+        if self.strategy != 1:
+            self.set_strategy(1, self.reason)
+        return self._lower(self._workspace(0), x, out)
+
+    def col2im(self, col: Any, dx: Any) -> Any:
+        """``dx[...] = Σ`` of every column entry of ``col`` (C, *kernel, n, *out) into its input cell."""
+        if self.strategy != 1:
+            self.set_strategy(1, self.reason)
+        return self._col2im(self._workspace(0), col, dx)

@@ -2,18 +2,22 @@
 ``im2col_layer``).
 
 The layer classes own parameters, shapes and blobs; the arithmetic is done by a convolution engine
-(:mod:`cct.engines`), chosen by the creator functions registered here (Caffe's ``GetConvolutionLayer``).
-Only one engine exists today, the batch-wide lowering engine; ``convolution_param.engine`` DEFAULT, CAFFE
-and CUDNN all select it (they compute the same numbers).
+(:mod:`cct.engines`), chosen by the creator functions registered here (Caffe's ``GetConvolutionLayer``):
+the batch-wide lowering engine with CcT's lowering type 1, 2 or 3 as the process settings say
+(:mod:`cct.engines.select`: ``CCT_LOWERING``, the command line's ``-lowering``; ``auto`` picks per layer
+from its shapes at the first reshape and logs the choice).  ``convolution_param.engine`` DEFAULT, CAFFE and
+CUDNN all select it (they compute the same numbers).
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+from cct import log
 from cct.blob import Blob
-from cct.engines import ConvEngine, ConvGeometry, create_conv_engine
+from cct.engines import ConvEngine, ConvGeometry
 from cct.engines.lowering import LoweringEngine
+from cct.engines.select import engine_for_layer, predicted_seconds
 from cct.errors import CctError, ParamError
 from cct.fillers import fill
 from cct.layers.base import Layer
@@ -114,7 +118,7 @@ class BaseConvolution(Layer):
 
     def __init__(self, param: pb.LayerParameter, engine: ConvEngine | None = None):
         super().__init__(param)
-        self.engine: ConvEngine = engine if engine is not None else LoweringEngine()
+        self.engine: ConvEngine = engine if engine is not None else engine_for_layer()
 
     # ---- setup ---------------------------------------------------------------------------------
     def setup(self, bottom: list[Blob], top: list[Blob]) -> None:
@@ -186,7 +190,11 @@ class BaseConvolution(Layer):
         top_shape = tuple(x.shape[:a]) + (self.num_output,) + self.out_spatial
         for t in top:
             t.reshape(top_shape)
-        self.engine.configure(self._geometry())
+        geometry = self._geometry()
+        if self.engine.configure(geometry, x.dtype):
+            predicted = ", ".join(f"{k}: {v * 1e3:.3g}" for k, v in predicted_seconds(geometry).items())
+            log.info("%s layer %s: %s [d/o = %d/%d; predicted fwd+bwd ms %s]", self.type, self.name,
+                     self.engine.describe(), geometry.in_channels, geometry.out_channels, predicted)
 
     def _output_spatial(self, in_spatial: tuple[int, ...]) -> tuple[int, ...]:
         raise NotImplementedError
@@ -292,13 +300,14 @@ class Deconvolution(BaseConvolution):
 
 
 def _conv_engine(param: pb.LayerParameter) -> ConvEngine:
-    """Engine choice for Convolution/Deconvolution.  DEFAULT, CAFFE and CUDNN name the same CPU/GPU
-    arithmetic here: the batch-wide lowering engine."""
+    """Engine choice for Convolution/Deconvolution: the lowering engine with the process-wide lowering
+    setting (1, 2, 3 or auto; see :mod:`cct.engines.select`).  DEFAULT, CAFFE and CUDNN name the same
+    arithmetic here."""
     engine = param.convolution_param.engine
     if engine not in (pb.ConvolutionParameter.DEFAULT, pb.ConvolutionParameter.CAFFE,
                       pb.ConvolutionParameter.CUDNN):
         raise ParamError(f"{_F}.engine", f"Layer {param.name} has unknown engine {engine}")
-    return create_conv_engine("lowering")
+    return engine_for_layer()
 
 
 @register("Convolution")
@@ -333,7 +342,7 @@ class Im2col(Layer):
             raise ParamError(f"{_F}.axis", f"Im2col needs at least one spatial axis after the channel axis "
                                            f"{self.channel_axis} (bottom {bottom[0].shape_string()})")
         self.kernel, self.stride, self.pad, self.dilation = conv_spatial_params(p, self.num_spatial)
-        self.engine = LoweringEngine()
+        self.engine = LoweringEngine(1)
 
     def reshape(self, bottom: list[Blob], top: list[Blob]) -> None:
         x, a = bottom[0], self.channel_axis
@@ -349,7 +358,7 @@ class Im2col(Layer):
             kk *= k
         top[0].reshape(tuple(x.shape[:a]) + (self.channels * kk,) + self.out_spatial)
         self.engine.configure(ConvGeometry(self.num, self.channels, self.channels, 1, self.in_spatial,
-                                           self.kernel, self.stride, self.pad, self.dilation))
+                                           self.kernel, self.stride, self.pad, self.dilation), x.dtype)
 
     def _col_view(self, a: Any) -> Any:
         """The top array as (C, *kernel, num, *out) — the engine's lowered layout."""

@@ -9,6 +9,7 @@ from cct.device import get_array_module
 from cct.errors import CctError, ParamError
 from cct.layers.base import Layer
 from cct.layers.registry import register
+from cct.parallel.partition import partitions_for, run_batch
 from cct.proto import caffe_pb2 as pb
 
 _F = "lrn_param"
@@ -77,18 +78,22 @@ class LRN(Layer):
             self._buffers[name] = buf
         return buf
 
-    def _window_sum(self, a: Any, axis: int, out: Any) -> Any:
+    def _window_sum(self, a: Any, axis: int, out: Any, part: int = 0) -> Any:
         shape = list(a.shape)
         shape[axis] += self.size - 1
-        return _window_sum(a, axis, self.size, self._buffer(f"pad{axis}", tuple(shape), a), out)
+        return _window_sum(a, axis, self.size, self._buffer(f"pad{axis}-{part}", tuple(shape), a), out)
 
-    def _neighbourhood_sum(self, a: Any, out: Any) -> Any:
+    def _neighbourhood_sum(self, a: Any, out: Any, part: int = 0) -> Any:
         """Σ over the normalization window: channels, or the size×size spatial square (separable)."""
         if self.region == pb.LRNParameter.ACROSS_CHANNELS:
-            return self._window_sum(a, 1, out)
-        tmp = self._buffer("tmp", a.shape, a)
-        self._window_sum(a, 2, tmp)
-        return self._window_sum(tmp, 3, out)
+            return self._window_sum(a, 1, out, part)
+        tmp = self._buffer(f"tmp-{part}", a.shape, a)
+        self._window_sum(a, 2, tmp, part)
+        return self._window_sum(tmp, 3, out, part)
+
+    def _split(self, n: int, body: Any, x: Any) -> None:
+        """Run ``body(part, n0, n1)`` over the batch partitions (cct.parallel.partition)."""
+        run_batch(n, body, parts=partitions_for(n, x[0].size * (self.size + 6) if n else 0))
 
     @property
     def _norm(self) -> tuple[float, float]:
@@ -98,11 +103,16 @@ class LRN(Layer):
         return 1.0, self.alpha / (self.size * self.size)
 
     def forward(self, bottom: list[Blob], top: list[Blob]) -> None:
-        xp = get_array_module(bottom[0].data)
         x, y = bottom[0].data, top[0].data
         scale = self._scale = self._buffer("scale", x.shape, x)
+        self._split(x.shape[0], lambda p, a, b: self._forward_part(p, x[a:b], scale[a:b], y[a:b]), x)
+
+    def _forward_part(self, part: int, x: Any, scale: Any, y: Any) -> None:
+        xp = get_array_module(x)
         const, coeff = self._norm
-        self._neighbourhood_sum(x * x, scale)
+        sq = self._buffer(f"sq-{part}", x.shape, x)
+        xp.multiply(x, x, out=sq)
+        self._neighbourhood_sum(sq, scale, part)
         scale *= coeff
         scale += const
         xp.power(scale, -self.beta, out=y)
@@ -111,14 +121,21 @@ class LRN(Layer):
     def backward(self, top: list[Blob], propagate_down: Sequence[bool], bottom: list[Blob]) -> None:
         if not propagate_down[0]:
             return
-        xp = get_array_module(top[0].diff)
         x, y, dy, dx = bottom[0].data, top[0].data, top[0].diff, bottom[0].diff
         scale = self._scale
         if scale is None:
             raise CctError(f"LRN layer '{self.name}': backward called before forward")
+        self._split(x.shape[0], lambda p, a, b: self._backward_part(p, x[a:b], y[a:b], dy[a:b], dx[a:b],
+                                                                    scale[a:b]), x)
+
+    def _backward_part(self, part: int, x: Any, y: Any, dy: Any, dx: Any, scale: Any) -> None:
+        xp = get_array_module(dy)
         const, coeff = self._norm
-        ratio = self._buffer("ratio", x.shape, x)
-        self._neighbourhood_sum(dy * y / scale, ratio)
+        t = self._buffer(f"sq-{part}", x.shape, x)
+        xp.multiply(dy, y, out=t)
+        t /= scale
+        ratio = self._buffer(f"ratio-{part}", x.shape, x)
+        self._neighbourhood_sum(t, ratio, part)
         ratio *= x
         ratio *= -2.0 * coeff * self.beta
         xp.power(scale, -self.beta, out=dx)

@@ -18,6 +18,7 @@ from cct.errors import CctError, ParamError
 from cct.fillers import constant_filler, fill
 from cct.layers.base import Layer
 from cct.layers.registry import register
+from cct.parallel.partition import run_batch
 from cct.proto import caffe_pb2 as pb
 from cct.rng import get_rng
 
@@ -84,6 +85,13 @@ class ReLULayer(NeuronLayer):
     def forward(self, bottom: list[Blob], top: list[Blob]) -> None:
         self.save_input(bottom, top)
         x, y = bottom[0].data, top[0].data
+        if x.ndim == 0:
+            self._forward_part(x, y)
+            return
+        # batch partitions (cct.parallel.partition): element-wise, so any split gives the same result
+        run_batch(x.shape[0], lambda p, a, b: self._forward_part(x[a:b], y[a:b]), work=x.size / max(x.shape[0], 1))
+
+    def _forward_part(self, x: Any, y: Any) -> None:
         xp = get_array_module(x)
         if self.negative_slope == 0:
             xp.maximum(x, 0, out=y)
@@ -96,8 +104,15 @@ class ReLULayer(NeuronLayer):
         if not propagate_down[0]:
             return
         x = self.saved_input(bottom, top)
-        xp = get_array_module(x)
         dy, dx = top[0].diff, bottom[0].diff
+        if x.ndim == 0:
+            self._backward_part(x, dy, dx)
+            return
+        n = x.shape[0]
+        run_batch(n, lambda p, a, b: self._backward_part(x[a:b], dy[a:b], dx[a:b]), work=x.size / max(n, 1))
+
+    def _backward_part(self, x: Any, dy: Any, dx: Any) -> None:
+        xp = get_array_module(x)
         if self.negative_slope == 0:
             xp.multiply(dy, x > 0, out=dx)
         else:

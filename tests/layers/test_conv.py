@@ -222,11 +222,11 @@ def test_engine_partitions_and_buffer_reuse():
         eng.configure(geo)
         y = np.zeros((5, 6) + geo.out_shape)
         eng.forward(x, w, b, y)
-        col = eng._buffers["col"]
+        col = eng._ws[0]["col"]
         dx, dw = np.zeros_like(x), np.zeros_like(w)
         eng.backward(x, dy, w, dx, dw)
         eng.forward(x, w, b, y)
-        assert eng._buffers["col"] is col  # allocated once per shape
+        assert eng._ws[0]["col"] is col  # allocated once per shape
         results.append((y, dx, dw))
     assert len(eng._partitions(8)) == 5  # budget 1 byte: one image per partition
     for a, c in zip(*results):

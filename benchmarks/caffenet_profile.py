@@ -1,0 +1,84 @@
+"""Per-layer profile of one CaffeNet training iteration (forward + backward + SGD-style update) with cct's Net.
+
+Run:   python benchmarks/caffenet_profile.py [--batch 64] [--iters 3] [--lowering auto] [--partitions auto]
+       (``env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python ...`` lets numpy's OpenBLAS pick its own kernels,
+       e.g. AVX-512, where the environment pins them; the script prints what it ran with.)
+Prints: one line per layer with its median forward and backward milliseconds, its share of the iteration and
+what engine it runs (``describe_layer_engine``); then the iteration total, the update time and the bytes
+held in convolution workspaces (``LoweringEngine.workspace_bytes``).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("GLOG_minloglevel", "1")
+
+import cct  # noqa: E402
+from cct.engines.select import apply_engine_flags, describe_layer_engine  # noqa: E402
+
+MODEL = Path(__file__).resolve().parents[1] / "models" / "caffenet" / "train.prototxt"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--lowering", default=None)
+    ap.add_argument("--partitions", default=None)
+    args = ap.parse_args()
+    apply_engine_flags(args.lowering, args.partitions)
+    print(f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')} "
+          f"OPENBLAS_L2_SIZE={os.environ.get('OPENBLAS_L2_SIZE', '(unset)')} batch={args.batch}")
+    net = cct.Net(str(MODEL), cct.TRAIN)
+    net.blobs["data"].reshape(args.batch, 3, 227, 227)
+    net.blobs["label"].reshape(args.batch)
+    net.reshape()
+    rng = np.random.default_rng(0)
+    net.blobs["data"].data[...] = rng.standard_normal(net.blobs["data"].shape).astype(np.float32)
+    net.blobs["label"].data[...] = rng.integers(0, 1000, args.batch)
+    n = len(net.layers)
+    fwd = [[] for _ in range(n)]
+    bwd = [[] for _ in range(n)]
+    upd, total = [], []
+    for it in range(args.iters + 1):
+        t0 = time.perf_counter()
+        for i in range(n):
+            t = time.perf_counter()
+            net.forward_from_to(i, i)
+            fwd[i].append(time.perf_counter() - t)
+        net.clear_param_diffs()
+        for i in reversed(range(n)):
+            t = time.perf_counter()
+            net.backward_from_to(i, i)
+            bwd[i].append(time.perf_counter() - t)
+        t = time.perf_counter()
+        for p in net.learnable_params:
+            p.diff[...] *= -1e-6
+        net.update()
+        upd.append(time.perf_counter() - t)
+        total.append(time.perf_counter() - t0)
+        if it == 0:  # warm-up: buffers are allocated
+            for lst in fwd + bwd + [upd, total]:
+                lst.clear()
+    tot = statistics.median(total)
+    print(f"{'layer':<10}{'type':<18}{'fwd ms':>9}{'bwd ms':>9}{'share':>8}  engine")
+    for i, layer in enumerate(net.layers):
+        f, b = statistics.median(fwd[i]) * 1e3, statistics.median(bwd[i]) * 1e3
+        print(f"{layer.name:<10}{layer.type:<18}{f:9.1f}{b:9.1f}{(f + b) / tot / 10:7.1f}%  "
+              f"{describe_layer_engine(layer)}")
+    ws = sum(layer.engine.workspace_bytes() for layer in net.layers if hasattr(layer, "engine"))
+    print(f"update: {statistics.median(upd) * 1e3:.1f} ms")
+    print(f"iteration (fwd+bwd+update), median of {args.iters}: {tot * 1e3:.0f} ms")
+    print(f"conv workspace: {ws / 2**20:.1f} MiB")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,181 @@
+"""CaffeNet forward + backward, batch 64, 2 threads: cct (each lowering forced, and auto) vs PyTorch CPU.
+
+Run:   pip install torch==2.13.0          (the CPU wheel; torch is imported only by this script's worker)
+       python benchmarks/caffenet_vs_pytorch.py [--batch 64] [--iters 5] [--threads 2]
+       (``env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python ...`` lets numpy's OpenBLAS use its own kernel
+       choice, e.g. AVX-512, where the environment pins it; the script prints the values it ran with.)
+Each framework runs in its own worker process (so each one's peak RSS is its own); the parent alternates
+them — for every iteration: cct lowering 1, 2, 3, auto, then PyTorch — so machine noise hits all alike.
+Both build models/caffenet/train.prototxt's network (conv/ReLU/max-pool/LRN/InnerProduct/dropout/softmax
+loss) with the same weights and the same input.  Prints per variant the median fwd+bwd milliseconds, the
+ratio cct/pytorch, and each worker's peak RSS (the cct worker holds the workspaces of all its variants).
+"""
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = ROOT / "models" / "caffenet" / "train.prototxt"
+CONVS = ["conv1", "conv2", "conv3", "conv4", "conv5"]
+
+
+def _peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _inputs(batch: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return (rng.standard_normal((batch, 3, 227, 227), dtype=np.float32),
+            rng.integers(0, 1000, batch).astype(np.float32))
+
+
+def cct_worker(conn, batch: int, threads: int, weights: str, variants: tuple[str, ...]) -> None:
+    sys.path.insert(0, str(ROOT))
+    os.environ.setdefault("GLOG_minloglevel", "1")
+    import cct
+    from cct.engines.lowering import LoweringEngine
+
+    net = cct.Net(str(MODEL), cct.TRAIN)
+    net.blobs["data"].reshape(batch, 3, 227, 227)
+    net.blobs["label"].reshape(batch)
+    net.reshape()
+    x, label = _inputs(batch)
+    net.blobs["data"].data[...] = x
+    net.blobs["label"].data[...] = label
+    np.savez(weights, **{f"{name}/{i}": b.data for name, blobs in net.params.items() for i, b in enumerate(blobs)})
+    engines: dict = {}
+    for name in CONVS:
+        layer = net.layer_by_name(name)
+        for variant in variants:
+            eng = LoweringEngine(variant if variant == "auto" else int(variant), source="forced")
+            eng.configure(layer.engine.geometry, np.float32)
+            engines[(name, variant)] = eng
+    conn.send(("ready", {v: [engines[(n, v)].describe() for n in CONVS] for v in variants}))
+    while True:
+        msg = conn.recv()
+        if msg[0] == "stop":
+            conn.send(("rss", _peak_rss_mib()))
+            return
+        variant = msg[1]
+        for name in CONVS:
+            net.layer_by_name(name).engine = engines[(name, variant)]
+        t = time.perf_counter()
+        net.forward()
+        net.clear_param_diffs()
+        net.backward()
+        conn.send(("time", time.perf_counter() - t))
+
+
+def torch_worker(conn, batch: int, threads: int, weights: str, variants: tuple[str, ...]) -> None:
+    import torch
+    from torch import nn
+
+    torch.set_num_threads(threads)
+    w = np.load(weights)
+
+    def conv(name, cin, cout, k, stride=1, pad=0, groups=1):
+        m = nn.Conv2d(cin, cout, k, stride, pad, groups=groups)
+        m.weight.data = torch.from_numpy(w[f"{name}/0"].copy())
+        m.bias.data = torch.from_numpy(w[f"{name}/1"].copy())
+        return m
+
+    def fc(name, cin, cout):
+        m = nn.Linear(cin, cout)
+        m.weight.data = torch.from_numpy(w[f"{name}/0"].copy())
+        m.bias.data = torch.from_numpy(w[f"{name}/1"].copy())
+        return m
+
+    lrn = dict(size=5, alpha=1e-4, beta=0.75, k=1.0)
+    model = nn.Sequential(
+        conv("conv1", 3, 96, 11, 4), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, ceil_mode=True),
+        nn.LocalResponseNorm(**lrn),
+        conv("conv2", 96, 256, 5, 1, 2, 2), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, ceil_mode=True),
+        nn.LocalResponseNorm(**lrn),
+        conv("conv3", 256, 384, 3, 1, 1), nn.ReLU(inplace=True),
+        conv("conv4", 384, 384, 3, 1, 1, 2), nn.ReLU(inplace=True),
+        conv("conv5", 384, 256, 3, 1, 1, 2), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, ceil_mode=True),
+        nn.Flatten(), fc("fc6", 9216, 4096), nn.ReLU(inplace=True), nn.Dropout(0.5),
+        fc("fc7", 4096, 4096), nn.ReLU(inplace=True), nn.Dropout(0.5), fc("fc8", 4096, 1000))
+    model.train()
+    x, label = _inputs(batch)
+    xt, lt = torch.from_numpy(x), torch.from_numpy(label.astype(np.int64))
+    loss_fn = nn.CrossEntropyLoss()
+    conn.send(("ready", torch.__version__))
+    while True:
+        msg = conn.recv()
+        if msg[0] == "stop":
+            conn.send(("rss", _peak_rss_mib()))
+            return
+        t = time.perf_counter()
+        model.zero_grad(set_to_none=False)
+        loss = loss_fn(model(xt), lt)
+        loss.backward()
+        conn.send(("time", time.perf_counter() - t))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--variants", default="1,2,3,auto",
+                    help="cct lowerings to run (comma separated); 'auto' alone gives a single-variant peak RSS")
+    args = ap.parse_args()
+    print(f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')} "
+          f"OPENBLAS_L2_SIZE={os.environ.get('OPENBLAS_L2_SIZE', '(unset)')} threads={args.threads} "
+          f"batch={args.batch} CCT_PARTITIONS={os.environ.get('CCT_PARTITIONS', 'auto')}")
+    # both workers see exactly `threads` BLAS/OpenMP threads
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(args.threads)
+    ctx = mp.get_context("spawn")
+    weights = os.path.join(tempfile.mkdtemp(prefix="cct-bench-"), "caffenet.npz")
+    chosen = tuple(v.strip() for v in args.variants.split(",") if v.strip())
+    workers = {}
+    for name, target in (("cct", cct_worker), ("pytorch", torch_worker)):
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=target, args=(child, args.batch, args.threads, weights, chosen), daemon=True)
+        proc.start()
+        kind, info = parent.recv()
+        workers[name] = (proc, parent)
+        if name == "cct":
+            for v, desc in info.items():
+                print(f"cct {v:>4}: " + "; ".join(f"{c} {d}" for c, d in zip(CONVS, desc)))
+        else:
+            print(f"pytorch {info}")
+    variants = [("cct", v) for v in chosen] + [("pytorch", "")]
+    times: dict = {v: [] for v in variants}
+    for it in range(args.iters + 1):
+        for who, variant in variants:
+            conn = workers[who][1]
+            conn.send(("run", variant))
+            _, t = conn.recv()
+            if it > 0:  # the first round is a warm-up (workspaces, allocator)
+                times[(who, variant)].append(t)
+    rss = {}
+    for name, (proc, conn) in workers.items():
+        conn.send(("stop",))
+        rss[name] = conn.recv()[1]
+        proc.join()
+    base = statistics.median(times[("pytorch", "")])
+    print(f"{'variant':<16}{'median ms':>10}{'min ms':>9}{'cct/pytorch':>13}{'peak RSS MiB':>14}")
+    for who, variant in variants:
+        med = statistics.median(times[(who, variant)])
+        label = f"cct lowering {variant}" if who == "cct" else "pytorch"
+        print(f"{label:<16}{med * 1e3:10.0f}{min(times[(who, variant)]) * 1e3:9.0f}{med / base:13.2f}"
+              f"{rss[who]:14.0f}")
+    print(f"(median of {args.iters} alternated iterations after one warm-up; the cct worker's peak RSS covers the "
+          f"workspaces of all {len(chosen)} variant(s) it ran)")
+
+
+if __name__ == "__main__":
+    main()

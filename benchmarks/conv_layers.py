@@ -1,0 +1,92 @@
+"""Per convolution layer of CaffeNet: GFLOP/s of each lowering (and auto) and % of the machine's sgemm peak.
+
+Run:   python benchmarks/conv_layers.py [--batch 64] [--repeat 3]
+       (``env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python ...`` lets OpenBLAS use its own kernel choice,
+       e.g. AVX-512, where the environment pins it; the script prints the values it ran with.)
+First measures the float32 sgemm peak (2048³ matmul, best of 5) at the current BLAS thread count; then for
+conv1..conv5 of CaffeNet at ``batch`` images the median forward and forward+backward (data and weights; conv1
+has no data gradient in a net but it is measured too) seconds of each applicable lowering and of auto, as
+GFLOP/s of the convolution's arithmetic (2·o·d/g·k²·m²·B per pass) and % of the sgemm peak, and the
+workspace bytes the engine holds.  Partitions follow CCT_PARTITIONS (default auto).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("GLOG_minloglevel", "1")
+
+from cct.engines import ConvGeometry  # noqa: E402
+from cct.engines.lowering import LoweringEngine, strategy_fallback  # noqa: E402
+
+# name, d, o, group, n, k, stride, pad
+CAFFENET = [("conv1", 3, 96, 1, 227, 11, 4, 0), ("conv2", 96, 256, 2, 27, 5, 1, 2),
+            ("conv3", 256, 384, 1, 13, 3, 1, 1), ("conv4", 384, 384, 2, 13, 3, 1, 1),
+            ("conv5", 384, 256, 2, 13, 3, 1, 1)]
+
+
+def sgemm_peak() -> float:
+    a = np.random.default_rng(0).standard_normal((2048, 2048), dtype=np.float32)
+    c = np.empty_like(a)
+    np.matmul(a, a, out=c)
+    best = min(_timed(lambda: np.matmul(a, a, out=c)) for _ in range(5))
+    return 2 * 2048**3 / best
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def _measure(eng: LoweringEngine, arrays: tuple, repeat: int) -> tuple[float, float]:
+    """Median forward and backward (data + weights) seconds."""
+    x, w, y, dy, dx, dw = arrays
+    tf = statistics.median(_timed(lambda: eng.forward(x, w, None, y)) for _ in range(repeat))
+    tb = statistics.median(_timed(lambda: eng.backward(x, dy, w, dx, dw)) for _ in range(repeat))
+    return tf, tb
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    print(f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')} "
+          f"OPENBLAS_L2_SIZE={os.environ.get('OPENBLAS_L2_SIZE', '(unset)')} "
+          f"CCT_PARTITIONS={os.environ.get('CCT_PARTITIONS', 'auto')}")
+    peak = sgemm_peak()
+    print(f"sgemm peak (2048^3, this run): {peak / 1e9:.1f} GFLOP/s; batch {args.batch}; median of {args.repeat}")
+    print(f"{'layer':<7}{'lowering':<50}{'fwd ms':>8}{'GFLOP/s':>9}{'%peak':>7}{'fwd+bwd ms':>12}{'GFLOP/s':>9}"
+          f"{'%peak':>7}{'workspace MiB':>15}")
+    rng = np.random.default_rng(0)
+    for name, d, o, grp, n, k, s, p in CAFFENET:
+        g = ConvGeometry(args.batch, d, o, grp, (n, n), (k, k), (s, s), (p, p), (1, 1))
+        flops = 2.0 * o * (d // grp) * k * k * g.out_count * args.batch
+        x = rng.standard_normal((args.batch, d, n, n), dtype=np.float32)
+        w = rng.standard_normal((o, d // grp, k, k), dtype=np.float32) * 0.01
+        dy = rng.standard_normal((args.batch, o) + g.out_shape, dtype=np.float32)
+        y, dx, dw = np.empty_like(dy), np.empty_like(x), np.zeros_like(w)
+        for strategy in (1, 2, 3, "auto"):
+            if strategy != "auto" and strategy_fallback(strategy, g):
+                continue
+            eng = LoweringEngine(strategy)
+            eng.configure(g, np.float32)
+            eng.forward(x, w, None, y)
+            eng.backward(x, dy, w, dx, dw)
+            tf, tb = _measure(eng, (x, w, y, dy, dx, dw), args.repeat)
+            label = eng.describe() if strategy == "auto" else f"lowering {strategy}"
+            print(f"{name:<7}{label:<50}{tf * 1e3:8.1f}{flops / tf / 1e9:9.1f}{100 * flops / tf / peak:6.0f}%"
+                  f"{(tf + tb) * 1e3:12.1f}{3 * flops / (tf + tb) / 1e9:9.1f}{100 * 3 * flops / (tf + tb) / peak:6.0f}%"
+                  f"{eng.workspace_bytes() / 2**20:15.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""CcT's Figure 8: time of each lowering as the input/output channel ratio d/o goes from 1/32 to 32.
+
+Run:   python benchmarks/lowering_sweep.py [--n 27] [--k 5] [--batch 16] [--product 8192] [--repeat 5]
+       (``env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python ...`` lets OpenBLAS use its own kernel choice,
+       e.g. AVX-512, where the environment pins it; the script prints the values it ran with.)
+Fixed input n×n, kernel k×k (pad k//2, stride 1), batch B and d·o = product; for each ratio d/o the median
+seconds of forward + backward (data and weights) of lowering 1, 2, 3 (forced) and of ``auto`` (the cost
+model's pick, measured as its own engine), all measured alternately; then whether auto's pick is within 5% of
+the fastest at each point (judged by the forced time of the lowering it picked: the same code path, so the
+comparison is not at the mercy of one noisy sample).  Partitions follow CCT_PARTITIONS (default auto).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("GLOG_minloglevel", "1")
+
+from cct.engines import ConvGeometry  # noqa: E402
+from cct.engines.lowering import LoweringEngine  # noqa: E402
+
+
+def _step(eng: LoweringEngine, x, w, y, dy, dx, dw) -> float:
+    t = time.perf_counter()
+    eng.forward(x, w, None, y)
+    eng.backward(x, dy, w, dx, dw)
+    return time.perf_counter() - t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=27)
+    ap.add_argument("--k", type=int, default=5)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--product", type=int, default=8192)
+    ap.add_argument("--repeat", type=int, default=5)
+    args = ap.parse_args()
+    print(f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')} "
+          f"OPENBLAS_L2_SIZE={os.environ.get('OPENBLAS_L2_SIZE', '(unset)')} "
+          f"CCT_PARTITIONS={os.environ.get('CCT_PARTITIONS', 'auto')}")
+    print(f"n={args.n} k={args.k} batch={args.batch} d*o={args.product}; median of {args.repeat}, fwd+bwd ms")
+    print(f"{'d/o':>7}{'d':>6}{'o':>6}{'type1':>9}{'type2':>9}{'type3':>9}{'auto':>9}  auto pick  within 5%")
+    rng = np.random.default_rng(0)
+    all_ok = True
+    for j in range(-5, 6):
+        ratio = 2.0 ** j
+        d = int(round((args.product * ratio) ** 0.5))
+        o = args.product // d
+        g = ConvGeometry(args.batch, d, o, 1, (args.n, args.n), (args.k, args.k), (1, 1), (args.k // 2,) * 2, (1, 1))
+        x = rng.standard_normal((args.batch, d, args.n, args.n), dtype=np.float32)
+        w = rng.standard_normal((o, d, args.k, args.k), dtype=np.float32)
+        dy = rng.standard_normal((args.batch, o) + g.out_shape, dtype=np.float32)
+        y, dx, dw = np.empty_like(dy), np.empty_like(x), np.zeros_like(w)
+        engines = {}
+        for name in (1, 2, 3, "auto"):
+            eng = LoweringEngine(name)
+            eng.configure(g, np.float32)
+            _step(eng, x, w, y, dy, dx, dw)  # warm-up
+            engines[name] = eng
+        times: dict = {name: [] for name in engines}
+        for _ in range(args.repeat):
+            for name, eng in engines.items():
+                times[name].append(_step(eng, x, w, y, dy, dx, dw))
+        med = {name: statistics.median(v) for name, v in times.items()}
+        fastest = min(med[s] for s in (1, 2, 3))
+        # auto runs the very code path of the lowering it picked; judge the pick by that lowering's time
+        ok = med[engines["auto"].strategy] <= 1.05 * fastest
+        all_ok &= ok
+        print(f"{'%g' % ratio:>7}{d:>6}{o:>6}" + "".join(f"{med[s] * 1e3:9.1f}" for s in (1, 2, 3, "auto"))
+              + f"  {engines['auto'].strategy:^9}  {'yes' if ok else 'NO'}")
+        del engines
+    print(f"auto within 5% of the fastest lowering at every point: {'yes' if all_ok else 'no'}")
+
+
+if __name__ == "__main__":
+    main()

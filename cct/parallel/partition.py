@@ -1,0 +1,179 @@
+"""Batch partitions (CcT §2.2): split a batch into ``p`` partitions processed concurrently by ``p`` threads,
+each running its BLAS calls with ``cores / p`` threads.
+
+numpy releases the GIL inside BLAS and inside large ufunc loops and copies, so ``p`` Python threads each
+working on ``n/p`` images of a layer run truly in parallel; with ``p × blas_threads ≤ cores`` the machine is
+never oversubscribed.  Everything here is a facility that layer and engine bodies call — no layer is
+wrapped or replaced:
+
+* :func:`partitions_for` — how many partitions a layer should use for a batch of ``n`` items doing
+  ``work`` elementary operations per item (the process-wide setting: ``CCT_PARTITIONS=N|auto`` or
+  :func:`set_partitions`; ``auto`` is the cost model below);
+* :func:`batch_ranges` — the ``p`` contiguous, near-equal ``[n0, n1)`` item ranges;
+* :func:`run_partitions` — call ``fn(part, n0, n1)`` for each range, concurrently when ``p > 1``.
+
+A body that accumulates across the batch (a weight gradient, a bias gradient) gives each partition its own
+accumulator and sums them after :func:`run_partitions` returns, in partition order — so results are
+deterministic for a given ``p`` and equal the unpartitioned ones up to float rounding of that sum.
+Layers whose result depends on whole-batch statistics (BatchNorm, losses, anything drawing random numbers
+in sequence) simply do not call this.
+
+``auto`` (the cost model): ``p = min(cores, n)`` when a partition still holds at least
+``MIN_WORK_PER_PARTITION`` operations (thread start-up and the BLAS thread switch cost some tens of
+microseconds; below that a layer is not worth splitting), else 1.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from cct.errors import CctError
+
+MIN_WORK_PER_PARTITION = 1 << 20
+
+_setting: int | None = None  # None: auto
+_setting_source = "default"
+_local = threading.local()
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+_blas: Any = None
+
+
+def cpu_cores() -> int:
+    """Cores this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def parse_partitions(value: str | int | None) -> int | None:
+    """``"auto"``/None/"" → None (auto); a positive integer → itself; anything else is an error."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "auto")):
+        return None
+    try:
+        p = int(value)
+    except (TypeError, ValueError):
+        raise CctError(f"partitions must be a positive integer or 'auto' (got {value!r})") from None
+    if p < 1:
+        raise CctError(f"partitions must be a positive integer or 'auto' (got {value!r})")
+    return p
+
+
+def set_partitions(value: str | int | None, source: str = "set_partitions") -> None:
+    """Set the process-wide partition count (``None``/"auto": the cost model)."""
+    global _setting, _setting_source
+    _setting = parse_partitions(value)
+    _setting_source = source
+
+
+def partitions_setting() -> tuple[int | None, str]:
+    """(forced count or None for auto, where the setting came from)."""
+    return _setting, _setting_source
+
+
+def partitions_for(n: int, work: float = float("inf")) -> int:
+    """Partitions for ``n`` items of ``work`` operations each: the forced count (capped at ``n``) or the
+    ``auto`` cost model.  Always 1 inside a partition (no nesting)."""
+    if n <= 1 or in_partition():
+        return 1
+    if _setting is not None:
+        return max(1, min(_setting, n))
+    cores = cpu_cores()
+    if cores <= 1:
+        return 1
+    p = min(cores, n)
+    while p > 1 and n * work / p < MIN_WORK_PER_PARTITION:
+        p -= 1
+    return p
+
+
+def batch_ranges(n: int, parts: int) -> list[tuple[int, int]]:
+    """``parts`` contiguous ranges covering ``[0, n)``, sizes differing by at most one."""
+    parts = max(1, min(parts, n)) if n > 0 else 1
+    base, extra = divmod(n, parts)
+    out, start = [], 0
+    for i in range(parts):
+        stop = start + base + (1 if i < extra else 0)
+        out.append((start, stop))
+        start = stop
+    return out
+
+
+def in_partition() -> bool:
+    """Whether the calling thread is running a partition body."""
+    return getattr(_local, "active", False)
+
+
+def blas_threads_per_partition(parts: int) -> int:
+    return max(1, cpu_cores() // max(1, parts))
+
+
+@contextlib.contextmanager
+def blas_threads(n: int) -> Iterator[None]:
+    """Limit the BLAS libraries (process-wide: OpenBLAS has one setting) to ``n`` threads inside the block."""
+    global _blas
+    if _blas is None:
+        from threadpoolctl import ThreadpoolController
+
+        _blas = ThreadpoolController()
+    with _blas.limit(limits=n, user_api="blas"):
+        yield
+
+
+def _executor() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=max(1, cpu_cores() - 1) or 1, thread_name_prefix="cct-part")
+        return _pool
+
+
+def _body(fn: Callable[[int, int, int], None], part: int, n0: int, n1: int) -> None:
+    _local.active = True
+    try:
+        fn(part, n0, n1)
+    finally:
+        _local.active = False
+
+
+def run_partitions(ranges: list[tuple[int, int]], fn: Callable[[int, int, int], None]) -> None:
+    """``fn(part, n0, n1)`` for every range; concurrently (the first in the calling thread) when there are
+    several, with ``cores // len(ranges)`` BLAS threads each.  The first exception is re-raised."""
+    if len(ranges) <= 1 or in_partition():
+        for part, (n0, n1) in enumerate(ranges):
+            fn(part, n0, n1)
+        return
+    pool = _executor()
+    with blas_threads(blas_threads_per_partition(len(ranges))):
+        futures: list[Future] = [pool.submit(_body, fn, part, n0, n1)
+                                 for part, (n0, n1) in enumerate(ranges) if part > 0]
+        error: BaseException | None = None
+        try:
+            _body(fn, 0, *ranges[0])
+        except BaseException as e:  # noqa: BLE001 - re-raised after the other partitions finish
+            error = e
+        for f in futures:
+            try:
+                f.result()
+            except BaseException as e:  # noqa: BLE001
+                error = error or e
+        if error is not None:
+            raise error
+
+
+def run_batch(n: int, fn: Callable[[int, int, int], None], work: float = float("inf"),
+              parts: int | None = None) -> int:
+    """Split ``n`` items into :func:`partitions_for` (or ``parts``) ranges and :func:`run_partitions`
+    over them; returns the number of partitions used."""
+    p = partitions_for(n, work) if parts is None else parts
+    ranges = batch_ranges(n, p)
+    run_partitions(ranges, fn)
+    return len(ranges)
+
+
+set_partitions(os.environ.get("CCT_PARTITIONS"), "CCT_PARTITIONS" if os.environ.get("CCT_PARTITIONS") else "default")

@@ -1,0 +1,18 @@
+"""Every engine test runs with its own cache dir and restores the process-wide engine settings."""
+from __future__ import annotations
+
+import pytest
+
+from cct.engines import select
+from cct.parallel import partition
+
+
+@pytest.fixture(autouse=True)
+def _isolated_engine_settings(tmp_path, monkeypatch):
+    monkeypatch.setenv("CCT_CACHE_DIR", str(tmp_path / "cache"))
+    saved = (select.lowering_setting(), select._autotune, partition.partitions_setting())
+    yield
+    (lowering, lsrc), autotune, (parts, psrc) = saved
+    select.set_lowering(lowering, lsrc)
+    select.set_autotune(autotune)
+    partition.set_partitions(parts, psrc)

@@ -1,0 +1,262 @@
+"""The FFT convolution engine: equal to the lowering engine (forward, backward data, backward weights) in 1-, 2-
+and 3-D with groups, padding and dilation; gradient checks through Convolution/Deconvolution; pruned vs
+unpruned transforms; memoization and its invalidation; stride refusal."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import cct.layers.conv  # noqa: F401  (registers the layers)
+from cct.engines import ConvGeometry
+from cct.engines.fft import FFTEngine, fft_transform_size
+from cct.engines.fft_plan import FFTPlan, positions, transform_size
+from cct.engines.lowering import LoweringEngine
+from cct.errors import CctError
+from cct.gradient_check import check_gradient, layer_param
+from cct.layers.conv import Convolution, Deconvolution
+
+GEOMETRIES = [
+    ConvGeometry(2, 3, 4, 1, (6, 5), (3, 3), (1, 1), (0, 0), (1, 1)),
+    ConvGeometry(2, 4, 6, 2, (7, 6), (3, 2), (1, 1), (1, 2), (1, 1)),
+    ConvGeometry(1, 2, 4, 1, (7, 7), (3, 3), (1, 1), (2, 2), (2, 2)),
+    ConvGeometry(1, 2, 3, 1, (4, 4), (3, 3), (1, 1), (4, 4), (1, 1)),       # pad > kernel: out > in + pad
+    ConvGeometry(3, 6, 4, 2, (10,), (4,), (1,), (3,), (2,)),
+    ConvGeometry(1, 2, 4, 1, (9, 8, 7), (3, 3, 3), (1, 1, 1), (1, 0, 2), (2, 1, 1)),
+    ConvGeometry(2, 4, 4, 4, (5, 6, 4), (2, 3, 1), (1, 1, 1), (0, 1, 0), (1, 1, 3)),
+    ConvGeometry(2, 3, 5, 1, (6, 6, 6), (5, 5, 5), (1, 1, 1), (2, 2, 2), (1, 1, 1)),
+]
+IDS = [f"{len(g.in_shape)}d-k{'x'.join(map(str, g.kernel))}-p{'x'.join(map(str, g.pad))}-"
+       f"d{'x'.join(map(str, g.dilation))}-g{g.group}" for g in GEOMETRIES]
+
+
+def _data(g: ConvGeometry, dtype=np.float32, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((g.num, g.in_channels) + g.in_shape).astype(dtype)
+    w = rng.standard_normal((g.out_channels, g.in_channels // g.group) + g.kernel).astype(dtype)
+    b = rng.standard_normal(g.out_channels).astype(dtype)
+    dy = rng.standard_normal((g.num, g.out_channels) + g.out_shape).astype(dtype)
+    return x, w, b, dy
+
+
+def _run(eng, g, x, w, b, dy):
+    eng.configure(g, x.dtype)
+    y = np.full(dy.shape, np.nan, dtype=x.dtype)
+    eng.forward(x, w, b, y)
+    dx = np.full(x.shape, np.nan, dtype=x.dtype)
+    dw = np.ones_like(w)  # weight gradients accumulate
+    eng.backward(x, dy, w, dx, dw)
+    return y, dx, dw - 1
+
+
+def _close(a, b, rtol):
+    np.testing.assert_allclose(a, b, rtol=rtol, atol=rtol * float(np.abs(b).max()))
+
+
+@pytest.mark.parametrize("dtype,rtol", [(np.float32, 1e-4), (np.float64, 1e-10)])
+@pytest.mark.parametrize("g", GEOMETRIES, ids=IDS)
+def test_equals_lowering(g, dtype, rtol):
+    x, w, b, dy = _data(g, dtype)
+    ref = _run(LoweringEngine(1), g, x, w, b, dy)
+    for kw in ({}, {"memoize": False}, {"pruned": False}):
+        for got, want in zip(_run(FFTEngine(**kw), g, x, w, b, dy), ref):
+            assert got.dtype == dtype
+            _close(got, want, rtol)
+
+
+def test_separate_passes_and_deconvolution_step():
+    """backward_data / backward_weights called alone, and forward_and_backward_weights (Deconvolution)."""
+    g = GEOMETRIES[1]
+    x, w, b, dy = _data(g, np.float64)
+    low, fft = LoweringEngine(1), FFTEngine()
+    for eng in (low, fft):
+        eng.configure(g, np.float64)
+    outs = []
+    for eng in (low, fft):
+        dx = eng.backward_data(dy, w, np.zeros_like(x))
+        dw = eng.backward_weights(x, dy, np.zeros_like(w))
+        y, dw2 = np.zeros_like(dy), np.zeros_like(w)
+        eng.forward_and_backward_weights(x, w, y, dy, dw2)
+        outs.append((dx, dw, y, dw2))
+    for got, want in zip(outs[1], outs[0]):
+        _close(got, want, 1e-10)
+
+
+@pytest.mark.parametrize("params,shape", [
+    ("num_output: 3 kernel_size: 3 pad: 1", (2, 2, 5, 6)),
+    ("num_output: 4 kernel_size: [3, 2] pad: [0, 1] dilation: [1, 2] group: 2", (1, 4, 6, 7)),
+    ("num_output: 2 kernel_size: 3 pad: 1", (1, 2, 4, 5, 4)),
+    ("num_output: 4 kernel_size: [2, 3, 2] dilation: [2, 1, 1] pad: [1, 0, 1] group: 2", (1, 2, 5, 4, 4)),
+])
+@pytest.mark.parametrize("memoize", [True, False])
+def test_gradient_convolution(params, shape, memoize):
+    x = np.random.default_rng(1).standard_normal(shape)
+    text = (f'type: "Convolution" convolution_param {{ {params} weight_filler {{ type: "gaussian" std: 0.5 }} '
+            f'bias_filler {{ type: "gaussian" std: 0.5 }} }}')
+    layer = Convolution(layer_param(text), FFTEngine(memoize=memoize))
+    report = check_gradient(layer, [x], rtol=1e-6, atol=1e-8)
+    assert report.checked > 0
+
+
+def test_gradient_deconvolution_3d():
+    x = np.random.default_rng(2).standard_normal((1, 2, 3, 4, 3))
+    text = ('type: "Deconvolution" convolution_param { num_output: 2 kernel_size: 3 pad: 1 '
+            'weight_filler { type: "gaussian" std: 0.5 } bias_filler { type: "gaussian" std: 0.5 } }')
+    check_gradient(Deconvolution(layer_param(text), FFTEngine()), [x], rtol=1e-6, atol=1e-8)
+
+
+def test_layer_with_two_bottoms_equals_lowering():
+    rng = np.random.default_rng(3)
+    bottoms = [rng.standard_normal((2, 3, 5, 6, 4)).astype(np.float32) for _ in range(2)]
+    text = ('type: "Convolution" convolution_param { num_output: 4 kernel_size: 3 pad: 1 '
+            'weight_filler { type: "gaussian" std: 0.5 } }')
+    from cct.gradient_check import setup_layer
+
+    runs = [setup_layer(Convolution(layer_param(text), eng), bottoms, 2) for eng in (LoweringEngine(1),
+                                                                                     FFTEngine())]
+    runs[1].layer.blobs[0].data[...] = runs[0].layer.blobs[0].data
+    tops = [r.forward() for r in runs]
+    for r in runs:
+        for t in r.top:
+            t.diff[...] = 1.0
+        r.layer.backward_layer(r.top, [True, True], r.bottom)
+    for a, b in zip(tops[1], tops[0]):
+        _close(a, b, 1e-4)
+    for a, b in zip(runs[1].bottom + runs[1].layer.blobs, runs[0].bottom + runs[0].layer.blobs):
+        _close(a.diff, b.diff, 1e-4)
+
+
+# ---- memoization ---------------------------------------------------------------------------------
+def test_memoized_spectra_are_reused_and_invalidated():
+    g = GEOMETRIES[5]
+    x, w, b, dy = _data(g, np.float64)
+    eng = FFTEngine(memoize=True)
+    eng.configure(g, np.float64)
+    y = np.zeros_like(dy)
+    eng.forward(x, w, b, y)
+    assert eng.workspace_bytes() > 0
+    dx, dw = np.zeros_like(x), np.zeros_like(w)
+    eng.backward(x, dy, w, dx, dw)
+    assert eng.reuses["x"] == 1 and eng.reuses["w"] == 1  # the forward's transforms
+    eng.forward(x, w, b, y)
+    assert eng.reuses == {"x": 2, "w": 2, "dy": 0}  # unchanged operands: their spectra are kept
+    # in-place changes between the passes are seen: a solver update of w, a new batch written into x
+    w -= 0.1
+    x[0, 0, 0, 0, 0] += 1.0
+    dx2, dw2 = np.zeros_like(x), np.zeros_like(w)
+    eng.backward(x, dy, w, dx2, dw2)
+    assert eng.reuses == {"x": 2, "w": 2, "dy": 1}  # only dy is unchanged
+    ref = LoweringEngine(1)
+    ref.configure(g, np.float64)
+    rdx, rdw = np.zeros_like(x), np.zeros_like(w)
+    ref.backward(x, dy, w, rdx, rdw)
+    _close(dx2, rdx, 1e-10)
+    _close(dw2, rdw, 1e-10)
+    eng.invalidate()
+    assert eng.workspace_bytes() == 0
+
+
+def test_swapped_values_are_a_change():
+    """The content fingerprint weights positions: a permutation of the same values is not a hit."""
+    g = GEOMETRIES[0]
+    x, w, b, dy = _data(g, np.float64)
+    eng = FFTEngine()
+    eng.configure(g, np.float64)
+    eng.forward(x, w, None, np.zeros_like(dy))
+    x[0, 0, [0, 1]] = x[0, 0, [1, 0]]
+    dw = np.zeros_like(w)
+    eng.backward_weights(x, dy, dw)
+    assert eng.reuses["x"] == 0
+
+
+def test_memoize_off(monkeypatch):
+    monkeypatch.setenv("CCT_FFT_MEMOIZE", "0")
+    eng = FFTEngine()
+    assert not eng.memoize
+    g = GEOMETRIES[0]
+    x, w, b, dy = _data(g)
+    _run(eng, g, x, w, b, dy)
+    assert eng.workspace_bytes() == 0 and eng.reuses == {"x": 0, "w": 0, "dy": 0}
+    monkeypatch.delenv("CCT_FFT_MEMOIZE")
+    assert FFTEngine().memoize and not FFTEngine(memoize=False).memoize
+
+
+def test_kernel_transformed_once_per_batch(monkeypatch):
+    """One input and one kernel transform per forward whatever the batch size (the kernel spectrum is
+    shared by every image); the backward transforms only the output gradient."""
+    g = ConvGeometry(5, 3, 4, 1, (6, 6, 5), (3, 3, 3), (1, 1, 1), (1, 1, 1), (1, 1, 1))
+    x, w, b, dy = _data(g)
+    eng = FFTEngine()
+    eng.configure(g, np.float32)
+    calls = []
+    original = FFTPlan.forward
+    monkeypatch.setattr(FFTPlan, "forward", lambda self, a, *args: calls.append(a.shape) or original(self, a, *args))
+    eng.forward(x, w, b, np.zeros_like(dy))
+    assert len(calls) == 2 and calls[1] == (3, 3, 3, 4, 3)
+    eng.backward(x, dy, w, np.zeros_like(x), np.zeros_like(w))
+    assert len(calls) == 3
+
+
+# ---- applicability -------------------------------------------------------------------------------
+def test_stride_is_refused():
+    g = ConvGeometry(1, 2, 2, 1, (8, 8), (3, 3), (2, 2), (1, 1), (1, 1))
+    assert FFTEngine.supports(g) == (False, "stride 2 > 1")
+    assert FFTEngine.supports(ConvGeometry(1, 2, 2, 1, (8, 8), (3, 3), (1, 2), (0, 0), (1, 1)))[1] == \
+        "stride 1x2 > 1"
+    assert FFTEngine.supports(GEOMETRIES[0]) == (True, "")
+    with pytest.raises(CctError, match="stride 2 > 1"):
+        FFTEngine().configure(g, np.float32)
+    with pytest.raises(CctError, match="no spatial axes"):
+        FFTEngine().configure(ConvGeometry(2, 3, 4, 1, (), (), (), (), ()), np.float32)
+
+
+def test_describe_and_estimate():
+    g = ConvGeometry(1, 16, 16, 1, (30, 30, 30), (7, 7, 7), (1, 1, 1), (0, 0, 0), (1, 1, 1))
+    eng = FFTEngine()
+    assert eng.configure(g, np.float32) and not eng.configure(g, np.float32)
+    assert eng.describe() == "fft 30x30x30 (pruned, memoized)"
+    est = FFTEngine.estimate(g)
+    assert est["memo_bytes"] == 30 * 30 * 16 * 8 * (16 + 256 + 16)
+    assert est["transform_flops"] > 0 and est["product_flops"] > 0
+
+
+# ---- plans ---------------------------------------------------------------------------------------
+def test_transform_sizes_are_fast_and_large_enough():
+    def factors_in(t, primes):
+        for p in primes:
+            while t % p == 0:
+                t //= p
+        return t == 1
+
+    for n in range(1, 200):
+        assert transform_size(n) >= n and factors_in(transform_size(n), (2, 3, 5, 7, 11))
+        assert transform_size(n, real=True) >= n and factors_in(transform_size(n, real=True), (2, 3, 5))
+    assert transform_size(13) == 14 and transform_size(13, real=True) == 15
+    g = ConvGeometry(1, 1, 1, 1, (30, 11, 4), (7, 3, 3), (1, 1, 1), (0, 2, 4), (1, 3, 1))
+    # in + pad = 30; in + pad = 13 -> 14; out = 4 + 8 - 3 + 1 = 10 > in + pad = 8 on the real axis
+    assert fft_transform_size(g) == (30, 14, 10)
+
+
+@pytest.mark.parametrize("step", [(1, 1, 1), (2, 1, 3)])
+def test_pruned_transforms_equal_full_ones(step):
+    rng = np.random.default_rng(4)
+    block = rng.standard_normal((3, 2, 3, 4, 2))  # spatial (3, 2, 3), batch (4, 2)
+    size = (9, 8, 10)
+    padded = np.zeros(size + (4, 2))
+    padded[tuple(slice(0, (n - 1) * s + 1, s) for n, s in zip(block.shape[:3], step))] = block
+    want = np.fft.rfftn(padded, axes=(0, 1, 2))
+    for pruned in (True, False):
+        spec = FFTPlan(size, pruned).forward(block, step)
+        np.testing.assert_allclose(spec, want, rtol=1e-12, atol=1e-12)
+        where = [positions(1, 3, -2, 9), positions(2, 5, 1, 8), np.array([9, 0, 4])]
+        got = FFTPlan(size, pruned).inverse(spec.copy(), where)
+        full = np.fft.irfftn(want, s=size, axes=(0, 1, 2))
+        ref = full[np.ix_([1, 8, 6], [2, 3, 4, 5, 6], [9, 0, 4])]
+        np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-12)
+
+
+def test_positions():
+    assert positions(2, 3, 1, 10) == slice(2, 5, 1)
+    assert positions(2, 3, -1, 10) == slice(2, None, -1)
+    assert positions(3, 2, -1, 10) == slice(3, 1, -1)
+    np.testing.assert_array_equal(positions(0, 3, -1, 10), [0, 9, 8])
+    np.testing.assert_array_equal(positions(8, 3, 1, 10), [8, 9, 0])

@@ -1,0 +1,79 @@
+"""Each forced lowering through the layers: float64 gradient checks, and Caffe's reference nets (1e-4), also
+with 2 batch partitions."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import cct
+from cct.engines import select
+from cct.gradient_check import check_gradient, setup_layer
+from tests import test_reference_nets as refnets
+from tests.reference import ATOL, assert_close
+
+GAUSS = 'weight_filler { type: "gaussian" std: 0.5 } bias_filler { type: "gaussian" std: 0.5 }'
+LAYER_CASES = [
+    ('type: "Convolution" convolution_param { num_output: 3 kernel_size: 3 pad: 1 %s }', (2, 4, 5, 4)),
+    ('type: "Convolution" convolution_param { num_output: 4 kernel_h: 3 kernel_w: 2 pad_h: 2 dilation: 2 '
+     'group: 2 %s }', (2, 4, 6, 5)),
+    ('type: "Convolution" convolution_param { num_output: 2 kernel_size: [2, 3, 2] pad: [1, 0, 1] %s }',
+     (1, 2, 3, 4, 3)),
+    ('type: "Convolution" convolution_param { num_output: 3 kernel_size: 3 stride: 2 %s }', (2, 2, 7, 7)),
+    ('type: "Deconvolution" convolution_param { num_output: 3 kernel_size: 3 pad: 1 group: 1 %s }', (2, 2, 3, 4)),
+    ('type: "Deconvolution" convolution_param { num_output: 4 kernel_size: 2 group: 2 %s }', (1, 4, 3, 3)),
+]
+
+
+@pytest.mark.parametrize("lowering", ["1", "2", "3"])
+@pytest.mark.parametrize("text,shape", LAYER_CASES, ids=[f"layer{i}" for i in range(len(LAYER_CASES))])
+def test_gradient_check_with_forced_lowering(lowering, text, shape):
+    select.apply_engine_flags(lowering, None)
+    x = np.random.default_rng(5).standard_normal(shape)
+    check_gradient(text % GAUSS, [x])
+
+
+@pytest.mark.parametrize("lowering", ["1", "2", "3"])
+def test_layer_outputs_equal_across_lowerings_float32(lowering):
+    x = np.random.default_rng(6).standard_normal((3, 6, 9, 8)).astype(np.float32)
+    text = f'type: "Convolution" convolution_param {{ num_output: 5 kernel_size: 3 pad: 1 group: 1 {GAUSS} }}'
+    select.apply_engine_flags("1", None)
+    base = setup_layer(text, [x])
+    select.apply_engine_flags(lowering, None)
+    other = setup_layer(text, [x])
+    assert other.layer.engine.strategy == int(lowering)
+    for a, b in zip(base.layer.blobs, other.layer.blobs):
+        b.data[...] = a.data
+    np.testing.assert_allclose(other.forward()[0], base.forward()[0], rtol=1e-4, atol=1e-5)
+
+
+NET_MODES = [("1", "1"), ("2", "1"), ("3", "1"), ("auto", "2"), ("3", "2")]
+
+
+def _compare(name: str, phase: int) -> None:
+    """Every recorded blob, diff and parameter within 1e-4 relative of Caffe.  The absolute floor is the
+    default 1e-5, or 4 float32 ulps of the blob's largest magnitude when that is larger: another summation
+    order (lowerings 2 and 3 group the k² products differently) moves a value by that much, which matters
+    only where a blob spans a huge range (batchnorm_block's TEST conv_b reaches 6.5e4 and cancels to -8)."""
+    net, ref, _ = refnets._run(name, phase)
+    for key in ref.files:
+        kind, _, rest = key.partition("/")
+        if kind == "data":
+            ours = net.blobs[rest].data
+        elif kind == "diff":
+            ours = net.blobs[rest].diff
+        elif kind in ("param", "param_diff"):
+            layer, _, i = rest.rpartition("/")
+            blob = net.params[layer][int(i)]
+            ours = blob.data if kind == "param" else blob.diff
+        else:
+            continue
+        floor = 4 * float(np.finfo(np.float32).eps) * float(np.abs(ref[key]).max(initial=0.0))
+        assert_close(ours, ref[key], f"{name} {key}", atol=max(ATOL, floor))
+
+
+@pytest.mark.parametrize("lowering,partitions", NET_MODES, ids=[f"L{a}-P{b}" for a, b in NET_MODES])
+@pytest.mark.parametrize("name", refnets.NETS)
+def test_reference_nets_with_each_lowering(name, lowering, partitions):
+    select.apply_engine_flags(lowering, partitions)
+    _compare(name, cct.TRAIN)
+    _compare(name, cct.TEST)

@@ -1,0 +1,144 @@
+"""The three lowerings against a direct reference and against each other: forward, backward data, backward
+weights (accumulating), the fused Deconvolution step, fallbacks, partitions and chunking."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cct.engines import ConvGeometry
+from cct.engines.lowering import LoweringEngine, strategy_fallback
+from cct.parallel import partition
+from tests.engines import reference as ref
+
+# (geometry, expected effective strategy for requested 1, 2, 3)
+CASES = [
+    (ConvGeometry(2, 3, 4, 1, (6, 5), (3, 3), (1, 1), (0, 0), (1, 1)), (1, 2, 3)),
+    (ConvGeometry(2, 4, 6, 1, (7, 6), (3, 3), (1, 1), (1, 1), (1, 1)), (1, 2, 3)),
+    (ConvGeometry(2, 3, 5, 1, (5, 7), (3, 2), (1, 1), (2, 1), (1, 1)), (1, 2, 3)),
+    (ConvGeometry(1, 2, 4, 1, (7, 7), (3, 3), (1, 1), (2, 2), (2, 2)), (1, 2, 3)),
+    (ConvGeometry(2, 6, 6, 3, (4, 5), (2, 2), (1, 1), (0, 0), (1, 1)), (1, 2, 3)),
+    (ConvGeometry(2, 3, 4, 1, (6, 7), (3, 3), (1, 2), (1, 1), (1, 1)), (1, 2, 1)),
+    (ConvGeometry(2, 3, 4, 1, (7, 6), (3, 3), (2, 2), (1, 1), (1, 1)), (1, 1, 1)),
+    (ConvGeometry(2, 3, 5, 1, (4, 3), (1, 1), (1, 1), (0, 0), (1, 1)), (1, 1, 1)),
+    (ConvGeometry(2, 4, 6, 2, (5, 6, 4), (2, 3, 1), (1, 1, 2), (1, 0, 1), (2, 1, 1)), (1, 2, 1)),
+    (ConvGeometry(1, 2, 3, 1, (4, 5, 4), (2, 2, 3), (1, 1, 1), (1, 0, 1), (1, 2, 1)), (1, 2, 3)),
+    (ConvGeometry(2, 3, 4, 1, (9,), (3,), (1,), (1,), (2,)), (1, 1, 3)),
+    (ConvGeometry(1, 2, 3, 1, (3, 3), (3, 3), (1, 1), (2, 2), (2, 2)), (1, 2, 3)),
+    (ConvGeometry(1, 2, 2, 1, (2, 2), (3, 3), (1, 1), (3, 3), (3, 3)), (1, 2, 3)),
+    (ConvGeometry(3, 4, 2, 2, (5, 4), (3, 2), (1, 1), (1, 0), (1, 1)), (1, 2, 3)),
+]
+IDS = [f"case{i}" for i in range(len(CASES))]
+
+
+def _data(g: ConvGeometry, seed: int = 0, dtype=np.float64):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((g.num, g.in_channels) + g.in_shape).astype(dtype)
+    w = rng.standard_normal((g.out_channels, g.in_channels // g.group) + g.kernel).astype(dtype)
+    b = rng.standard_normal(g.out_channels).astype(dtype)
+    dy = rng.standard_normal((g.num, g.out_channels) + g.out_shape).astype(dtype)
+    return x, w, b, dy
+
+
+def _run_engine(eng: LoweringEngine, x, w, b, dy):
+    y = np.full(dy.shape, np.nan, dtype=x.dtype)
+    eng.forward(x, w, b, y)
+    dx = np.full(x.shape, np.nan, dtype=x.dtype)
+    dw = np.ones_like(w)  # gradients accumulate
+    eng.backward(x, dy, w, dx, dw)
+    return y, dx, dw - 1
+
+
+@pytest.mark.parametrize("strategy", [1, 2, 3])
+@pytest.mark.parametrize("g,expected", CASES, ids=IDS)
+def test_lowering_matches_direct_reference(g, expected, strategy):
+    x, w, b, dy = _data(g)
+    eng = LoweringEngine(strategy)
+    eng.configure(g, np.float64)
+    assert eng.strategy == expected[strategy - 1]
+    assert eng.reason.startswith("fallback") == (eng.strategy != strategy)
+    y, dx, dw = _run_engine(eng, x, w, b, dy)
+    np.testing.assert_allclose(y, ref.conv_forward(g, x, w, b), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(dx, ref.conv_backward_data(g, dy, w), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(dw, ref.conv_backward_weights(g, x, dy), rtol=1e-10, atol=1e-10)
+    # the separate entry points and the fused Deconvolution step agree with the combined backward
+    dx2, dw2 = eng.backward_data(dy, w, np.empty_like(x)), eng.backward_weights(x, dy, np.zeros_like(w))
+    np.testing.assert_allclose(dx2, dx, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(dw2, dw, rtol=1e-12, atol=1e-12)
+    y3, dw3 = np.empty_like(dy), np.zeros_like(w)
+    eng.forward_and_backward_weights(x, w, y3, dy, dw3)
+    np.testing.assert_allclose(y3, ref.conv_forward(g, x, w), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(dw3, dw, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("g,expected", CASES, ids=IDS)
+def test_lowerings_agree_in_float32(g, expected):
+    x, w, b, dy = _data(g, 1, np.float32)
+    outs = []
+    for s in (1, 2, 3):
+        eng = LoweringEngine(s)
+        eng.configure(g, np.float32)
+        outs.append(_run_engine(eng, x, w, b, dy))
+    for other in outs[1:]:
+        for a, c in zip(outs[0], other):
+            np.testing.assert_allclose(c, a, rtol=1e-4, atol=1e-5)
+
+
+def test_fallback_reasons():
+    assert strategy_fallback(2, CASES[6][0]) == "stride 2"
+    assert strategy_fallback(3, CASES[6][0]) == "stride 2x2"
+    assert strategy_fallback(3, CASES[5][0]) == "stride 1x2"
+    assert strategy_fallback(3, CASES[7][0]) == "1x1 kernel"
+    assert strategy_fallback(2, CASES[10][0]) == "1 spatial axis"
+    eng = LoweringEngine(3)
+    eng.configure(CASES[6][0])
+    assert eng.describe() == "lowering 1 (fallback: stride 2x2)"
+    with pytest.raises(ValueError, match="does not apply"):
+        eng.set_strategy(2)
+
+
+def test_the_strategies_differ_in_their_work():
+    """Really different paths: type 3 lowers nothing (its 'col' is the input), type 1 replicates k² times."""
+    g = ConvGeometry(2, 8, 4, 1, (9, 9), (3, 3), (1, 1), (1, 1), (1, 1))
+    x, w, b, dy = _data(g, 2, np.float32)
+    sizes = {}
+    for s in (1, 2, 3):
+        eng = LoweringEngine(s)
+        eng.configure(g, np.float32)
+        eng.forward(x, w, b, np.empty_like(dy))
+        sizes[s] = (eng._ws[0]["col"].size, eng._ws[0]["z"].size)
+    assert sizes[1] == (8 * 9 * 2 * 81, 4 * 2 * 81)
+    assert sizes[2] == (8 * 3 * 2 * 81, 3 * 4 * 2 * 81)
+    assert sizes[3] == (8 * 2 * 81, 9 * 4 * 2 * 81)
+
+
+@pytest.mark.parametrize("strategy", [1, 2, 3])
+def test_partitions_and_chunks_equal_whole_batch(strategy):
+    g = ConvGeometry(5, 4, 6, 2, (6, 5), (3, 2), (1, 1), (1, 0), (1, 2))
+    x, w, b, dy = _data(g, 3)
+    results = []
+    for parts, budget in ((1, 1 << 30), (2, 1 << 30), (3, 1), (1, 1)):
+        partition.set_partitions(parts)
+        eng = LoweringEngine(strategy, max_lowered_bytes=budget)
+        eng.configure(g, np.float64)
+        assert len(eng._chunks(g.num, 8)) == parts
+        results.append(_run_engine(eng, x, w, b, dy))
+        if parts > 1:
+            assert len(eng._ws) == parts  # one workspace per partition
+    for other in results[1:]:
+        for a, c in zip(results[0], other):
+            np.testing.assert_allclose(c, a, rtol=1e-12, atol=1e-12)
+
+
+def test_workspace_bytes_and_reuse():
+    g = ConvGeometry(2, 3, 4, 1, (6, 5), (3, 3), (1, 1), (1, 1), (1, 1))
+    x, w, b, dy = _data(g, 4, np.float32)
+    eng = LoweringEngine(2)
+    eng.configure(g, np.float32)
+    assert eng.workspace_bytes() == 0
+    y = np.empty_like(dy)
+    eng.forward(x, w, b, y)
+    used = eng.workspace_bytes()
+    col = eng._ws[0]["col"]
+    assert used >= col.nbytes > 0
+    eng.forward(x, w, b, y)
+    assert eng._ws[0]["col"] is col and eng.workspace_bytes() == used

@@ -1,0 +1,102 @@
+"""Batch partitions: the facility itself, and partitioned layers equal to unpartitioned ones."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import cct.layers  # noqa: F401  (registers the layers)
+from cct.gradient_check import setup_layer
+from cct.parallel import partition
+from cct.rng import set_random_seed
+
+
+def test_batch_ranges_cover_the_batch():
+    assert partition.batch_ranges(10, 3) == [(0, 4), (4, 7), (7, 10)]
+    assert partition.batch_ranges(2, 5) == [(0, 1), (1, 2)]
+    assert partition.batch_ranges(0, 2) == [(0, 0)]
+
+
+def test_run_partitions_is_concurrent_and_reraises():
+    seen, barrier = [], threading.Barrier(2, timeout=10)
+
+    def body(part, n0, n1):
+        barrier.wait()  # both partitions must be running at the same time
+        seen.append((part, n0, n1, partition.in_partition()))
+
+    partition.run_partitions([(0, 2), (2, 4)], body)
+    assert sorted(seen) == [(0, 0, 2, True), (1, 2, 4, True)]
+    assert not partition.in_partition()
+
+    def boom(part, n0, n1):
+        if part == 1:
+            raise ValueError("partition 1 failed")
+
+    with pytest.raises(ValueError, match="partition 1"):
+        partition.run_partitions([(0, 1), (1, 2)], boom)
+
+
+def test_blas_threads_are_divided_and_nesting_is_sequential():
+    from threadpoolctl import threadpool_info
+
+    inner = []
+
+    def body(part, n0, n1):
+        inner.append(partition.partitions_for(8))
+        if part == 0:
+            inner.append([i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"])
+
+    partition.set_partitions(2)
+    partition.run_partitions(partition.batch_ranges(8, 2), body)
+    expected = max(1, partition.cpu_cores() // 2)
+    assert inner.count(1) == 2  # no nested partitions
+    threads = next(x for x in inner if isinstance(x, list))
+    assert threads and all(t == expected for t in threads)
+
+
+def test_auto_partitions_skip_small_work(monkeypatch):
+    partition.set_partitions("auto")
+    monkeypatch.setattr(partition, "cpu_cores", lambda: 4)
+    assert partition.partitions_for(64, 1e6) == 4
+    assert partition.partitions_for(64, 10) == 1
+    assert partition.partitions_for(2, 1e9) == 2
+    partition.set_partitions(3)
+    assert partition.partitions_for(64, 10) == 3 and partition.partitions_for(2) == 2
+
+
+LAYERS = [
+    ('type: "Pooling" pooling_param { pool: MAX kernel_size: 3 stride: 2 }', 1),
+    ('type: "Pooling" pooling_param { pool: MAX kernel_size: 3 stride: 2 pad: 1 }', 2),
+    ('type: "Pooling" pooling_param { pool: AVE kernel_size: 3 stride: 2 pad: 1 }', 1),
+    ('type: "LRN" lrn_param { local_size: 5 alpha: 0.1 beta: 0.75 }', 1),
+    ('type: "LRN" lrn_param { local_size: 3 alpha: 0.1 norm_region: WITHIN_CHANNEL }', 1),
+    ('type: "ReLU"', 1),
+    ('type: "ReLU" relu_param { negative_slope: 0.1 }', 1),
+    ('type: "Convolution" convolution_param { num_output: 4 kernel_size: 3 pad: 1 group: 2 '
+     'weight_filler { type: "gaussian" std: 0.3 } bias_filler { type: "gaussian" std: 0.3 } }', 1),
+]
+
+
+def _forward_backward(text, num_tops, x, dy_seed=2):
+    run = setup_layer(text, [x], num_tops=num_tops)
+    (y, *_) = run.forward()
+    dy = np.random.default_rng(dy_seed).standard_normal(y.shape).astype(np.float32)
+    run.top[0].diff[...] = dy
+    for b in run.layer.blobs:
+        b.diff[...] = 0
+    run.layer.backward(run.top, [True], run.bottom)
+    return [y, run.bottom[0].diff.copy()] + [b.diff.copy() for b in run.layer.blobs]
+
+
+@pytest.mark.parametrize("text,num_tops", LAYERS, ids=[f"layer{i}" for i in range(len(LAYERS))])
+def test_partitioned_layers_equal_unpartitioned(text, num_tops):
+    x = np.random.default_rng(1).standard_normal((5, 4, 9, 8)).astype(np.float32)
+    partition.set_partitions(1)
+    set_random_seed(0)
+    whole = _forward_backward(text, num_tops, x)
+    partition.set_partitions(3)
+    set_random_seed(0)
+    parts = _forward_backward(text, num_tops, x)
+    for a, b in zip(whole, parts):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)  # weight grads: partial sums in float32

@@ -1,0 +1,123 @@
+"""Settings, the cost model's choices, the autotune cache and the per-layer description."""
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import pytest
+
+import cct.layers.conv  # noqa: F401  (registers the layers)
+from cct import log
+from cct.engines import ConvGeometry, cost_model, select
+from cct.engines.lowering import LoweringEngine
+from cct.errors import CctError
+from cct.gradient_check import setup_layer
+from cct.parallel import partition
+
+
+def _geo(c: int, o: int, n: int = 32, k: int = 3, stride: int = 1) -> ConvGeometry:
+    return ConvGeometry(8, c, o, 1, (n, n), (k, k), (stride, stride), (k // 2, k // 2), (1, 1))
+
+
+def test_cost_model_follows_the_channel_ratio():
+    # few inputs, many outputs: lowering is cheap, lifting expensive -> type 1
+    assert select.choose_strategy(_geo(4, 256, k=5)) == (1, "cost model")
+    # many inputs, few outputs -> type 3
+    assert select.choose_strategy(_geo(256, 4, k=5)) == (3, "cost model")
+    costs = {s: cost_model.layer_costs(_geo(64, 64), s) for s in (1, 2, 3)}
+    assert costs[1].lowered_elems > costs[2].lowered_elems > costs[3].lowered_elems
+    assert costs[1].lifted_elems == 0 < costs[2].lifted_elems < costs[3].lifted_elems
+    assert cost_model.channel_ratio(_geo(96, 256)) == 96 / 256
+
+
+def test_paper_table_counts():
+    """Per image, 2-D, stride 1, no padding: the lowered matrix and GEMM sizes of Fig. 6."""
+    n, k, d, o = 10, 3, 4, 6
+    m = n - k + 1
+    g = ConvGeometry(1, d, o, 1, (n, n), (k, k), (1, 1), (0, 0), (1, 1))
+    c1, c2, c3 = (cost_model.layer_costs(g, s) for s in (1, 2, 3))
+    assert c1.lowered_elems == 2 * m * m * k * k * d  # forward + weight gradient
+    assert c2.lowered_elems == 2 * n * m * k * d
+    assert c3.lowered_elems == 2 * n * n * d
+    assert c1.gemm_flops == 3 * 2 * m * m * k * k * d * o
+    assert c2.gemm_flops == 3 * 2 * n * m * k * d * k * o
+    assert c3.gemm_flops == 3 * 2 * n * n * d * k * k * o
+    assert c3.lifted_elems == 2 * k * k * o * n * n
+
+
+def test_only_lowering_1_applies_to_strided_layers():
+    assert select.choose_strategy(_geo(3, 96, n=227, k=11, stride=4)) == (1, "cost model: only lowering 1 applies")
+
+
+def test_settings_flags_and_errors():
+    select.apply_engine_flags("2", "3")
+    assert select.lowering_setting() == (2, "flag")
+    assert partition.partitions_setting() == (3, "flag")
+    select.apply_engine_flags(None, "auto")
+    assert select.lowering_setting() == (2, "flag") and partition.partitions_setting()[0] is None
+    with pytest.raises(CctError, match="lowering must be"):
+        select.apply_engine_flags("4", None)
+    with pytest.raises(CctError, match="partitions must be"):
+        select.apply_engine_flags(None, "0")
+
+
+def test_describe_layer_engine():
+    x = np.zeros((2, 3, 9, 9), dtype=np.float32)
+    select.apply_engine_flags("2", "1")
+    run = setup_layer('type: "Convolution" convolution_param { num_output: 4 kernel_size: 3 }', [x])
+    assert select.describe_layer_engine(run.layer) == "lowering 2 (forced by flag)"
+    run = setup_layer('type: "Convolution" convolution_param { num_output: 4 kernel_size: 3 stride: 2 }', [x])
+    assert select.describe_layer_engine(run.layer) == "lowering 1 (fallback: stride 2)"
+    select.apply_engine_flags("auto", "2")
+    run = setup_layer('type: "Convolution" convolution_param { num_output: 64 kernel_size: 3 }', [x])
+    assert select.describe_layer_engine(run.layer) == "lowering 1 (cost model), 2 partitions"
+
+
+def test_choice_is_logged_once_per_layer():
+    x = np.zeros((2, 8, 9, 9), dtype=np.float32)
+    select.apply_engine_flags("3", None)
+    stream = io.StringIO()
+    log.init_log(0, stream)
+    try:
+        run = setup_layer('name: "c" type: "Convolution" convolution_param { num_output: 4 kernel_size: 3 }', [x])
+        run.forward()
+        run.forward()
+    finally:
+        log.init_log()
+    lines = [line for line in stream.getvalue().splitlines() if "lowering" in line]
+    assert len(lines) == 1 and "] Convolution layer c: lowering 3 (forced by flag) [d/o = 8/4" in lines[0]
+
+
+def test_autotune_writes_and_reads_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("CCT_CACHE_DIR", str(tmp_path / "c"))
+    select.set_autotune(True)
+    g = _geo(8, 8, n=10)
+    strategy, reason = select.choose_strategy(g)
+    assert reason == "autotuned" and strategy in (1, 2, 3)
+    path = tmp_path / "c" / "autotune.json"
+    data = json.loads(path.read_text())
+    key = select.geometry_key(g, np.float32)
+    assert set(data["autotune"][key]) == {"1", "2", "3"}
+
+    def fail(*a, **k):
+        raise AssertionError("measured again instead of reading the cache")
+
+    monkeypatch.setattr(select, "_best_time", fail)
+    assert select.choose_strategy(g) == (strategy, "autotuned")
+    eng = LoweringEngine("auto")
+    eng.configure(g)
+    assert eng.describe() == f"lowering {strategy} (autotuned)"
+
+
+def test_cache_dir_follows_xdg(tmp_path, monkeypatch):
+    monkeypatch.delenv("CCT_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert select.cache_path() == tmp_path / "cct" / "autotune.json"
+
+
+def test_calibrated_rates_are_used(tmp_path):
+    rates = select.calibrate()
+    assert rates.gemm_flops > 0 and rates.lower_elems > 0
+    assert select.machine_rates() == rates
+    assert set(select.predicted_seconds(_geo(8, 8))) == {1, 2, 3}
