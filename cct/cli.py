@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from cct import log
+from cct.engines.select import apply_engine_flags, describe_layer_engine
 from cct.errors import CctError
 from cct.flags import Flag, Flags, parse_flags, usage_text
 
@@ -50,6 +51,10 @@ FLAGS = [
          "snapshot, stop or none."),
     Flag("sighup_effect", str, "snapshot", "Optional; action to take when a SIGHUP signal is received: "
          "snapshot, stop or none."),
+    # cct's engine knobs (the same settings as CCT_LOWERING / CCT_PARTITIONS for the Python API)
+    Flag("lowering", str, "", "Optional; convolution lowering: 1, 2, 3 or auto (default: CCT_LOWERING or auto)."),
+    Flag("partitions", str, "", "Optional; batch partitions per layer: N or auto (default: CCT_PARTITIONS or "
+         "auto)."),
 ]
 
 
@@ -238,6 +243,10 @@ def time_(flags: Flags) -> int:
     log.info("Initial loss: %s", log.fmt(np.float32(net.forward_prefilled())))
     log.info("Performing Backward")
     net.backward_all()
+    for name, layer in zip(net._layer_names, net.layers):
+        engine = describe_layer_engine(layer)
+        if engine:
+            log.info("%10s\tengine: %s", name, engine)
     layers, bottoms, tops = net.layers, net.bottom_vecs, net.top_vecs
     need = net.bottom_need_backward
     n = flags.iterations
@@ -385,6 +394,7 @@ def run(argv: Sequence[str]) -> int:
     if command is None:
         raise CctError(f"Unknown action: {name} (available caffe actions: "
                        f"{', '.join(sorted(COMMANDS) + sorted(TOOLS))})")
+    apply_engine_flags(flags.lowering or None, flags.partitions or None)
     return command(flags)
 
 

@@ -3,6 +3,7 @@ one-line errors (never a traceback)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -241,7 +242,8 @@ def test_time_command_has_caffes_format(monkeypatch):
     def shape(text):
         msgs = messages(text)
         start = msgs.index("Performing Forward")
-        return [split_numbers(m)[0] for m in msgs[start:] if "caffe.cpp" not in m]
+        # cct adds one "<layer>\tengine: ..." line per conv/partitioned layer before the benchmark block
+        return [split_numbers(m)[0] for m in msgs[start:] if "caffe.cpp" not in m and "\tengine: " not in m]
 
     ours, theirs = shape(out), shape(_reference_or_skip("logs", "caffe_time_lenet.log").read_text())
     assert ours == theirs
@@ -267,3 +269,16 @@ def test_data_tools_are_dispatched(monkeypatch):
     assert cli.main(["convert_imageset", "--shuffle", "root/", "list.txt", "db"]) == 0
     assert cli.main(["compute_image_mean", "db", "mean.binaryproto"]) == 3
     assert calls == [("convert", ["--shuffle", "root/", "list.txt", "db"]), ("mean", ["db", "mean.binaryproto"])]
+
+
+def test_time_prints_the_engine_of_each_conv_layer(tmp_path):
+    model = tmp_path / "net.prototxt"
+    model.write_text('layer { name: "d" type: "Input" top: "x" '
+                     'input_param { shape { dim: 2 dim: 8 dim: 9 dim: 9 } } }\n'
+                     'layer { name: "c" type: "Convolution" bottom: "x" top: "y" '
+                     'convolution_param { num_output: 4 kernel_size: 3 } }\n')
+    rc, out = run("time", "-model", str(model), "-iterations", "1", "-lowering", "3", "-partitions", "1")
+    assert rc == 0
+    assert re.search(r"\s+c\tengine: lowering 3 \(forced by flag\)", out)
+    rc, _ = run("time", "-model", str(model), "-lowering", "7")
+    assert rc == 1

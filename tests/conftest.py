@@ -1,4 +1,5 @@
-"""Every engine test runs with its own cache dir and restores the process-wide engine settings."""
+"""Every test runs with its own engine cache dir and restores the process-wide engine settings
+(the command line and some tests change them)."""
 from __future__ import annotations
 
 import pytest
