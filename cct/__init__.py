@@ -21,6 +21,7 @@ from cct.mode import (
     solver_rank,
 )
 from cct.net_spec import NetSpec, params, to_proto
+from cct.parallel.devices import set_devices
 from cct.proto import caffe_pb2
 from cct.pycaffe import TEST, TRAIN, Net
 from cct.rng import set_random_seed
@@ -42,5 +43,5 @@ __all__ = [
     "get_solver", "Classifier", "Detector", "NetSpec", "layers", "params", "to_proto",
     "Layer", "Net", "TEST", "TRAIN", "__version__", "caffe_pb2", "has_nccl", "init_log", "io",
     "layer_type_list", "log", "set_device", "set_mode_cpu", "set_mode_gpu", "set_multiprocess",
-    "set_random_seed", "set_solver_count", "set_solver_rank", "solver_count", "solver_rank",
+    "set_devices", "set_random_seed", "set_solver_count", "set_solver_rank", "solver_count", "solver_rank",
 ]

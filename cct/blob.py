@@ -5,6 +5,8 @@ its contents), growing it allocates a new zero-filled one.  ``data``/``diff`` ar
 the blob's shape, so pycaffe code such as ``net.blobs['data'].data[...] = x`` writes into the net.
 Buffers are allocated lazily (zero-filled) on first access.  Two blobs can share data or diff memory
 (Split tops, Flatten/Reshape, weight sharing, in-place layers use the very same Blob object).
+A :class:`RowView` (``Blob.view_rows(parent, start, stop)``) is a sub-batch: rows of a parent blob along
+axis 0, in the parent's memory (the device split of :mod:`cct.parallel.devices` runs layers on them).
 """
 from __future__ import annotations
 
@@ -178,6 +180,9 @@ class Blob:
     def shares_data_with(self, other: Blob) -> bool:
         return self._data_buf is not None and self._data_buf is other._data_buf
 
+    def shares_diff_with(self, other: Blob) -> bool:
+        return self._diff_buf is not None and self._diff_buf is other._diff_buf
+
     def set_data(self, values: Any) -> None:
         """Copy ``values`` (broadcastable) into data."""
         self.data[...] = values
@@ -192,6 +197,75 @@ class Blob:
 
     def __repr__(self) -> str:
         return f"Blob({self.shape_string()})"
+
+    @staticmethod
+    def view_rows(parent: Blob, start: int, stop: int) -> RowView:
+        """Rows ``[start, stop)`` of ``parent`` along axis 0 as a blob in the parent's memory (a sub-batch);
+        see :class:`RowView`."""
+        return RowView(parent, start, stop)
+
+
+class RowView(Blob):
+    """Rows ``[start, stop)`` of a parent blob along axis 0, living in the parent's memory: a sub-batch.
+
+    ``data``/``diff`` re-slice the parent's current arrays at every access, so the view stays valid when the
+    parent reshapes or reallocates.  The view's own shape is what a layer gives it (``reshape``); it must be
+    ``(stop - start,) + parent.shape[1:]`` by the time memory is touched, else a CctError.  Memory sharing
+    is the parents' business: ``share_data``/``share_diff`` on a view only check that both views already
+    see the same memory (Split tops share their bottom's once the whole-batch layer has reshaped them).
+    """
+
+    __slots__ = ("parent", "start", "stop", "_data_src", "_diff_src")
+
+    def __init__(self, parent: Blob, start: int, stop: int):
+        if parent.num_axes == 0 or not 0 <= start <= stop <= parent.shape[0]:
+            raise CctError(f"rows [{start}, {stop}) are not inside blob {parent.shape_string()}")
+        self.parent, self.start, self.stop = parent, start, stop
+        self._data_src: Any = None
+        self._diff_src: Any = None
+        super().__init__((stop - start,) + parent.shape[1:], xp=parent.xp, dtype=parent.dtype)
+
+    def _rows(self, whole: Any) -> Any:
+        p = self.parent
+        if p.num_axes == 0 or self.stop > p.shape[0] or self._count != (self.stop - self.start) * p.count_range(1):
+            raise CctError(f"rows [{self.start}, {self.stop}) of blob {p.shape_string()} cannot be seen as "
+                           f"{self.shape_string()}")
+        return whole[self.start:self.stop].reshape(self._shape)
+
+    @property
+    def data(self) -> Any:
+        whole = self.parent.data
+        if self._data is None or self._data_src is not whole:
+            self._data, self._data_src = self._rows(whole), whole
+        return self._data
+
+    @property
+    def diff(self) -> Any:
+        whole = self.parent.diff
+        if self._diff is None or self._diff_src is not whole:
+            self._diff, self._diff_src = self._rows(whole), whole
+        return self._diff
+
+    def _check_same(self, mine: Any, theirs: Any, what: str) -> None:
+        from cct.device.backend import data_pointer
+
+        if mine.shape != theirs.shape or data_pointer(mine) != data_pointer(theirs):
+            raise CctError(f"cannot share {what} between sub-batch views that do not already coincide "
+                           f"({self.shape_string()})")
+
+    def share_data(self, other: Blob) -> None:
+        self._check_same(self.data, other.data, "data")
+
+    def share_diff(self, other: Blob) -> None:
+        self._check_same(self.diff, other.diff, "diff")
+
+    def shares_data_with(self, other: Blob) -> bool:
+        from cct.device.backend import data_pointer
+
+        return other.count == self._count and data_pointer(self.data) == data_pointer(other.data)
+
+    def __repr__(self) -> str:
+        return f"RowView({self.shape_string()} = rows {self.start}:{self.stop} of {self.parent!r})"
 
 
 class BlobVec(list):

@@ -2,9 +2,10 @@
 
 Commands: ``train`` (-solver, -snapshot | -weights a,b, -gpu, -level, -stage, -sigint_effect,
 -sighup_effect), ``test`` (-model -weights -iterations -level -stage -gpu), ``time`` (-model -phase
--iterations -level -stage -gpu), ``device_query`` (-gpu), plus ``convert_imageset`` and
-``compute_image_mean`` (Caffe's separate tools, same arguments).  Flags use gflags syntax: ``-flag=v``,
-``-flag v``, ``--flag=v``; bool flags also ``-flag`` / ``-noflag``.
+-iterations -level -stage -gpu), ``device_query`` (-gpu, or -devices: each device's peak GFLOP/s), plus
+``convert_imageset`` and ``compute_image_mean`` (Caffe's separate tools, same arguments).  cct's own knobs
+(``-lowering``, ``-partitions``, ``-devices``, ``-split``) apply to every command.  Flags use gflags syntax:
+``-flag=v``, ``-flag v``, ``--flag=v``; bool flags also ``-flag`` / ``-noflag``.
 
 Every user error (a missing or bad file, a bad flag, an unknown command) is one glog ``F`` line and a
 non-zero exit status; an unexpected exception is one line too, with a hint to set ``CCT_TRACEBACK=1``.
@@ -23,6 +24,7 @@ from cct import log
 from cct.engines.select import apply_engine_flags, describe_layer_engine
 from cct.errors import CctError
 from cct.flags import Flag, Flags, parse_flags, usage_text
+from cct.parallel.devices import apply_device_flags
 
 USAGE = ("command line brew\n"
          "usage: caffe <command> <args>\n\n"
@@ -55,6 +57,10 @@ FLAGS = [
     Flag("lowering", str, "", "Optional; convolution lowering: 1, 2, 3 or auto (default: CCT_LOWERING or auto)."),
     Flag("partitions", str, "", "Optional; batch partitions per layer: N or auto (default: CCT_PARTITIONS or "
          "auto)."),
+    Flag("devices", str, "", "Optional; split each batch across these devices, e.g. cpu:1,cpu:1 or cpu,gpu:0 "
+         "(cpu = all cores, cpu:T = T threads, gpu:N = CUDA device N; default: CCT_DEVICES or none)."),
+    Flag("split", str, "", "Optional; with -devices, each device's share of a batch: auto (by peak FLOPS) or "
+         "fractions f1,f2,... summing to 1 (default: CCT_SPLIT or auto)."),
 ]
 
 
@@ -125,6 +131,9 @@ def train(flags: Flags) -> int:
         raise CctError("Need a solver definition to train.")
     if flags.snapshot and flags.weights:
         raise CctError("Give a snapshot to resume training or weights to finetune but not both.")
+    if flags.gpu and flags.devices:
+        raise CctError(f"-gpu {flags.gpu} and -devices {flags.devices}: -gpu trains a batch per GPU (Caffe's data "
+                       "parallelism), -devices splits each batch across devices; give one of them")
     handler = SignalHandler(flags.sigint_effect, flags.sighup_effect)
     param = read_solver_file(flags.solver)
     param.train_state.level = flags.level
@@ -247,8 +256,7 @@ def time_(flags: Flags) -> int:
         engine = describe_layer_engine(layer)
         if engine:
             log.info("%10s\tengine: %s", name, engine)
-    layers, bottoms, tops = net.layers, net.bottom_vecs, net.top_vecs
-    need = net.bottom_need_backward
+    layers = net.layers
     n = flags.iterations
     log.info("*** Benchmark begins ***")
     log.info("Testing for %d iterations.", n)
@@ -259,16 +267,16 @@ def time_(flags: Flags) -> int:
     total_start = time.perf_counter()
     for j in range(n):
         iter_start = time.perf_counter()
-        for i, layer in enumerate(layers):
+        for i in range(len(layers)):
             t0 = time.perf_counter()
-            layer.forward_layer(bottoms[i], tops[i])
+            net.executor.forward_layer(net, i)
             sync()
             forward_us[i] += us(t0)
         forward_total += us(iter_start)
         backward_start = time.perf_counter()
         for i in range(len(layers) - 1, -1, -1):
             t0 = time.perf_counter()
-            layers[i].backward_layer(tops[i], need[i], bottoms[i])
+            net.executor.backward_layer(net, i)
             sync()
             backward_us[i] += us(t0)
         backward_total += us(backward_start)
@@ -289,6 +297,9 @@ def time_(flags: Flags) -> int:
 def device_query(flags: Flags) -> int:
     """CUDA device properties for each ``-gpu`` id (needs cupy); without ``-gpu``, this machine's CPU
     and BLAS."""
+    if flags.devices:
+        _log_devices(flags.devices)
+        return 0
     log.info("Querying GPUs %s", flags.gpu)
     if flags.gpu:
         from cct.device import cupy
@@ -298,6 +309,23 @@ def device_query(flags: Flags) -> int:
         return 0
     _log_cpu()
     return 0
+
+
+def _log_devices(spec: str) -> None:
+    """``device_query -devices LIST``: each device with its peak GFLOP/s and where that figure comes from,
+    then the auto split."""
+    from cct.device import parse_devices
+
+    devices = parse_devices(spec, "-devices")
+    log.info("Querying devices %s", spec)
+    peaks = []
+    for i, d in enumerate(devices):
+        gflops, source = d.peak_gflops()
+        peaks.append(gflops)
+        how = {"measured": "measured now: sgemm probe", "cached": "sgemm probe, cached"}.get(source, source)
+        log.info("Device %d: %s (%s): peak %s GFLOP/s (%s)", i, d, d.describe(), f"{gflops:.1f}", how)
+    total = sum(peaks)
+    log.info("Split by peak FLOPS: %s", ", ".join(f"{d} {100 * p / total:.1f}%" for d, p in zip(devices, peaks)))
 
 
 def _log_cuda_device(cupy: Any, device_id: int) -> None:
@@ -395,6 +423,7 @@ def run(argv: Sequence[str]) -> int:
         raise CctError(f"Unknown action: {name} (available caffe actions: "
                        f"{', '.join(sorted(COMMANDS) + sorted(TOOLS))})")
     apply_engine_flags(flags.lowering or None, flags.partitions or None)
+    apply_device_flags(flags.devices or None, flags.split or None)
     return command(flags)
 
 

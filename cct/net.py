@@ -26,8 +26,22 @@ from cct.layers.registry import create_layer
 from cct.proto import caffe_pb2 as pb
 
 
+class LayerExecutor:
+    """How the net's loops run one layer.  This one, the plain executor, calls the layer on the whole batch
+    where its blobs live; others (the device split, :mod:`cct.parallel.devices`) subclass it and leave the
+    loops, callbacks and debug output as they are."""
+
+    def forward_layer(self, net: NetCore, i: int) -> float:
+        return net.layers[i].forward_layer(net.bottom_vecs[i], net.top_vecs[i])
+
+    def backward_layer(self, net: NetCore, i: int) -> None:
+        net.layers[i].backward_layer(net.top_vecs[i], net.bottom_need_backward[i], net.bottom_vecs[i])
+
+
 class NetCore:
     """Caffe's ``Net``: layers, blobs, parameters and the forward/backward loops."""
+
+    executor: LayerExecutor = LayerExecutor()  # set per net at construction (cct.parallel.devices.executor_for)
 
     # ---- construction --------------------------------------------------------------------------
     def _init_net(self, param: pb.NetParameter, source: str = "<net>") -> None:
@@ -150,6 +164,9 @@ class NetCore:
             log.info("This network produces output %s", n)
         self._blob_name_to_idx = blob_name_to_idx
         self._share_weights()
+        from cct.parallel.devices import executor_for
+
+        self.executor = executor_for(self)
         log.info("Network initialization done.")
 
     def _fail(self, lp: pb.LayerParameter, message: str):
@@ -305,7 +322,7 @@ class NetCore:
         for i in range(start, end + 1):
             for cb in self._before_forward:
                 cb(i)
-            loss += self.layers[i].forward_layer(self._bottom_vecs[i], self._top_vecs[i])
+            loss += self.executor.forward_layer(self, i)
             if self.debug_info:
                 self._forward_debug_info(i)
             for cb in self._after_forward:
@@ -320,8 +337,7 @@ class NetCore:
             for cb in self._before_backward:
                 cb(i)
             if self._layer_need_backward[i]:
-                self.layers[i].backward_layer(self._top_vecs[i], self._bottom_need_backward[i],
-                                              self._bottom_vecs[i])
+                self.executor.backward_layer(self, i)
                 if self.debug_info:
                     self._backward_debug_info(i)
             for cb in self._after_backward:

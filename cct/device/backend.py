@@ -38,3 +38,28 @@ def to_host(a: Any) -> numpy.ndarray:
     if cupy_available and isinstance(a, cupy.ndarray):
         return cupy.asnumpy(a)
     return numpy.asarray(a)
+
+
+def gpu_count() -> int:
+    """CUDA devices visible to this process (0 without cupy)."""
+    return int(cupy.cuda.runtime.getDeviceCount()) if cupy_available else 0
+
+
+def gpu_name(index: int) -> str:
+    """The CUDA device's product name (``NVIDIA H100 80GB HBM3``)."""
+    name = cupy.cuda.runtime.getDeviceProperties(index)["name"]
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
+def array_gpu(a: Any) -> int | None:
+    """The CUDA device id holding ``a``, or None for a host array."""
+    if cupy_available and isinstance(a, cupy.ndarray):
+        return int(a.device.id)
+    return None
+
+
+def data_pointer(a: Any) -> int:
+    """The address of ``a``'s first element (host or device), to tell whether two views coincide."""
+    if cupy_available and isinstance(a, cupy.ndarray):
+        return int(a.data.ptr)
+    return int(a.__array_interface__["data"][0])

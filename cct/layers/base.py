@@ -42,6 +42,10 @@ class Layer:
     auto_top_blobs: ClassVar[bool] = False
     # False for layers that must not run in place (AbsVal, Split, Flatten, Reshape, ...).
     allow_in_place: ClassVar[bool] = True
+    # True where forward/backward treat each item along axis 0 independently (every bottom and top is
+    # batch-major, no randomness, no whole-batch statistics): the device split (cct.parallel.devices) may then
+    # run the layer on sub-batches.  A subclass whose answer depends on its parameters uses a property.
+    batch_separable: ClassVar[bool] = False
 
     def __init__(self, param: pb.LayerParameter):
         self.layer_param = param

@@ -31,6 +31,7 @@ class EltwiseLayer(Layer):
 
     min_bottom = 2
     exact_num_top = 1
+    batch_separable = True
 
     _max_idx: Any = None
     _x0_copy: Any = None

@@ -26,6 +26,7 @@ class EmbedLayer(Layer):
 
     exact_num_bottom = 1
     exact_num_top = 1
+    batch_separable = True
 
     def setup(self, bottom: list[Blob], top: list[Blob]) -> None:
         p = self.layer_param.embed_param

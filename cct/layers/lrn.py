@@ -49,6 +49,7 @@ class LRN(Layer):
     exact_num_bottom = 1
     exact_num_top = 1
     allow_in_place = False  # backward needs both x and y
+    batch_separable = True
 
     def setup(self, bottom: list[Blob], top: list[Blob]) -> None:
         p = self.layer_param.lrn_param

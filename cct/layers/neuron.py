@@ -32,6 +32,7 @@ class NeuronLayer(Layer):
 
     exact_num_bottom = 1
     exact_num_top = 1
+    batch_separable = True
 
     _x_copy: Any = None
 
@@ -570,6 +571,7 @@ class DropoutLayer(NeuronLayer):
     then outputs NaN; here it is an error).  The phase is the layer's (``self.phase``)."""
 
     _mask: Any = None
+    batch_separable = property(lambda self: self.phase != pb.TRAIN)  # TRAIN draws masks
 
     def setup(self, bottom: list[Blob], top: list[Blob]) -> None:
         ratio = float(self.layer_param.dropout_param.dropout_ratio)

@@ -36,6 +36,7 @@ class BatchNormLayer(Layer):
 
     exact_num_bottom = 1
     exact_num_top = 1
+    batch_separable = property(lambda self: self.use_global_stats)  # batch statistics otherwise
 
     def setup(self, bottom: list[Blob], top: list[Blob]) -> None:
         p = self.layer_param.batch_norm_param
@@ -146,6 +147,7 @@ class MVNLayer(Layer):
 
     exact_num_bottom = 1
     exact_num_top = 1
+    batch_separable = True
 
     def setup(self, bottom: list[Blob], top: list[Blob]) -> None:
         p = self.layer_param.mvn_param

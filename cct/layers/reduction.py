@@ -87,6 +87,7 @@ class ArgMaxLayer(Layer):
 
     exact_num_bottom = 1
     exact_num_top = 1
+    batch_separable = property(lambda self: self.axis != 0)
 
     def setup(self, bottom: list[Blob], top: list[Blob]) -> None:
         p = self.layer_param.argmax_param

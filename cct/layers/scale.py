@@ -59,6 +59,8 @@ class BiasLayer(Layer):
     min_bottom = 1
     max_bottom = 2
     exact_num_top = 1
+    # separable with a learned operand applied after axis 0 (outer = count(0, axis) > 1)
+    batch_separable = property(lambda self: len(self.layer_param.bottom) == 1 and self.geometry[0] > 1)
 
     def setup(self, bottom: list[Blob], top: list[Blob]) -> None:
         p = self.layer_param.bias_param
@@ -115,6 +117,8 @@ class ScaleLayer(Layer):
     min_bottom = 1
     max_bottom = 2
     exact_num_top = 1
+    # separable with a learned operand applied after axis 0 (outer = count(0, axis) > 1)
+    batch_separable = property(lambda self: len(self.layer_param.bottom) == 1 and self.geometry[0] > 1)
 
     def setup(self, bottom: list[Blob], top: list[Blob]) -> None:
         p = self.layer_param.scale_param

@@ -56,6 +56,7 @@ class ConcatLayer(Layer):
 
     min_bottom = 1
     exact_num_top = 1
+    batch_separable = property(lambda self: self.axis != 0)
 
     def reshape(self, bottom: list[Blob], top: list[Blob]) -> None:
         self.axis = _legacy_or_axis(self.layer_param.concat_param, bottom[0], "concat_dim", "concat_param")
@@ -111,6 +112,7 @@ class SliceLayer(Layer):
 
     exact_num_bottom = 1
     min_top = 1
+    batch_separable = property(lambda self: self.axis != 0)
 
     def setup(self, bottom: list[Blob], top: list[Blob]) -> None:
         self.slice_points = list(self.layer_param.slice_param.slice_point)
@@ -180,6 +182,7 @@ class SplitLayer(Layer):
     exact_num_bottom = 1
     min_top = 1
     allow_in_place = False
+    batch_separable = True
 
     def reshape(self, bottom: list[Blob], top: list[Blob]) -> None:
         for t in top:
@@ -324,6 +327,7 @@ class CropLayer(Layer):
 
     exact_num_bottom = 2
     exact_num_top = 1
+    batch_separable = property(lambda self: self.layer_param.crop_param.axis > 0)
 
     def reshape(self, bottom: list[Blob], top: list[Blob]) -> None:
         p = self.layer_param.crop_param
@@ -373,6 +377,7 @@ class TileLayer(Layer):
 
     exact_num_bottom = 1
     exact_num_top = 1
+    batch_separable = property(lambda self: self.axis > 0)
 
     def setup(self, bottom: list[Blob], top: list[Blob]) -> None:
         p = self.layer_param.tile_param

@@ -58,6 +58,7 @@ class Softmax(Layer):
 
     exact_num_bottom = 1
     exact_num_top = 1
+    batch_separable = property(lambda self: self.axis > 0)
 
     def setup(self, bottom: list[Blob], top: list[Blob]) -> None:
         self.axis_param = int(self.layer_param.softmax_param.axis)

@@ -46,6 +46,7 @@ class SPP(Layer):
     exact_num_bottom = 1
     exact_num_top = 1
     allow_in_place = False
+    batch_separable = property(lambda self: self.method != pb.PoolingParameter.STOCHASTIC or self.phase != pb.TRAIN)
 
     def setup(self, bottom: list[Blob], top: list[Blob]) -> None:
         p = self.layer_param.spp_param

@@ -1,0 +1,485 @@
+"""Each batch split across devices in proportion to their speed: CcT's hybrid CPU/GPU execution (its
+"ParallelizedBridge"), as an executor of the net's layer loop — no layer is rewritten.
+
+**Settings** (apply to nets built afterwards): ``cct.set_devices("cpu:1,cpu:1", split="auto")`` in Python,
+``-devices LIST -split auto|f1,f2,...`` on the command line, or the environment ``CCT_DEVICES`` /
+``CCT_SPLIT`` (used while ``set_devices`` has not been called, or after ``set_devices(None)``).  Devices are
+:class:`~cct.device.Device` lists (``cpu``, ``cpu:T``, ``gpu:N``); two one-thread CPU devices are a real
+configuration (how this path runs in CI).
+
+**Shares.**  A batch of B items is cut into contiguous shares ``b_1 .. b_n`` along axis 0: in proportion
+to the devices' peak GFLOP/s (``auto``: :meth:`Device.peak_gflops`) or to explicit fractions (which must
+sum to 1 within 1e-6): ``b_i = floor(B·f_i)``, plus one item for the largest remainders (ties: the earlier
+device), so ``Σ b_i = B``.  Every share must hold at least one item (else a one-line error naming the
+device and its share).  The split is logged once per net: ``each batch of 8: cpu:1 gets 4, cpu:1 gets 4,
+by peak FLOPS``.
+
+**Batch-separable layers** (``Layer.batch_separable``: conv, pooling, LRN, neurons, InnerProduct, Softmax,
+…): the layer is reshaped on the whole batch (its tops take their shapes), then each device runs its own
+clone of the layer on its rows, all devices concurrently (one thread each, the first in the caller; BLAS
+threads set once to the CPU devices' count, since OpenBLAS's setting is process wide).  Rows are views of
+the net's blobs (:meth:`Blob.view_rows`, no copy) on a device that holds the net's memory, and mirrors
+elsewhere (a GPU: inputs copied in before, outputs copied out after, with ``cupy`` transfers).  A clone
+is created once per layer and device, with the layer's parameter blobs given to it before its setup (so
+no filler runs and no random number is drawn): on the CPU the same memory, on a GPU a device copy that is
+refreshed before every forward of the layer (once per forward pass, i.e. once per iteration after the
+update; on the CPU the refresh only re-points at the layer's memory if it was swapped, as a test net's is).
+In backward every clone accumulates its parameter gradients into its own zeroed buffer; when all devices
+are done those are added to the layer's parameter diffs in device order (deterministic for a split).  The
+first device, where it holds the net's memory and has at least two items, accumulates straight into the
+layer's diffs instead (the same order of additions, one buffer, zeroing and sum fewer).
+
+**Other layers** run on the whole batch, themselves, on the first device (its BLAS/FFT threads; one
+partition, i.e. no batch partitions of their own, when it has fewer threads than the machine): losses
+(normalised over the batch), Accuracy, data and input layers, BatchNorm in TRAIN, Dropout in TRAIN,
+anything that draws random numbers — so a split run draws exactly the random numbers of a plain run.
+With a GPU listed first they run where the net's blobs live (the host).  A single device that holds the
+net's memory (``cpu:T`` alone) runs every layer this way: a thread limit, nothing split.
+
+Results equal the single-device ones up to float rounding of the per-share GEMMs and of the gradient sum
+(tests: forward/backward within 1e-5, a dozen solver steps within 1e-5).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from cct import log
+from cct.blob import Blob, BlobVec, RowView
+from cct.device import backend
+from cct.device.device import Device, copy_into, parse_devices
+from cct.errors import CctError
+from cct.net import LayerExecutor, NetCore
+from cct.parallel import partition
+from cct.proto import caffe_pb2 as pb
+
+SUM_TOLERANCE = 1e-6
+
+
+# ------------------------------------------------------------------------------------------------
+# Settings
+# ------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DeviceSetting:
+    """Devices, and fractions (None: ``auto``, by peak FLOPS), with where each came from (for messages)."""
+
+    devices: tuple[Device, ...]
+    fractions: tuple[float, ...] | None = None
+    source: str = "set_devices"
+    split_source: str = "split"
+
+
+_explicit: DeviceSetting | None = None
+
+
+def parse_split(value: str | Sequence[float] | None, devices: Sequence[Device],
+                source: str = "-split") -> tuple[float, ...] | None:
+    """``auto``/None/"" → None; else one fraction per device, each > 0, summing to 1 within 1e-6."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "auto")):
+        return None
+    text = value if isinstance(value, str) else ",".join(str(v) for v in value)
+    try:
+        fractions = tuple(float(v) for v in (value.split(",") if isinstance(value, str) else value))
+    except (TypeError, ValueError):
+        raise CctError(f"{source} {text}: expected 'auto' or comma-separated fractions, one per device") from None
+    names = ",".join(d.name for d in devices)
+    if len(fractions) != len(devices):
+        raise CctError(f"{source} {text}: {len(fractions)} fraction(s) for {len(devices)} device(s) ({names})")
+    for d, f in zip(devices, fractions):
+        if not math.isfinite(f) or f <= 0:
+            raise CctError(f"{source} {text}: {d} gets a share of {f:g}; every device needs a share above 0")
+    total = math.fsum(fractions)
+    if abs(total - 1.0) > SUM_TOLERANCE:
+        raise CctError(f"{source} {text}: the fractions sum to {total:.9g}, not 1")
+    return fractions
+
+
+def set_devices(devices: str | Sequence[str | Device] | None, split: str | Sequence[float] | None = "auto",
+                *, sources: tuple[str, str] = ("set_devices", "split")) -> None:
+    """Split every batch of the nets built afterwards across ``devices`` (``"cpu:1,cpu:1"``, ``"cpu,gpu:0"``,
+    or a list of names/:class:`Device`), ``split="auto"`` (by peak FLOPS) or one fraction per device
+    (``"0.75,0.25"`` or ``[0.75, 0.25]``, summing to 1).  ``None``: back to the environment
+    (``CCT_DEVICES``/``CCT_SPLIT``; unset → the plain single-device loop).  Errors are one-line CctErrors."""
+    global _explicit
+    if devices is None:
+        _explicit = None
+        return
+    _explicit = make_setting(devices, split, sources)
+
+
+def make_setting(devices: str | Sequence[str | Device], split: str | Sequence[float] | None,
+                 sources: tuple[str, str]) -> DeviceSetting:
+    if isinstance(devices, str):
+        devs = parse_devices(devices, sources[0])
+    else:
+        devs = [d if isinstance(d, Device) else parse_devices(d, sources[0])[0] for d in devices]
+        if not devs:
+            raise CctError(f"{sources[0]}: no devices given")
+    return DeviceSetting(tuple(devs), parse_split(split, devs, sources[1]), sources[0], sources[1])
+
+
+def device_setting() -> DeviceSetting | None:
+    """The setting nets are built with now: ``set_devices``'s, else the environment's, else None."""
+    if _explicit is not None:
+        return _explicit
+    devices = os.environ.get("CCT_DEVICES", "").strip()
+    split = os.environ.get("CCT_SPLIT", "").strip()
+    if not devices:
+        if split:
+            raise CctError(f"CCT_SPLIT={split} needs CCT_DEVICES (the devices to split each batch across)")
+        return None
+    return make_setting(devices, split or "auto", ("CCT_DEVICES", "CCT_SPLIT"))
+
+
+def apply_device_flags(devices: str | None, split: str | None) -> None:
+    """The command line's ``-devices LIST`` and ``-split auto|f1,f2,...`` (empty: leave the setting)."""
+    if split and not devices:
+        raise CctError(f"-split {split} needs -devices (the devices to split each batch across)")
+    if devices:
+        set_devices(devices, split or "auto", sources=("-devices", "-split"))
+
+
+def batch_shares(batch: int, devices: Sequence[Device], weights: Sequence[float], how: str) -> list[int]:
+    """Items of a batch of ``batch`` per device, in proportion to ``weights`` (largest remainders get the
+    leftover items, ties to the earlier device); every share must be ≥ 1."""
+    total = math.fsum(weights)
+    exact = [batch * w / total for w in weights]
+    shares = [int(math.floor(e)) for e in exact]
+    for i in sorted(range(len(exact)), key=lambda i: (-(exact[i] - shares[i]), i))[:batch - sum(shares)]:
+        shares[i] += 1
+    for i, (d, b) in enumerate(zip(devices, shares)):
+        if b < 1:
+            raise CctError(f"{d} (device {i + 1} of {len(devices)}) gets {b} of a batch of {batch} "
+                           f"({how}: share {weights[i] / total:.4g}); every device needs at least one item")
+    return shares
+
+
+def executor_for(net: NetCore) -> LayerExecutor:
+    """The executor for a newly built net under the current setting (the plain one when there is none)."""
+    setting = device_setting()
+    return LayerExecutor() if setting is None else DeviceSplitExecutor(net, setting)
+
+
+# ------------------------------------------------------------------------------------------------
+# The executor
+# ------------------------------------------------------------------------------------------------
+
+@dataclass
+class _Part:
+    """One device's rows ``[start, stop)`` of one layer: the clone, its parameter blobs and sub-batch blobs."""
+
+    device: Device
+    start: int
+    stop: int
+    bottoms: list[Blob]
+    tops: list[Blob]
+    parents: dict[int, tuple[Blob, Blob]] = field(default_factory=dict)  # id(net blob) → (net blob, ours)
+    clone: Any = None
+    direct: bool = False  # accumulates parameter gradients straight into the layer's own diffs
+
+    def stage_in(self, net_blobs: Sequence[Blob], what: str) -> None:
+        for p in _unique(net_blobs):
+            ours = self.parents[id(p)][1]
+            if not isinstance(ours, RowView):
+                copy_into(getattr(ours, what), getattr(p, what)[self.start:self.stop])
+
+    def stage_out(self, net_blobs: Sequence[Blob], what: str) -> None:
+        for p in _unique(net_blobs):
+            ours = self.parents[id(p)][1]
+            if not isinstance(ours, RowView):
+                copy_into(getattr(p, what)[self.start:self.stop], getattr(ours, what))
+
+
+@dataclass
+class _Split:
+    batch: int
+    parts: list[_Part]
+
+
+class DeviceSplitExecutor(LayerExecutor):
+    """Runs batch-separable layers on every device's share of the batch, the others on the whole batch
+    (see the module docstring)."""
+
+    def __init__(self, net: NetCore, setting: DeviceSetting):
+        self.devices = list(setting.devices)
+        self.setting = setting
+        if setting.fractions is None:
+            peaks = [d.peak_gflops()[0] for d in self.devices]
+            self.weights = peaks
+            self.how = "by peak FLOPS"
+            detail = f" ({', '.join(f'{p:.4g}' for p in peaks)} GFLOP/s)"
+        else:
+            self.weights = list(setting.fractions)
+            self.how = f"by {setting.split_source}"
+            detail = ""
+        self._splits: dict[int, _Split] = {}
+        self._clones: dict[tuple[int, int], Any] = {}
+        self._split_at_forward: dict[int, _Split | None] = {}
+        self._shares: dict[int, list[int]] = {}
+        cpu_threads = sorted({d.threads for d in self.devices if not d.is_gpu})
+        self._blas = cpu_threads[0] if cpu_threads else None
+        if len(cpu_threads) > 1:
+            log.warning("CPU devices %s run with %d BLAS thread(s) each while they compute concurrently (the "
+                        "BLAS thread count is process wide)", ", ".join(d.name for d in self.devices
+                                                                       if not d.is_gpu), self._blas)
+        batch = self._net_batch(net)
+        if batch is None:
+            log.info("no batch-separable layer: every layer runs on the whole batch on %s", self.devices[0])
+            return
+        try:
+            shares = self.shares(batch)
+        except CctError as e:
+            raise CctError(f"{getattr(net, '_source', 'net')}: {e}") from None
+        log.info("each batch of %d: %s, %s%s", batch,
+                 ", ".join(f"{d} gets {b}" for d, b in zip(self.devices, shares)), self.how, detail)
+
+    # ---- shares ------------------------------------------------------------------------------
+    def shares(self, batch: int) -> list[int]:
+        """Items per device for a batch of ``batch`` (cached per batch size)."""
+        if batch not in self._shares:
+            self._shares[batch] = batch_shares(batch, self.devices, self.weights, self.how)
+        return self._shares[batch]
+
+    def _net_batch(self, net: NetCore) -> int | None:
+        for i in range(len(net.layers)):
+            batch = self._separable_batch(net, i)
+            if batch is not None:
+                return batch
+        return None
+
+    def _separable_batch(self, net: NetCore, i: int) -> int | None:
+        """B if layer ``i`` runs split (separable, every bottom batch-major with the same B), else None."""
+        layer, bottom, top = net.layers[i], net.bottom_vecs[i], net.top_vecs[i]
+        if not getattr(layer, "batch_separable", False) or not bottom or not top:
+            return None
+        if len(self.devices) == 1 and self.devices[0].holds(bottom[0].data):
+            return None  # one device where the net lives: nothing to split or move
+        if bottom[0].num_axes == 0:
+            return None
+        batch = bottom[0].shape[0]
+        if batch < 1 or any(b.num_axes == 0 or b.shape[0] != batch for b in bottom):
+            return None
+        return batch
+
+    def _whole_batch(self, run: Callable[[], Any]) -> Any:
+        """``run()`` on the first device: with its BLAS/FFT threads, and — when it has fewer threads than
+        the machine's cores — as one partition (the layer does not split its batch over more cores)."""
+        first = self.devices[0]
+        if first.is_gpu:
+            return run()
+        result: list[Any] = []
+        with first.context():
+            if first.threads >= partition.cpu_cores():
+                return run()
+            partition._body(lambda _p, _a, _b: result.append(run()), 0, 0, 0)
+        return result[0]
+
+    # ---- the per-layer plan --------------------------------------------------------------------
+    def _split_for(self, net: NetCore, i: int, batch: int) -> _Split:
+        split = self._splits.get(i)
+        if split is not None and split.batch == batch:
+            return split
+        layer, bottom, top = net.layers[i], net.bottom_vecs[i], net.top_vecs[i]
+        parts, start = [], 0
+        for k, (device, b) in enumerate(zip(self.devices, self.shares(batch))):
+            # The first device, where it holds the net's memory, adds its gradients to the layer's own diffs
+            # (no buffer, zeroing or sum): the order stays "layer's diff, then device 1, 2, ...".  Not with a
+            # one-item share: there Scale's Caffe quirk (outer == 1) overwrites its diff instead of adding.
+            part = _Part(device, start, start + b, [], [], direct=k == 0 and b >= 2 and all(
+                device.holds(p.data) for p in layer.blobs))
+            with device.thread_context():
+                part.bottoms = [self._rows(part, p) for p in bottom]
+                part.tops = [self._rows(part, p) for p in top]
+                clone = self._clones.get((i, k))
+                if clone is None:
+                    clone = self._clones[(i, k)] = self._make_clone(layer, part)
+                part.clone = clone
+            parts.append(part)
+            start += b
+        split = self._splits[i] = _Split(batch, parts)
+        return split
+
+    @staticmethod
+    def _rows(part: _Part, p: Blob) -> Blob:
+        """Our blob for rows [start, stop) of net blob ``p`` (one per net blob: in-place tops reuse it)."""
+        known = part.parents.get(id(p))
+        if known is not None:
+            return known[1]
+        shape = (part.stop - part.start,) + p.shape[1:]
+        ours: Blob
+        if part.device.holds(p.data):
+            ours = Blob.view_rows(p, part.start, part.stop)
+        else:
+            ours = Blob(shape, xp=part.device.xp, dtype=p.dtype)
+        part.parents[id(p)] = (p, ours)
+        return ours
+
+    def _make_clone(self, layer: Any, part: _Part) -> Any:
+        """A new layer of the same definition on ``part``'s blobs, given the layer's parameters before its
+        setup (so no filler runs)."""
+        from cct.layers.registry import create_layer
+
+        lp = pb.LayerParameter()
+        lp.CopyFrom(layer.layer_param)
+        clone = create_layer(lp)
+        clone.blobs = BlobVec(self._param_for(part.device, p) for p in layer.blobs)
+        try:
+            clone.setup_layer(part.bottoms, part.tops)
+        except CctError as e:
+            raise CctError(f"layer '{layer.name}' ({layer.type}) on {part.device}'s share "
+                           f"[{part.start}, {part.stop}): {e}") from None
+        clone.param_propagate_down = list(layer.param_propagate_down)
+        return clone
+
+    @staticmethod
+    def _param_for(device: Device, p: Blob) -> Blob:
+        if device.holds(p.data):
+            b = Blob(p.shape, xp=p.xp, dtype=p.dtype)
+            b.share_data(p)  # the same weights; the diff is this device's own buffer (or see _refresh_params)
+            return b
+        b = Blob(p.shape, xp=device.xp, dtype=p.dtype)
+        copy_into(b.data, p.data)
+        return b
+
+    @staticmethod
+    def _refresh_params(layer: Any, part: _Part) -> None:
+        """Before a forward: the clone sees the layer's current weights (the same memory, re-pointed if the
+        layer's was swapped; or a fresh device copy) and, if ``part.direct``, the layer's diff memory."""
+        blobs = part.clone.blobs
+        for j, p in enumerate(layer.blobs):
+            b = blobs[j]
+            if not part.device.holds(p.data):
+                if b.shape != p.shape:
+                    b.reshape(p.shape)
+                copy_into(b.data, p.data)
+            elif part.direct:
+                if not (b.shares_data_with(p) and b.shares_diff_with(p)):
+                    b.reshape(p.shape)
+                    b.share_data(p)
+                    b.share_diff(p)
+            elif b.shares_diff_with(p) or b.shape != p.shape or not b.shares_data_with(p):
+                blobs[j] = DeviceSplitExecutor._param_for(part.device, p)
+
+    # ---- running -------------------------------------------------------------------------------
+    def _concurrently(self, parts: list[_Part], body: Callable[[_Part], None]) -> None:
+        """``body(part)`` for every part at once (the first in this thread), under one BLAS setting; the
+        first exception is re-raised after all have finished.  Uses the batch partitions' thread pool and
+        marks the threads as partitions, so layers do not partition their share further."""
+        def run(k: int, _a: int, _b: int) -> None:
+            with parts[k].device.thread_context():
+                body(parts[k])
+
+        blas = partition.blas_threads(self._blas) if self._blas else contextlib.nullcontext()
+        with blas:
+            if len(parts) == 1:
+                partition._body(run, 0, 0, 0)
+                return
+            pool = partition._executor()
+            futures = [pool.submit(partition._body, run, k, 0, 0) for k in range(1, len(parts))]
+            error: BaseException | None = None
+            try:
+                partition._body(run, 0, 0, 0)
+            except BaseException as e:  # noqa: BLE001 - re-raised once every device has finished
+                error = e
+            for f in futures:
+                try:
+                    f.result()
+                except BaseException as e:  # noqa: BLE001
+                    error = error or e
+            if error is not None:
+                raise error
+
+    def forward_layer(self, net: NetCore, i: int) -> float:
+        layer, bottom, top = net.layers[i], net.bottom_vecs[i], net.top_vecs[i]
+        batch = self._separable_batch(net, i)
+        if batch is None:
+            self._split_at_forward[i] = None
+            return float(self._whole_batch(lambda: layer.forward_layer(bottom, top)))
+        layer.reshape(bottom, top)  # the whole batch's top shapes (no arithmetic)
+        split = self._split_for(net, i, batch)
+        for p in _unique(bottom + top):
+            p.data  # noqa: B018 - allocate in this thread, before the devices write into rows of it
+        for part in split.parts:
+            with part.device.thread_context():
+                for p in bottom:
+                    ours = part.parents[id(p)][1]
+                    if not isinstance(ours, RowView):
+                        ours.reshape((part.stop - part.start,) + p.shape[1:])
+                part.clone.reshape(part.bottoms, part.tops)
+            for k, (p, t) in enumerate(zip(top, part.tops)):
+                if t.shape != (part.stop - part.start,) + p.shape[1:]:
+                    raise CctError(f"layer '{layer.name}' ({layer.type}) is declared batch-separable but its "
+                                   f"top {k} on {part.device}'s {part.stop - part.start} items is "
+                                   f"{t.shape_string()}, not rows of {p.shape_string()}")
+
+        def forward(part: _Part) -> None:
+            self._refresh_params(layer, part)
+            part.stage_in(bottom, "data")
+            part.clone.forward(part.bottoms, part.tops)
+            part.stage_out(top, "data")
+
+        self._concurrently(split.parts, forward)
+        self._split_at_forward[i] = split
+        loss = 0.0
+        for k, t in enumerate(top):
+            if layer.loss(k) != 0.0:
+                loss += float((t.data * t.diff).sum(dtype="float64"))
+        return loss
+
+    def backward_layer(self, net: NetCore, i: int) -> None:
+        layer, bottom, top = net.layers[i], net.bottom_vecs[i], net.top_vecs[i]
+        need = net.bottom_need_backward[i]
+        split = self._split_at_forward.get(i)
+        if split is None:
+            self._whole_batch(lambda: layer.backward_layer(top, need, bottom))
+            return
+        ppd = list(layer.param_propagate_down)
+        for p in _unique(bottom + top):
+            p.data  # noqa: B018 - allocate in this thread
+            p.diff  # noqa: B018
+
+        def backward(part: _Part) -> None:
+            clone = part.clone
+            clone.param_propagate_down = list(ppd)
+            if not part.direct:
+                for j, b in enumerate(clone.blobs):
+                    if j >= len(ppd) or ppd[j]:
+                        b.diff[...] = 0
+            part.stage_in(bottom, "data")
+            part.stage_in(top, "data")
+            part.stage_in(top, "diff")
+            clone.backward(part.tops, need, part.bottoms)
+            part.stage_out([b for b, n in zip(bottom, need) if n], "diff")
+
+        self._concurrently(split.parts, backward)
+        for j, p in enumerate(layer.blobs):
+            if j < len(ppd) and not ppd[j]:
+                continue
+            for part in split.parts:  # fixed order: device 1, 2, ...
+                if not part.direct:
+                    _add_into(p.diff, part.clone.blobs[j].diff)
+
+
+def _unique(blobs: Sequence[Blob]) -> list[Blob]:
+    seen: set[int] = set()
+    out = []
+    for b in blobs:
+        if id(b) not in seen:
+            seen.add(id(b))
+            out.append(b)
+    return out
+
+
+def _add_into(dst: Any, src: Any) -> None:
+    """``dst += src``, moving ``src`` to ``dst``'s device first if needed."""
+    if backend.array_gpu(dst) == backend.array_gpu(src):
+        dst += src
+        return
+    tmp = backend.get_array_module(dst).empty_like(dst)
+    copy_into(tmp, src)
+    dst += tmp

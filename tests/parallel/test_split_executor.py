@@ -1,0 +1,227 @@
+"""The device split equals the plain single-device run: every blob, diff and parameter gradient of Caffe's
+reference nets (both phases), random draws (fillers, Dropout), shared and accumulated gradients, a batch
+that changes size — on two one-thread CPU devices, and on a stand-in device that does not hold host memory
+(so every share is staged in and out through mirrors and a copy of the weights, exactly as a GPU share is).
+
+"Equal" is normwise: ``max |split - plain| <= 1e-5 * max |plain|`` per blob.  Per-share GEMMs round
+differently from whole-batch ones (OpenBLAS blocks by the matrix sizes), and an element that is the
+difference of large terms (BatchNorm with global statistics divides by sqrt(eps) on the reference weights)
+can then differ by 1e-5 of its own size while the blob agrees to 1e-7 of its scale.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+
+import cct
+from cct.device import Device
+from cct.layers.base import Layer
+from cct.layers.registry import register
+from cct.parallel import partition
+from cct.parallel.devices import DeviceSplitExecutor
+from tests.reference import REFERENCE, reference_dir
+
+NETS = sorted(p.name for p in (REFERENCE / "nets").iterdir()) if (REFERENCE / "nets").exists() else []
+TOL = 1e-5
+
+
+def assert_close(ours: Any, plain: Any, what: str) -> None:
+    """``max |ours - plain| <= 1e-5 * max(max |plain|, 1e-2)`` (normwise, see the module docstring)."""
+    ours, plain = np.asarray(ours, dtype=np.float64), np.asarray(plain, dtype=np.float64)
+    assert ours.shape == plain.shape, f"{what}: shape {ours.shape} != {plain.shape}"
+    if not plain.size:
+        return
+    err = float(np.max(np.abs(ours - plain)))
+    scale = max(float(np.max(np.abs(plain))), 1e-2)
+    assert err <= TOL * scale, f"{what}: max difference {err:.3g} > {TOL:g} x {scale:.4g}"
+
+
+@dataclass(frozen=True)
+class Elsewhere(Device):
+    """A CPU device that claims not to hold host memory: the executor mirrors its shares (the GPU path)."""
+
+    def holds(self, a: Any) -> bool:
+        return False
+
+
+CPU1 = Device("cpu", 0, 1)
+SETTINGS = {
+    "cpu:1,cpu:1 auto": ("cpu:1,cpu:1", "auto"),
+    "cpu:1,cpu:1 0.6,0.4": ("cpu:1,cpu:1", "0.6,0.4"),
+    "cpu:1,elsewhere 0.5,0.5": ([CPU1, Elsewhere("cpu", 0, 1)], "0.5,0.5"),
+    "elsewhere alone": ([Elsewhere("cpu", 0, 1)], "auto"),
+}
+
+
+def _snapshot(net) -> dict[str, np.ndarray]:
+    out = {}
+    for name, b in net.blobs.items():
+        out[f"data/{name}"] = b.data.copy()
+        out[f"diff/{name}"] = b.diff.copy()
+    for name, ps in net.params.items():
+        for j, p in enumerate(ps):
+            out[f"param/{name}/{j}"] = p.data.copy()
+            out[f"param_diff/{name}/{j}"] = p.diff.copy()
+    return out
+
+
+def _run_reference(name: str, phase: int):
+    folder = reference_dir("nets", name)
+    ref = np.load(folder / ("train.npz" if phase == cct.TRAIN else "test.npz"))
+    net = cct.Net(str(folder / "net.prototxt"), phase, weights=str(folder / "weights.caffemodel"))
+    net.forward(**{k[len("input/"):]: ref[k] for k in ref.files if k.startswith("input/")})
+    if phase == cct.TRAIN:
+        net.clear_param_diffs()
+        net.backward()
+    return net
+
+
+def _assert_same(ours: dict, plain: dict, what: str) -> None:
+    assert ours.keys() == plain.keys()
+    for k in plain:
+        assert_close(ours[k], plain[k], f"{what} {k}")
+
+
+def _split_layers(net) -> list[str]:
+    ex = net.executor
+    assert isinstance(ex, DeviceSplitExecutor)
+    return [net._layer_names[i] for i, s in ex._split_at_forward.items() if s is not None]
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+@pytest.mark.parametrize("phase", [cct.TRAIN, cct.TEST], ids=["TRAIN", "TEST"])
+@pytest.mark.parametrize("name", NETS)
+def test_reference_nets_split_equal_plain(name, phase, setting, tmp_path, monkeypatch):
+    monkeypatch.setenv("CCT_CACHE_DIR", str(tmp_path / "cache"))
+    plain = _snapshot(_run_reference(name, phase))
+    cct.set_devices(*SETTINGS[setting])
+    net = _run_reference(name, phase)
+    _assert_same(_snapshot(net), plain, f"{name} {setting}")
+    split = _split_layers(net)
+    expected = [n for n, layer in zip(net._layer_names, net.layers) if layer.type in ("Convolution", "ReLU")]
+    assert set(expected) <= set(split), f"not split: {set(expected) - set(split)}"
+
+
+RANDOM_NET = """
+name: "random"
+layer { name: "data" type: "Input" top: "data" top: "label"
+        input_param { shape { dim: 6 dim: 2 dim: 7 dim: 7 } shape { dim: 6 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+        convolution_param { num_output: 4 kernel_size: 3 weight_filler { type: "gaussian" std: 0.3 }
+                            bias_filler { type: "uniform" } } }
+layer { name: "conv2" type: "Convolution" bottom: "data" top: "conv2"
+        param { name: "shared_w" } param { name: "shared_b" }
+        convolution_param { num_output: 4 kernel_size: 3 weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "conv3" type: "Convolution" bottom: "data" top: "conv3"
+        param { name: "shared_w" } param { name: "shared_b" }
+        convolution_param { num_output: 4 kernel_size: 3 } }
+layer { name: "sum" type: "Eltwise" bottom: "conv" bottom: "conv2" bottom: "conv3" top: "sum" }
+layer { name: "prelu" type: "PReLU" bottom: "sum" top: "sum" }
+layer { name: "drop" type: "Dropout" bottom: "sum" top: "sum" dropout_param { dropout_ratio: 0.3 } }
+layer { name: "pool" type: "Pooling" bottom: "sum" top: "pool"
+        pooling_param { pool: STOCHASTIC kernel_size: 2 stride: 2 } }
+layer { name: "ip" type: "InnerProduct" bottom: "pool" top: "ip" inner_product_param { num_output: 3
+        weight_filler { type: "xavier" } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+"""
+
+
+def _random_run(tmp_path, batch: int = 6) -> dict[str, np.ndarray]:
+    """Fillers, Dropout and STOCHASTIC pooling draw from the global stream; two passes accumulate gradients
+    (shared weights included); then the batch changes size."""
+    path = tmp_path / "random.prototxt"
+    path.write_text(RANDOM_NET)
+    cct.set_random_seed(7)
+    net = cct.Net(str(path), cct.TRAIN)
+    rng = np.random.default_rng(0)
+    net.blobs["data"].data[...] = rng.standard_normal(net.blobs["data"].shape)
+    net.blobs["label"].data[...] = rng.integers(0, 3, 6)
+    net.clear_param_diffs()
+    for _ in range(2):
+        net.forward()
+        net.backward()
+    out = {f"first/{k}": v for k, v in _snapshot(net).items()}
+    net.blobs["data"].reshape(batch, 2, 7, 7)
+    net.blobs["label"].reshape(batch)
+    net.blobs["data"].data[...] = rng.standard_normal(net.blobs["data"].shape)
+    net.blobs["label"].data[...] = rng.integers(0, 3, batch)
+    net.forward()
+    net.backward()
+    out.update({f"second/{k}": v for k, v in _snapshot(net).items()})
+    return out
+
+
+@pytest.mark.parametrize("setting", ["cpu:1,cpu:1 0.6,0.4", "cpu:1,elsewhere 0.5,0.5"])
+def test_random_draws_shared_and_accumulated_gradients_and_a_new_batch_size(setting, tmp_path):
+    plain = _random_run(tmp_path, batch=5)
+    cct.set_devices(*SETTINGS[setting])
+    _assert_same(_random_run(tmp_path, batch=5), plain, setting)
+
+
+def test_weights_changed_between_passes_reach_every_device(tmp_path):
+    """A test net's layers get the train net's weight memory swapped in (share_trained_layers_with), and a
+    mirrored device's copy must be refreshed after an update: both before the next forward."""
+    def run():
+        path = tmp_path / "random.prototxt"
+        path.write_text(RANDOM_NET.replace('layer { name: "drop"', '# layer { name: "drop"'))
+        cct.set_random_seed(3)
+        nets = [cct.Net(str(path), cct.TEST) for _ in range(2)]
+        rng = np.random.default_rng(1)
+        for net in nets:
+            net.blobs["data"].data[...] = rng.standard_normal(net.blobs["data"].shape)
+        outs = [nets[0].forward()["loss"].copy()]
+        nets[0].share_trained_layers_with(nets[1])
+        outs.append(nets[0].forward()["loss"].copy())
+        for p in nets[1].params["ip"]:
+            p.data[...] *= 1.5  # an update in place
+        outs.append(nets[0].forward()["loss"].copy())
+        return outs
+
+    plain = run()
+    assert not np.allclose(plain[0], plain[1]) and not np.allclose(plain[1], plain[2])
+    cct.set_devices(*SETTINGS["cpu:1,elsewhere 0.5,0.5"])
+    for a, b in zip(run(), plain):
+        assert_close(a, b, "loss")
+
+
+# ---- the shares really run at the same time, each on its rows, as one partition ----------------------
+_seen: list[tuple[int, tuple[int, ...], bool]] = []
+_barrier = threading.Barrier(2, timeout=20)
+
+
+@register("TestSplitBarrier")
+class _BarrierLayer(Layer):
+    """y = 2x; every forward waits until two instances are inside it (fails unless the shares overlap)."""
+
+    exact_num_bottom = 1
+    exact_num_top = 1
+    batch_separable = True
+
+    def reshape(self, bottom, top):
+        top[0].reshape(bottom[0].shape)
+
+    def forward(self, bottom, top):
+        _barrier.wait()
+        _seen.append((threading.get_ident(), bottom[0].shape, partition.in_partition()))
+        top[0].data[...] = 2 * bottom[0].data
+
+    def backward(self, top, propagate_down, bottom):
+        bottom[0].diff[...] = 2 * top[0].diff
+
+
+def test_shares_run_concurrently_on_their_rows(tmp_path):
+    path = tmp_path / "barrier.prototxt"
+    path.write_text('layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 5 dim: 3 } } }\n'
+                    'layer { name: "b" type: "TestSplitBarrier" bottom: "x" top: "y" }\n')
+    cct.set_devices("cpu:1,cpu:1", split="0.6,0.4")
+    net = cct.Net(str(path), cct.TEST)
+    x = np.arange(15, dtype=np.float32).reshape(5, 3)
+    _seen.clear()
+    out = net.forward(x=x)["y"]
+    np.testing.assert_array_equal(out, 2 * x)
+    assert sorted(s[1] for s in _seen) == [(2, 3), (3, 3)]
+    assert len({s[0] for s in _seen}) == 2 and all(s[2] for s in _seen)
