@@ -4,13 +4,14 @@ Run:   python benchmarks/caffenet_profile.py [--batch 64] [--iters 3] [--lowerin
        (``env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python ...`` lets numpy's OpenBLAS pick its own kernels,
        e.g. AVX-512, where the environment pins them; the script prints what it ran with.)
 Prints: one line per layer with its median forward and backward milliseconds, its share of the iteration and
-what engine it runs (``describe_layer_engine``); then the iteration total, the update time and the bytes
-held in convolution workspaces (``LoweringEngine.workspace_bytes``).
+what engine it runs (``describe_layer_engine``); then the iteration total, the update time, the bytes held
+in the convolution workspace (shared by all conv layers: ``shared_workspace_bytes``) and the peak RSS.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import sys
 import time
@@ -22,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("GLOG_minloglevel", "1")
 
 import cct  # noqa: E402
+from cct.engines.lowering import shared_workspace_bytes  # noqa: E402
 from cct.engines.select import apply_engine_flags, describe_layer_engine  # noqa: E402
 
 MODEL = Path(__file__).resolve().parents[1] / "models" / "caffenet" / "train.prototxt"
@@ -74,10 +76,12 @@ def main() -> None:
         f, b = statistics.median(fwd[i]) * 1e3, statistics.median(bwd[i]) * 1e3
         print(f"{layer.name:<10}{layer.type:<18}{f:9.1f}{b:9.1f}{(f + b) / tot / 10:7.1f}%  "
               f"{describe_layer_engine(layer)}")
-    ws = sum(layer.engine.workspace_bytes() for layer in net.layers if hasattr(layer, "engine"))
     print(f"update: {statistics.median(upd) * 1e3:.1f} ms")
     print(f"iteration (fwd+bwd+update), median of {args.iters}: {tot * 1e3:.0f} ms")
-    print(f"conv workspace: {ws / 2**20:.1f} MiB")
+    print(f"conv workspace (shared by all conv layers): {shared_workspace_bytes() / 2**20:.1f} MiB; "
+          f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
+    with open("/proc/loadavg") as f:
+        print(f"load average: {' '.join(f.read().split()[:3])}")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,11 @@ Each framework runs in its own worker process (so each one's peak RSS is its own
 them — for every iteration: cct lowering 1, 2, 3, auto, then PyTorch — so machine noise hits all alike.
 Both build models/caffenet/train.prototxt's network (conv/ReLU/max-pool/LRN/InnerProduct/dropout/softmax
 loss) with the same weights and the same input.  Prints per variant the median fwd+bwd milliseconds, the
-ratio cct/pytorch, and each worker's peak RSS (the cct worker holds the workspaces of all its variants).
+ratio cct/pytorch, and each worker's peak RSS; for cct also the bytes held in convolution workspaces (all
+conv layers of all variants share the thread's workspace: it is sized by the largest layer × partitions).
+``--variants auto`` alone gives the peak RSS of exactly what ``cct time`` / ``cct train`` run.
+The cct worker builds its engines before timing: ``auto`` measures close calls once per geometry (cached in
+``~/.cache/cct``; a cold cache adds some seconds there, never inside the timed iterations).
 """
 from __future__ import annotations
 
@@ -43,7 +47,7 @@ def cct_worker(conn, batch: int, threads: int, weights: str, variants: tuple[str
     sys.path.insert(0, str(ROOT))
     os.environ.setdefault("GLOG_minloglevel", "1")
     import cct
-    from cct.engines.lowering import LoweringEngine
+    from cct.engines.lowering import LoweringEngine, shared_workspace_bytes
 
     net = cct.Net(str(MODEL), cct.TRAIN)
     net.blobs["data"].reshape(batch, 3, 227, 227)
@@ -64,7 +68,7 @@ def cct_worker(conn, batch: int, threads: int, weights: str, variants: tuple[str
     while True:
         msg = conn.recv()
         if msg[0] == "stop":
-            conn.send(("rss", _peak_rss_mib()))
+            conn.send(("rss", (_peak_rss_mib(), shared_workspace_bytes() / 2**20)))
             return
         variant = msg[1]
         for name in CONVS:
@@ -114,7 +118,7 @@ def torch_worker(conn, batch: int, threads: int, weights: str, variants: tuple[s
     while True:
         msg = conn.recv()
         if msg[0] == "stop":
-            conn.send(("rss", _peak_rss_mib()))
+            conn.send(("rss", (_peak_rss_mib(), None)))
             return
         t = time.perf_counter()
         model.zero_grad(set_to_none=False)
@@ -167,14 +171,17 @@ def main() -> None:
         rss[name] = conn.recv()[1]
         proc.join()
     base = statistics.median(times[("pytorch", "")])
-    print(f"{'variant':<16}{'median ms':>10}{'min ms':>9}{'cct/pytorch':>13}{'peak RSS MiB':>14}")
+    print(f"{'variant':<20}{'median ms':>10}{'min ms':>9}{'cct/pytorch':>13}{'peak RSS MiB':>14}"
+          f"{'conv workspace MiB':>20}")
     for who, variant in variants:
         med = statistics.median(times[(who, variant)])
         label = f"cct lowering {variant}" if who == "cct" else "pytorch"
-        print(f"{label:<16}{med * 1e3:10.0f}{min(times[(who, variant)]) * 1e3:9.0f}{med / base:13.2f}"
-              f"{rss[who]:14.0f}")
-    print(f"(median of {args.iters} alternated iterations after one warm-up; the cct worker's peak RSS covers the "
-          f"workspaces of all {len(chosen)} variant(s) it ran)")
+        peak, ws = rss[who]
+        print(f"{label:<20}{med * 1e3:10.0f}{min(times[(who, variant)]) * 1e3:9.0f}{med / base:13.2f}"
+              f"{peak:14.0f}{'' if ws is None else f'{ws:.0f}':>20}")
+    print(f"(median of {args.iters} alternated iterations after one warm-up; one cct worker ran all {len(chosen)} "
+          f"variant(s): its peak RSS and shared workspace cover them all; load average "
+          f"{' '.join(open('/proc/loadavg').read().split()[:3]) if os.path.exists('/proc/loadavg') else '?'})")
 
 
 if __name__ == "__main__":

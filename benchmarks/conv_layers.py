@@ -7,7 +7,8 @@ First measures the float32 sgemm peak (2048³ matmul, best of 5) at the current 
 conv1..conv5 of CaffeNet at ``batch`` images the median forward and forward+backward (data and weights; conv1
 has no data gradient in a net but it is measured too) seconds of each applicable lowering and of auto, as
 GFLOP/s of the convolution's arithmetic (2·o·d/g·k²·m²·B per pass) and % of the sgemm peak, and the
-workspace bytes the engine holds.  Partitions follow CCT_PARTITIONS (default auto).
+workspace bytes the engine needs (each measured with buffers of its own; in a net all layers share one).
+Partitions follow CCT_PARTITIONS (default auto).
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("GLOG_minloglevel", "1")
 
 from cct.engines import ConvGeometry  # noqa: E402
-from cct.engines.lowering import LoweringEngine, strategy_fallback  # noqa: E402
+from cct.engines.lowering import LoweringEngine, Workspace, strategy_fallback  # noqa: E402
 
 # name, d, o, group, n, k, stride, pad
 CAFFENET = [("conv1", 3, 96, 1, 227, 11, 4, 0), ("conv2", 96, 256, 2, 27, 5, 1, 2),
@@ -77,7 +78,7 @@ def main() -> None:
         for strategy in (1, 2, 3, "auto"):
             if strategy != "auto" and strategy_fallback(strategy, g):
                 continue
-            eng = LoweringEngine(strategy)
+            eng = LoweringEngine(strategy, workspace=Workspace())  # its own buffers: the column is per lowering
             eng.configure(g, np.float32)
             eng.forward(x, w, None, y)
             eng.backward(x, dy, w, dx, dw)

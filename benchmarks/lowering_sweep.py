@@ -4,10 +4,12 @@ Run:   python benchmarks/lowering_sweep.py [--n 27] [--k 5] [--batch 16] [--prod
        (``env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python ...`` lets OpenBLAS use its own kernel choice,
        e.g. AVX-512, where the environment pins it; the script prints the values it ran with.)
 Fixed input n×n, kernel k×k (pad k//2, stride 1), batch B and d·o = product; for each ratio d/o the median
-seconds of forward + backward (data and weights) of lowering 1, 2, 3 (forced) and of ``auto`` (the cost
-model's pick, measured as its own engine), all measured alternately; then whether auto's pick is within 5% of
-the fastest at each point (judged by the forced time of the lowering it picked: the same code path, so the
-comparison is not at the mercy of one noisy sample).  Partitions follow CCT_PARTITIONS (default auto).
+seconds of forward + backward (data and weights) of lowering 1, 2, 3 (forced) and of ``auto`` (its pick —
+cost model, or measured where the model sees a close call: ``cct.engines.select`` — run as its own engine),
+all measured alternately; then whether auto's pick is within 5% of the fastest at each point (judged by the
+forced time of the lowering it picked: the same code path, so the comparison is not at the mercy of one noisy
+sample).  Partitions follow CCT_PARTITIONS (default auto).  Prints the load average: the machine may be
+shared.
 """
 from __future__ import annotations
 
@@ -46,7 +48,7 @@ def main() -> None:
           f"OPENBLAS_L2_SIZE={os.environ.get('OPENBLAS_L2_SIZE', '(unset)')} "
           f"CCT_PARTITIONS={os.environ.get('CCT_PARTITIONS', 'auto')}")
     print(f"n={args.n} k={args.k} batch={args.batch} d*o={args.product}; median of {args.repeat}, fwd+bwd ms")
-    print(f"{'d/o':>7}{'d':>6}{'o':>6}{'type1':>9}{'type2':>9}{'type3':>9}{'auto':>9}  auto pick  within 5%")
+    print(f"{'d/o':>7}{'d':>6}{'o':>6}{'type1':>9}{'type2':>9}{'type3':>9}{'auto':>9}  auto pick  within 5%  why")
     rng = np.random.default_rng(0)
     all_ok = True
     for j in range(-5, 6):
@@ -74,9 +76,12 @@ def main() -> None:
         ok = med[engines["auto"].strategy] <= 1.05 * fastest
         all_ok &= ok
         print(f"{'%g' % ratio:>7}{d:>6}{o:>6}" + "".join(f"{med[s] * 1e3:9.1f}" for s in (1, 2, 3, "auto"))
-              + f"  {engines['auto'].strategy:^9}  {'yes' if ok else 'NO'}")
+              + f"  {engines['auto'].strategy:^9}  {'yes' if ok else 'NO':<9}  {engines['auto'].reason}")
         del engines
     print(f"auto within 5% of the fastest lowering at every point: {'yes' if all_ok else 'no'}")
+    if os.path.exists("/proc/loadavg"):
+        with open("/proc/loadavg") as f:
+            print(f"load average: {' '.join(f.read().split()[:3])}")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,12 @@ same data movement again, plus two GEMMs.  :func:`layer_costs` generalises the t
 geometry (groups, stride and dilation along lowered axes, padding, N-D; lifted axes have stride 1, see
 :func:`cct.engines.lowering.strategy_fallback`) and :func:`estimate_seconds` turns the counts into time with
 machine rates (:class:`MachineRates`: defaults, or measured by :func:`cct.engines.select.calibrate`).
+
+GEMM speed depends on shape: a GEMM with few output rows, a short inner dimension or few output columns runs
+far below the machine's peak (the paper's d/o extremes: type 3 at small d has inner dimension d, type 1 at
+small o has o output rows).  Each of the three GEMMs runs at ``gemm_flops · e(rows, m0) · e(inner, k0) ·
+e(cols, n0)`` with ``e(x, x0) = x / (x + x0)`` (:func:`gemm_seconds`), the half-speed sizes ``m0, k0, n0``
+calibrated per machine like the rates.
 """
 from __future__ import annotations
 
@@ -40,6 +46,10 @@ class LoweringCost:
     col2im_elems: float      # added back into the input gradient (adjoint of lowering)
     transpose_elems: float   # channel-first transpositions of y and dy (and x for type 3)
     traffic_bytes: float     # memory traffic of the non-GEMM steps (reads + writes)
+    # the three GEMMs (forward, backward data, backward weights) as (rows, inner, cols) of one group's
+    # product over the whole batch (each runs ``group`` times; partitions split the batch columns)
+    gemm_shapes: tuple[tuple[int, int, int], ...] = ()
+    groups: int = 1
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -49,10 +59,15 @@ class LoweringCost:
 class MachineRates:
     """Throughputs of the steps (per second, whole machine at the thread count in use)."""
 
-    gemm_flops: float = 6.0e10      # float32 GEMM
-    lower_elems: float = 5.0e8      # strided gather into the lowered matrix
-    lift_elems: float = 4.0e8       # slice additions (lifting, col2im)
-    transpose_elems: float = 6.0e8  # channel-first transposing copies
+    gemm_flops: float = 1.2e11      # float32 GEMM, big square shapes
+    lower_elems: float = 1.4e9      # strided gather into the lowered matrix
+    lift_elems: float = 9.0e8       # slice additions (lifting) and copies (unlifting)
+    transpose_elems: float = 1.5e9  # channel-first transposing copies
+    gemm_m0: float = 15.0           # GEMM shape: output rows, inner dimension and output columns at which
+    gemm_k0: float = 20.0           # the GEMM runs at half speed (see gemm_seconds)
+    gemm_n0: float = 30.0
+    col2im_elems: float = 6.5e8     # slice additions back into the input gradient
+    # (defaults: a 2-core AVX2 machine; calibrate() measures the machine it runs on)
 
 
 DEFAULT_RATES = MachineRates()
@@ -66,19 +81,42 @@ def layer_costs(g: ConvGeometry, strategy: int, itemsize: int = 4) -> LoweringCo
     kF, kL = _prod(g.kernel[:f]), _prod(g.kernel[f:])
     cols = _prod(g.in_shape[:f]) * _prod(g.out_shape[f:])
     p_in, p_out = _prod(g.in_shape), g.out_count
+    M, K, N = O // g.group * kF, C // g.group * kL, cols * B
     gemm = 3 * 2.0 * (O * kF) * (C // g.group * kL) * cols * B
     lowered = 2.0 * C * kL * cols * B if f < nd else 2.0 * C * p_in * B  # forward + weight gradient
     col2im = C * kL * cols * B if f < nd else C * p_in * B
     lifted = 2.0 * O * kF * cols * B if f else 0.0  # lifting adds (fwd) + unlifting copies (bwd)
     transpose = 2.0 * O * p_out * B
     traffic = itemsize * (2 * lowered + 3 * col2im + 3 * lifted + 2 * transpose)
-    return LoweringCost(strategy, lowered, gemm, lifted, col2im, transpose, traffic)
+    shapes = ((M, K, N), (K, M, N), (K, N, M))
+    return LoweringCost(strategy, lowered, gemm, lifted, col2im, transpose, traffic, shapes, g.group)
 
 
-def estimate_seconds(cost: LoweringCost, rates: MachineRates = DEFAULT_RATES) -> float:
-    """Predicted time of one forward + backward with ``rates``."""
-    return (cost.gemm_flops / rates.gemm_flops + cost.lowered_elems / rates.lower_elems
-            + (cost.lifted_elems + cost.col2im_elems) / rates.lift_elems
+def _eff(x: float, x0: float) -> float:
+    return x / (x + x0) if x > 0 else 0.0
+
+
+def gemm_seconds(rows: float, inner: float, cols: float, rates: MachineRates = DEFAULT_RATES) -> float:
+    """Predicted time of one ``(rows × inner) · (inner × cols)`` float32 GEMM."""
+    eff = _eff(rows, rates.gemm_m0) * _eff(inner, rates.gemm_k0) * _eff(cols, rates.gemm_n0)
+    return 2.0 * rows * inner * cols / (rates.gemm_flops * max(eff, 1e-6))
+
+
+def estimate_seconds(cost: LoweringCost, rates: MachineRates = DEFAULT_RATES, parts: int = 1) -> float:
+    """Predicted time of one forward + backward with ``rates``; ``parts`` batch partitions split the
+    batch columns of the GEMMs (each runs ``1/parts`` of them on ``1/parts`` of the machine)."""
+    if cost.gemm_shapes:
+        p = max(1, parts)
+        gemm = 0.0
+        # forward and data GEMMs have the batch in their output columns, the weight GEMM in its inner
+        # dimension; each partition runs 1/p of it at 1/p of the machine's rate, all at once
+        for i, (rows, inner, cols) in enumerate(cost.gemm_shapes):
+            k, c = (inner / p, cols) if i == 2 else (inner, cols / p)
+            gemm += cost.groups * p * gemm_seconds(rows, k, c, rates)
+    else:
+        gemm = cost.gemm_flops / rates.gemm_flops
+    return (gemm + cost.lowered_elems / rates.lower_elems
+            + cost.lifted_elems / rates.lift_elems + cost.col2im_elems / rates.col2im_elems
             + cost.transpose_elems / rates.transpose_elems)
 
 

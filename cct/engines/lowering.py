@@ -26,13 +26,25 @@ and types 2/3 on a 1x1 kernel fall back to type 1; :func:`strategy_fallback` giv
 :attr:`LoweringEngine.reason` keeps.  Deconvolution runs the same engine with roles swapped.
 
 The batch is split into partitions (:mod:`cct.parallel.partition`) run concurrently, each with its own
-workspace; within a partition, images are processed in chunks whose lowered matrices fit
-``max_lowered_bytes`` (env ``CCT_LOWERING_MAX_MB``, default 512 MiB in all).  Buffers persist across calls.
+slice of the workspace; within a partition, images are processed in chunks whose lowered matrices fit
+``max_lowered_bytes`` (env ``CCT_LOWERING_MAX_MB``, default 128 MiB in all: chunks of some thousand GEMM
+columns already run at full speed, and smaller buffers stay closer to the caches).
+
+Workspace: the lowered matrix, the padded input, the GEMM result / unlifted gradient and the lifting buffer
+live in a :class:`Workspace` (per partition, named flat buffers grown on demand) that every lowering engine
+of a thread shares (:func:`shared_workspace`, one per thread, dtype and array module): a net runs its layers
+one at a time, so its convolutions need only the largest layer's buffers × partitions, not one set each.
+Within one call the passes reuse slots whose contents are dead (the unlifted gradient takes the GEMM
+result's slot, the padded input gradient the padded input's).  Nothing survives from one call to the next.
+The shared workspace lives as long as an engine that used it (weak registry); an engine built with its own
+``workspace=Workspace()`` keeps private buffers (autotune measurements, tests).
 """
 from __future__ import annotations
 
 import itertools
 import os
+import threading
+import weakref
 from typing import Any
 
 import numpy as np
@@ -41,7 +53,9 @@ from cct.device import get_array_module
 from cct.engines import ConvEngine, ConvGeometry
 from cct.parallel.partition import batch_ranges, partitions_for, run_partitions
 
-_DEFAULT_MAX_MB = 512.0
+_DEFAULT_MAX_MB = 128.0
+# type 1 forward: one GEMM per image straight into the output when an image has at least this many columns
+DIRECT_MIN_COLS = 128
 
 STRATEGY_NAMES = {1: "expensive lowering", 2: "balanced", 3: "expensive lifting"}
 
@@ -73,6 +87,50 @@ def strategy_fallback(strategy: int, g: ConvGeometry) -> str | None:
     if any(s != 1 for s in g.stride[:f]):
         return "stride " + "x".join(str(s) for s in g.stride[:f])
     return None
+
+
+class Workspace:
+    """Scratch buffers of lowering engines: per partition, named flat arrays grown on demand (never
+    shrunk).  Engines sharing one must not run concurrently — a net's layers run one after the other."""
+
+    def __init__(self) -> None:
+        self.parts: list[dict[str, Any]] = []
+
+    def part(self, i: int) -> dict[str, Any]:
+        while len(self.parts) <= i:
+            self.parts.append({})
+        return self.parts[i]
+
+    def nbytes(self) -> int:
+        return sum(int(b.nbytes) for part in self.parts for b in part.values())
+
+    def clear(self) -> None:
+        """Release every buffer (they are re-allocated by the next call that needs them)."""
+        self.parts = []
+
+
+_registry = threading.local()  # per thread: (dtype, array module) -> weakref to the shared Workspace
+_all_shared: weakref.WeakSet[Workspace] = weakref.WeakSet()
+
+
+def shared_workspace(dtype: Any = np.float32, xp: Any = np) -> Workspace:
+    """The calling thread's workspace shared by lowering engines working on ``dtype`` arrays of ``xp``."""
+    table = getattr(_registry, "table", None)
+    if table is None:
+        table = _registry.table = {}
+    key = (np.dtype(dtype).str, getattr(xp, "__name__", str(xp)))
+    ref = table.get(key)
+    ws = ref() if ref is not None else None
+    if ws is None:
+        ws = Workspace()
+        table[key] = weakref.ref(ws)
+        _all_shared.add(ws)
+    return ws
+
+
+def shared_workspace_bytes() -> int:
+    """Bytes held by every live shared workspace (all threads)."""
+    return sum(ws.nbytes() for ws in list(_all_shared))
 
 
 class _Layout:
@@ -117,13 +175,15 @@ class LoweringEngine(ConvEngine):
     """CcT lowering (type 1, 2 or 3; see the module docstring), batch-wide, partitioned, N-D, numpy/cupy.
 
     ``strategy``: 1, 2, 3 (forced, falling back to 1 where it does not apply) or ``"auto"`` (chosen per
-    geometry by :func:`cct.engines.select.choose_strategy`: cost model, optionally a measured autotune).
+    geometry by :func:`cct.engines.select.choose_strategy`: cost model, measured autotune for big layers).
     After :meth:`configure`, :attr:`strategy` is the lowering that runs and :attr:`reason` says why.
+    ``workspace``: private buffers (default: the thread's :func:`shared_workspace`).
     """
 
     name = "lowering"
 
-    def __init__(self, strategy: int | str = 1, max_lowered_bytes: int | None = None, source: str = "forced"):
+    def __init__(self, strategy: int | str = 1, max_lowered_bytes: int | None = None, source: str = "forced",
+                 workspace: Workspace | None = None):
         super().__init__()
         if max_lowered_bytes is None:
             max_lowered_bytes = int(float(os.environ.get("CCT_LOWERING_MAX_MB", _DEFAULT_MAX_MB)) * 2**20)
@@ -134,7 +194,10 @@ class LoweringEngine(ConvEngine):
         self.reason = "default"
         self.dtype: Any = np.dtype(np.float32)
         self._layout: _Layout | None = None
-        self._ws: list[dict[str, Any]] = []  # one workspace (named flat buffers) per partition
+        self._private = workspace
+        self._shared: dict[tuple[str, str], Workspace] = {}  # strong references keep shared workspaces alive
+        self._current: Workspace | None = None
+        self._chunk_memo: dict[tuple[int, int, Any], list[list[tuple[int, int]]]] = {}
 
     # ---- configuration -------------------------------------------------------------------------
     def configure(self, geometry: ConvGeometry, dtype: Any = None) -> bool:
@@ -163,14 +226,28 @@ class LoweringEngine(ConvEngine):
             raise ValueError(f"lowering {strategy} does not apply to this geometry: {why}")
         self.strategy, self.reason = strategy, reason
         self._layout = _Layout(g, strategy)
-        self._ws = []
+        self._chunk_memo = {}
 
     def describe(self) -> str:
         return f"lowering {self.strategy} ({self.reason})"
 
     def workspace_bytes(self) -> int:
-        """Bytes held in lowering workspaces (all partitions)."""
-        return sum(int(b.nbytes) for ws in self._ws for b in ws.values())
+        """Bytes held in the workspace(s) this engine uses, all partitions — shared ones included in full
+        (engines of one thread share them: do not add the figures of several engines up)."""
+        spaces = [self._private] if self._private is not None else list(self._shared.values())
+        return sum(ws.nbytes() for ws in spaces)
+
+    @property
+    def workspace(self) -> Workspace:
+        """The workspace of the last call (before any: the one a call on ``self.dtype`` arrays would use)."""
+        if self._current is None:
+            return self._space_for(self.dtype, np)
+        return self._current
+
+    @property
+    def _ws(self) -> list[dict[str, Any]]:
+        """Per partition, the named buffers of :attr:`workspace` (inspection and tests)."""
+        return self.workspace.parts
 
     # ---- buffers -----------------------------------------------------------------------------
     def _geom(self) -> ConvGeometry:
@@ -184,24 +261,39 @@ class LoweringEngine(ConvEngine):
         assert self._layout is not None
         return self._layout
 
-    def _workspace(self, part: int) -> dict[str, Any]:
-        while len(self._ws) <= part:
-            self._ws.append({})
-        return self._ws[part]
+    def _space_for(self, dtype: Any, xp: Any) -> Workspace:
+        if self._private is not None:
+            return self._private
+        ws = shared_workspace(dtype, xp)
+        self._shared[(np.dtype(dtype).str, getattr(xp, "__name__", str(xp)))] = ws
+        return ws
+
+    def _space(self, like: Any) -> Workspace:
+        """The workspace for a call on arrays like ``like`` (remembered as :attr:`workspace`)."""
+        self._current = ws = self._space_for(like.dtype, get_array_module(like))
+        return ws
 
     @staticmethod
     def _view(ws: dict[str, Any], name: str, shape: tuple[int, ...], like: Any) -> Any:
-        """A ``shape`` view of the flat buffer ``name`` of ``ws`` (grown, zero-filled, when too small)."""
+        """A ``shape`` view of the flat buffer ``name`` of ``ws`` (grown when too small; contents are
+        whatever the last user left)."""
         count = _prod(shape)
         buf = ws.get(name)
         xp = get_array_module(like)
         if buf is None or buf.size < count or buf.dtype != like.dtype or get_array_module(buf) is not xp:
-            buf = xp.zeros(max(count, 1), dtype=like.dtype)
+            ws.pop(name, None)  # drop the old buffer before allocating its replacement
+            buf = xp.empty(max(count, 1), dtype=like.dtype)
             ws[name] = buf
         return buf[:count].reshape(shape)
 
     def _chunks(self, n: int, itemsize: int) -> list[list[tuple[int, int]]]:
         """Per partition, the image ranges processed one after the other (lowered matrices within budget)."""
+        from cct.parallel.partition import in_partition, partitions_setting
+
+        key = (n, itemsize, partitions_setting()[0], in_partition())
+        memo = self._chunk_memo.get(key)
+        if memo is not None:
+            return memo
         L = self._lay()
         per_image = max(L.C * L.KL * L.cols, L.KF * L.O * L.cols) * itemsize
         parts = partitions_for(n, 2.0 * L.M * L.K * L.cols)
@@ -210,20 +302,19 @@ class LoweringEngine(ConvEngine):
         for n0, n1 in batch_ranges(n, parts):
             step = max(1, min(n1 - n0, budget // max(per_image, 1)))
             out.append([(a, min(a + step, n1)) for a in range(n0, n1, step)] or [(n0, n1)])
+        self._chunk_memo[key] = out
         return out
 
     def _partitions(self, itemsize: int) -> list[tuple[int, int]]:
         """All image ranges of a full batch, in order (for inspection and tests)."""
         return [r for part in self._chunks(self._geom().num, itemsize) for r in part]
 
-    def _run(self, n: int, itemsize: int, body: Any) -> int:
+    def _run(self, space: Workspace, chunks: list[list[tuple[int, int]]], body: Any) -> int:
         """``body(ws, part, n0, n1)`` over every chunk, partitions concurrently; returns #partitions."""
-        chunks = self._chunks(n, itemsize)
-        for part in range(len(chunks)):
-            self._workspace(part)
+        parts = [space.part(i) for i in range(len(chunks))]
 
         def run_part(part: int, _a: int, _b: int) -> None:
-            ws = self._ws[part]
+            ws = parts[part]
             for n0, n1 in chunks[part]:
                 body(ws, part, n0, n1)
 
@@ -239,14 +330,14 @@ class LoweringEngine(ConvEngine):
         wm = w.reshape(L.G, L.Og, L.Cg, L.KF, L.KL).transpose(0, 3, 1, 2, 4)
         return get_array_module(w).ascontiguousarray(wm).reshape(L.G, L.M, L.K)
 
-    def _add_weight_grad(self, dw: Any, dwm: Any) -> None:
-        """``dw += dW_m`` mapped back from the GEMM layout."""
+    def _add_weight_grad(self, dw: Any, dwmt: Any) -> None:
+        """``dw += dW_m`` given its transpose ``dwmt`` (G, K, M), mapped back from the GEMM layout."""
         L = self._lay()
         if L.f == 0:
-            dw.reshape(L.G, L.M, L.K)[...] += dwm
+            dw.reshape(L.G, L.M, L.K)[...] += dwmt.transpose(0, 2, 1)
         else:
-            dw.reshape(L.G, L.Og, L.Cg, L.KF, L.KL)[...] += dwm.reshape(
-                L.G, L.KF, L.Og, L.Cg, L.KL).transpose(0, 2, 3, 1, 4)
+            dw.reshape(L.G, L.Og, L.Cg, L.KF, L.KL)[...] += dwmt.reshape(
+                L.G, L.Cg, L.KL, L.KF, L.Og).transpose(0, 4, 1, 3, 2)
 
     # ---- lowering and lifting -----------------------------------------------------------------
     def _padded_input(self, ws: dict[str, Any], x: Any) -> Any:
@@ -255,9 +346,16 @@ class LoweringEngine(ConvEngine):
         if not any(L.padL):
             return x
         n, f = x.shape[0], L.f
-        shape = (n, L.C) + L.inF + tuple(i + 2 * p for i, p in zip(g.in_shape[f:], L.padL))
-        buf = self._view(ws, "x_pad", shape, x)
-        buf[(slice(None),) * (2 + f) + tuple(slice(p, p + i) for i, p in zip(g.in_shape[f:], L.padL))] = x
+        sizes = g.in_shape[f:]
+        shape = (n, L.C) + L.inF + tuple(i + 2 * p for i, p in zip(sizes, L.padL))
+        buf = self._view(ws, "x_pad", shape, x)  # a shared slot: its border is not zero from a previous use
+        lead = (slice(None),) * (2 + f)
+        for a, (i, p) in enumerate(zip(sizes, L.padL)):
+            if p:
+                rest = (slice(None),) * (len(sizes) - a - 1)
+                buf[lead + (slice(None),) * a + (slice(0, p),) + rest] = 0
+                buf[lead + (slice(None),) * a + (slice(p + i, None),) + rest] = 0
+        buf[lead + tuple(slice(p, p + i) for i, p in zip(sizes, L.padL))] = x
         return buf
 
     def _lower(self, ws: dict[str, Any], x: Any, out: Any | None = None) -> Any:
@@ -283,26 +381,25 @@ class LoweringEngine(ConvEngine):
         return out
 
     def _col2im(self, ws: dict[str, Any], col: Any, dx: Any) -> Any:
-        """Adjoint of :meth:`_lower`: ``dx`` (n, C, *in) = Σ of every col entry into the cell it came from."""
+        """Adjoint of :meth:`_lower`: ``dx`` (n, C, *in) = Σ of every col entry into the cell it came from.
+        The sum runs channel-first (C, n, *in_F, *padded L) — col's own order, so every slice addition
+        walks both arrays in the same order — and is transposed into ``dx`` once at the end."""
         g, L = self._geom(), self._lay()
         xp = get_array_module(dx)
         n, f, nd = dx.shape[0], L.f, g.num_spatial_axes
         if f == nd:
             xp.copyto(dx, xp.moveaxis(col, 0, 1))
             return dx
-        if any(L.padL):
-            shape = (n, L.C) + L.inF + tuple(i + 2 * p for i, p in zip(g.in_shape[f:], L.padL))
-            target = self._view(ws, "dx_pad", shape, dx)
-        else:
-            target = dx
+        sizes = g.in_shape[f:]
+        shape = (L.C, n) + L.inF + tuple(i + 2 * p for i, p in zip(sizes, L.padL))
+        target = self._view(ws, "x_pad", shape, dx)  # the padded input's slot: it is dead by now
         target.fill(0)
         lead = (slice(None),) * (2 + f)
         for off in itertools.product(*(range(k) for k in L.kL)):
             cells = tuple(slice(o * d, o * d + s * (m - 1) + 1, s)
                           for o, d, s, m in zip(off, g.dilation[f:], g.stride[f:], L.outL))
-            target[lead + cells] += xp.moveaxis(col[(slice(None),) + off], 0, 1)
-        if target is not dx:
-            dx[...] = target[lead + tuple(slice(p, p + i) for i, p in zip(g.in_shape[f:], L.padL))]
+            target[lead + cells] += col[(slice(None),) + off]
+        xp.copyto(dx, xp.moveaxis(target[lead + tuple(slice(p, p + i) for i, p in zip(sizes, L.padL))], 0, 1))
         return dx
 
     def _lift(self, z: Any, yt: Any) -> None:
@@ -353,6 +450,15 @@ class LoweringEngine(ConvEngine):
         g, L = self._geom(), self._lay()
         xp = get_array_module(y)
         n = y.shape[0]
+        if L.f == 0 and xp is np and L.cols >= DIRECT_MIN_COLS and y.flags.c_contiguous:
+            # type 1 with big images: one GEMM per image straight into y (no GEMM buffer, no transposition)
+            col4 = col.reshape(L.G, L.K, n, L.cols)
+            yv = y.reshape(n, L.G, L.Og, L.cols)
+            for gi in range(L.G):
+                np.matmul(wm[gi], col4[gi].transpose(1, 0, 2), out=yv[:, gi])
+            if b is not None:
+                y += b.reshape((1, L.O) + (1,) * g.num_spatial_axes)
+            return
         z = self._view(ws, "z", (L.G, L.M, n * L.cols), y)
         for gi in range(L.G):
             xp.matmul(wm[gi], col[gi], out=z[gi])
@@ -368,35 +474,42 @@ class LoweringEngine(ConvEngine):
             xp.add(src, b.reshape((1, L.O) + (1,) * g.num_spatial_axes), out=y)
 
     def _grad_z(self, ws: dict[str, Any], dy: Any) -> Any:
-        """dZ (G, KF·Og, n·cols): ``dy`` channel-first, unlifted along F."""
+        """dZ (G, KF·Og, n·cols): ``dy`` channel-first (in the "z" slot for type 1, else "yT"), unlifted
+        along F into the "z" slot."""
         g, L = self._geom(), self._lay()
         xp = get_array_module(dy)
         n = dy.shape[0]
-        dyt = self._view(ws, "dyT", (L.O, n) + g.out_shape, dy)
+        dyt = self._view(ws, "yT" if L.f else "z", (L.O, n) + g.out_shape, dy)
         xp.copyto(dyt, xp.moveaxis(dy, 1, 0))
         if not L.f:
             return dyt.reshape(L.G, L.M, n * L.cols)
-        dz = self._view(ws, "dz", (L.G, L.KF, L.Og, n) + L.inF + L.outL, dy)
+        dz = self._view(ws, "z", (L.G, L.KF, L.Og, n) + L.inF + L.outL, dy)
         self._unlift(dyt.reshape((L.G, L.Og, n) + g.out_shape), dz)
         return dz.reshape(L.G, L.M, n * L.cols)
 
-    def _weight_grad_chunk(self, ws: dict[str, Any], x: Any, dz: Any, dwm: Any, col: Any | None = None) -> Any:
-        """``dwm += dZ · colᵀ`` (G, M, K); returns the lowered ``col`` matrix."""
+    def _weight_grad_chunk(self, ws: dict[str, Any], x: Any, dz: Any, acc: Any, first: bool,
+                           col: Any | None = None) -> Any:
+        """``acc += (dZ · colᵀ)ᵀ`` (G, K, M: the transposed layout, whose GEMM ``col · dZᵀ`` OpenBLAS runs
+        at full speed where ``dZ · colᵀ`` with its long inner dimension can crawl); ``first``: assign.
+        Returns the lowered ``col`` matrix."""
         L = self._lay()
         xp = get_array_module(x)
         n = x.shape[0]
         if col is None:
             col = self._lower(ws, x).reshape(L.G, L.K, n * L.cols)
-        tmp = self._view(ws, "dwm_tmp", (L.M, L.K), x)
+        tmp = None if first else self._view(ws, "dwm_tmp", (L.K, L.M), x)
         for gi in range(L.G):
-            xp.matmul(dz[gi], col[gi].T, out=tmp)
-            dwm[gi] += tmp
+            if first:
+                xp.matmul(col[gi], dz[gi].T, out=acc[gi])
+            else:
+                xp.matmul(col[gi], dz[gi].T, out=tmp)
+                acc[gi] += tmp
         return col
 
     # ---- the engine interface -----------------------------------------------------------------
     def forward(self, x: Any, w: Any, b: Any | None, y: Any) -> Any:
         wm = self._weight_matrix(w)
-        self._run(x.shape[0], x.itemsize,
+        self._run(self._space(x), self._chunks(x.shape[0], x.itemsize),
                   lambda ws, part, n0, n1: self._forward_chunk(ws, x[n0:n1], wm, b, y[n0:n1]))
         return y
 
@@ -408,23 +521,15 @@ class LoweringEngine(ConvEngine):
         self.backward(x, dy, None, None, dw)
         return dw
 
-    def _weight_accumulators(self, dw: Any | None, parts: int) -> list[Any]:
-        """Where each partition accumulates dW_m: ``dw`` itself (type 1, one partition) or zeroed buffers."""
+    def _weight_accumulators(self, space: Workspace, dw: Any | None, parts: int) -> list[Any]:
+        """Per partition, where it accumulates dW_m (transposed, (G, K, M)): a workspace buffer."""
         L = self._lay()
         if dw is None:
             return []
-        if parts == 1 and L.f == 0:
-            return [dw.reshape(L.G, L.M, L.K)]
-        accs = []
-        for part in range(parts):
-            acc = self._view(self._workspace(part), "dw_acc", (L.G, L.M, L.K), dw)
-            acc.fill(0)
-            accs.append(acc)
-        return accs
+        return [self._view(space.part(p), "dw_acc", (L.G, L.K, L.M), dw) for p in range(parts)]
 
     def _finish_weight_grad(self, dw: Any | None, accs: list[Any]) -> None:
-        L = self._lay()
-        if dw is None or (len(accs) == 1 and L.f == 0):
+        if dw is None:
             return
         total = accs[0]
         for a in accs[1:]:
@@ -436,21 +541,25 @@ class LoweringEngine(ConvEngine):
         if dx is None and dw is None:
             return
         L = self._lay()
+        xp = get_array_module(dy)
         wm = self._weight_matrix(w) if dx is not None else None
         n = dy.shape[0]
-        accs = self._weight_accumulators(dw, len(self._chunks(n, dy.itemsize)))
+        space = self._space(dy)
+        chunks = self._chunks(n, dy.itemsize)
+        accs = self._weight_accumulators(space, dw, len(chunks))
+        firsts = {c[0][0] for c in chunks}
 
         def body(ws: dict[str, Any], part: int, n0: int, n1: int) -> None:
             dz = self._grad_z(ws, dy[n0:n1])
             if dw is not None:
-                self._weight_grad_chunk(ws, x[n0:n1], dz, accs[part])
+                self._weight_grad_chunk(ws, x[n0:n1], dz, accs[part], n0 in firsts)
             if dx is not None:
                 dcol = self._view(ws, "col", (L.G, L.K, (n1 - n0) * L.cols), dy)
                 for gi in range(L.G):
-                    get_array_module(dy).matmul(wm[gi].T, dz[gi], out=dcol[gi])
+                    xp.matmul(wm[gi].T, dz[gi], out=dcol[gi])
                 self._col2im(ws, dcol.reshape((L.C,) + L.kL + (n1 - n0,) + L.inF + L.outL), dx[n0:n1])
 
-        self._run(n, dy.itemsize, body)
+        self._run(space, chunks, body)
         self._finish_weight_grad(dw, accs)
 
     def forward_and_backward_weights(self, x: Any, w: Any, y: Any | None, dy: Any, dw: Any | None) -> None:
@@ -460,15 +569,18 @@ class LoweringEngine(ConvEngine):
             return
         L = self._lay()
         wm = self._weight_matrix(w)
-        accs = self._weight_accumulators(dw, len(self._chunks(x.shape[0], x.itemsize)))
+        space = self._space(x)
+        chunks = self._chunks(x.shape[0], x.itemsize)
+        accs = self._weight_accumulators(space, dw, len(chunks))
+        firsts = {c[0][0] for c in chunks}
 
         def body(ws: dict[str, Any], part: int, n0: int, n1: int) -> None:
             dz = self._grad_z(ws, dy[n0:n1])
             col = self._lower(ws, x[n0:n1]).reshape(L.G, L.K, (n1 - n0) * L.cols)
-            self._weight_grad_chunk(ws, x[n0:n1], dz, accs[part], col)
-            self._forward_lowered(ws, col, wm, None, y[n0:n1])
+            self._weight_grad_chunk(ws, x[n0:n1], dz, accs[part], n0 in firsts, col)
+            self._forward_lowered(ws, col, wm, None, y[n0:n1])  # z and yT slots: dz/dyT are dead now
 
-        self._run(x.shape[0], x.itemsize, body)
+        self._run(space, chunks, body)
         self._finish_weight_grad(dw, accs)
 
     # ---- Im2col layer helpers (type-1 layout) --------------------------------------------------
@@ -476,10 +588,10 @@ class LoweringEngine(ConvEngine):
         """Lower ``x`` (n, C, *in) into ``out`` (or a workspace) of shape (C, *kernel, n, *out) — type 1."""
         if self.strategy != 1:
             self.set_strategy(1, self.reason)
-        return self._lower(self._workspace(0), x, out)
+        return self._lower(self._space(x).part(0), x, out)
 
     def col2im(self, col: Any, dx: Any) -> Any:
         """``dx[...] = Σ`` of every column entry of ``col`` (C, *kernel, n, *out) into its input cell."""
         if self.strategy != 1:
             self.set_strategy(1, self.reason)
-        return self._col2im(self._workspace(0), col, dx)
+        return self._col2im(self._space(dx).part(0), col, dx)

@@ -113,6 +113,7 @@ class BaseConvolution(Layer):
     min_top = 1
     equal_num_bottom_top = True
     allow_in_place = False
+    batch_separable = property(lambda self: self.channel_axis > 0)  # axes before the channel axis are batch
     # Deconvolution: the weights map top channels to bottom channels (Caffe's reverse_dimensions()).
     reverse: ClassVar[bool] = False
 
@@ -333,6 +334,7 @@ class Im2col(Layer):
     exact_num_bottom = 1
     exact_num_top = 1
     allow_in_place = False
+    batch_separable = property(lambda self: self.channel_axis > 0)
 
     def setup(self, bottom: list[Blob], top: list[Blob]) -> None:
         p = self.layer_param.convolution_param

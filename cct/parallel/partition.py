@@ -113,16 +113,31 @@ def blas_threads_per_partition(parts: int) -> int:
     return max(1, cpu_cores() // max(1, parts))
 
 
-@contextlib.contextmanager
-def blas_threads(n: int) -> Iterator[None]:
-    """Limit the BLAS libraries (process-wide: OpenBLAS has one setting) to ``n`` threads inside the block."""
+def _blas_libraries() -> list[Any]:
+    """threadpoolctl's controllers of the BLAS libraries loaded (looked up once: numpy's is loaded by then)."""
     global _blas
     if _blas is None:
         from threadpoolctl import ThreadpoolController
 
-        _blas = ThreadpoolController()
-    with _blas.limit(limits=n, user_api="blas"):
+        _blas = list(ThreadpoolController().select(user_api="blas").lib_controllers)
+    return _blas
+
+
+@contextlib.contextmanager
+def blas_threads(n: int) -> Iterator[None]:
+    """Limit the BLAS libraries (process-wide: OpenBLAS has one setting) to ``n`` threads inside the block
+    (a library already there is left alone: a couple of microseconds, not threadpoolctl's limit() set-up)."""
+    changed = []
+    for lib in _blas_libraries():
+        old = lib.get_num_threads()
+        if old != n:
+            lib.set_num_threads(n)
+            changed.append((lib, old))
+    try:
         yield
+    finally:
+        for lib, old in reversed(changed):
+            lib.set_num_threads(old)
 
 
 def _executor() -> ThreadPoolExecutor:

@@ -2,11 +2,15 @@
 weights (accumulating), the fused Deconvolution step, fallbacks, partitions and chunking."""
 from __future__ import annotations
 
+import gc
+import threading
+import weakref
+
 import numpy as np
 import pytest
 
-from cct.engines import ConvGeometry
-from cct.engines.lowering import LoweringEngine, strategy_fallback
+from cct.engines import ConvGeometry, lowering
+from cct.engines.lowering import LoweringEngine, Workspace, strategy_fallback
 from cct.parallel import partition
 from tests.engines import reference as ref
 
@@ -102,7 +106,7 @@ def test_the_strategies_differ_in_their_work():
     x, w, b, dy = _data(g, 2, np.float32)
     sizes = {}
     for s in (1, 2, 3):
-        eng = LoweringEngine(s)
+        eng = LoweringEngine(s, workspace=Workspace())
         eng.configure(g, np.float32)
         eng.forward(x, w, b, np.empty_like(dy))
         sizes[s] = (eng._ws[0]["col"].size, eng._ws[0]["z"].size)
@@ -118,7 +122,7 @@ def test_partitions_and_chunks_equal_whole_batch(strategy):
     results = []
     for parts, budget in ((1, 1 << 30), (2, 1 << 30), (3, 1), (1, 1)):
         partition.set_partitions(parts)
-        eng = LoweringEngine(strategy, max_lowered_bytes=budget)
+        eng = LoweringEngine(strategy, max_lowered_bytes=budget, workspace=Workspace())
         eng.configure(g, np.float64)
         assert len(eng._chunks(g.num, 8)) == parts
         results.append(_run_engine(eng, x, w, b, dy))
@@ -132,7 +136,7 @@ def test_partitions_and_chunks_equal_whole_batch(strategy):
 def test_workspace_bytes_and_reuse():
     g = ConvGeometry(2, 3, 4, 1, (6, 5), (3, 3), (1, 1), (1, 1), (1, 1))
     x, w, b, dy = _data(g, 4, np.float32)
-    eng = LoweringEngine(2)
+    eng = LoweringEngine(2, workspace=Workspace())
     eng.configure(g, np.float32)
     assert eng.workspace_bytes() == 0
     y = np.empty_like(dy)
@@ -142,3 +146,60 @@ def test_workspace_bytes_and_reuse():
     assert used >= col.nbytes > 0
     eng.forward(x, w, b, y)
     assert eng._ws[0]["col"] is col and eng.workspace_bytes() == used
+
+
+# layers of different shapes, paddings and lowerings, run one after the other as a net runs them
+NET = [ConvGeometry(4, 3, 8, 1, (12, 12), (5, 5), (1, 1), (2, 2), (1, 1)),
+       ConvGeometry(4, 8, 6, 2, (12, 12), (3, 3), (1, 1), (1, 1), (1, 1)),
+       ConvGeometry(4, 6, 5, 1, (12, 12), (3, 3), (2, 2), (0, 0), (1, 1)),
+       ConvGeometry(4, 5, 4, 1, (5, 5), (3, 3), (1, 1), (2, 2), (2, 2))]
+
+
+@pytest.mark.parametrize("strategy", [1, 2, 3])
+def test_layers_share_one_workspace(strategy):
+    """One workspace for all engines of a thread: sized by the largest layer, not the sum; a slot another
+    layer left dirty (the padded input's border, the GEMM buffer) never leaks into results."""
+    data = [_data(g, 10 + i) for i, g in enumerate(NET)]
+    private, shared = [], []
+    for g in NET:
+        eng = LoweringEngine(strategy, workspace=Workspace())
+        eng.configure(g, np.float64)
+        private.append(eng)
+        eng = LoweringEngine(strategy)
+        eng.configure(g, np.float64)
+        shared.append(eng)
+    for _ in range(2):  # the second round finds every slot written by the other layers
+        for eng, ref_eng, (x, w, b, dy) in zip(shared, private, data):
+            for a, c in zip(_run_engine(eng, x, w, b, dy), _run_engine(ref_eng, x, w, b, dy)):
+                np.testing.assert_array_equal(a, c)
+    space = shared[0].workspace
+    assert all(e.workspace is space for e in shared) and space is lowering.shared_workspace(np.float64)
+    total = sum(e.workspace_bytes() for e in private)
+    assert max(e.workspace_bytes() for e in private) <= space.nbytes() < total
+    assert shared[0].workspace_bytes() == space.nbytes()
+    # float32 arrays use their own shared workspace (no reallocation back and forth); other threads theirs
+    assert lowering.shared_workspace(np.float32) is not space
+    other = []
+    thread = threading.Thread(target=lambda: other.append(lowering.shared_workspace(np.float64)))
+    thread.start()
+    thread.join()
+    assert other[0] is not space
+
+
+def test_shared_workspace_lives_as_long_as_its_engines():
+    g = NET[0]
+    x, w, b, dy = _data(g, 20, np.float32)
+    refs = []
+
+    def run() -> None:  # in a thread of its own: nothing else uses that thread's workspace
+        eng = LoweringEngine(1)
+        eng.configure(g, np.float32)
+        _run_engine(eng, x, w, b, dy)
+        assert eng.workspace_bytes() > 0
+        refs.append(weakref.ref(eng.workspace))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    gc.collect()
+    assert refs and refs[0]() is None

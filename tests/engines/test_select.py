@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import io
 import json
+import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -103,11 +105,17 @@ def test_autotune_writes_and_reads_the_cache(tmp_path, monkeypatch):
     def fail(*a, **k):
         raise AssertionError("measured again instead of reading the cache")
 
-    monkeypatch.setattr(select, "_best_time", fail)
+    monkeypatch.setattr(LoweringEngine, "forward", fail)
     assert select.choose_strategy(g) == (strategy, "autotuned")
     eng = LoweringEngine("auto")
     eng.configure(g)
     assert eng.describe() == f"lowering {strategy} (autotuned)"
+    select.set_autotune(False)
+    assert select.choose_strategy(g)[1] == "cost model"
+    for text, value in (("auto", "auto"), ("", "auto"), ("1", True), ("never", False)):
+        assert select.parse_autotune(text) == value
+    with pytest.raises(CctError, match="CCT_AUTOTUNE"):
+        select.parse_autotune("sometimes")
 
 
 def test_cache_dir_follows_xdg(tmp_path, monkeypatch):
@@ -116,8 +124,91 @@ def test_cache_dir_follows_xdg(tmp_path, monkeypatch):
     assert select.cache_path() == tmp_path / "cct" / "autotune.json"
 
 
-def test_calibrated_rates_are_used(tmp_path):
-    rates = select.calibrate()
-    assert rates.gemm_flops > 0 and rates.lower_elems > 0
-    assert select.machine_rates() == rates
+def test_calibration_runs_once_per_machine_and_is_cached(tmp_path, monkeypatch):
+    monkeypatch.setattr(select, "_rates_memo", {})
+    assert select.machine_rates() == cost_model.DEFAULT_RATES  # not calibrated, not measured on demand
+    t = time.perf_counter()
+    rates = select.machine_rates(calibrate_if_missing=True)
+    assert time.perf_counter() - t < 5  # well under a second on an idle machine
+    fields = cost_model.MachineRates.__dataclass_fields__
+    assert all(getattr(rates, f) > 0 for f in fields)
+    data = json.loads(select.cache_path().read_text())
+    assert data["rates"][select._rates_key()] == {f: getattr(rates, f) for f in fields}
+
+    def fail(*a, **k):
+        raise AssertionError("calibrated again")
+
+    monkeypatch.setattr(select, "calibrate", fail)
+    monkeypatch.setattr(select, "_rates_memo", {})  # a new process: read from the cache
+    assert select.machine_rates(calibrate_if_missing=True) == rates
     assert set(select.predicted_seconds(_geo(8, 8))) == {1, 2, 3}
+
+
+def test_gemm_speed_depends_on_shape():
+    r = cost_model.DEFAULT_RATES
+    square = cost_model.gemm_seconds(512, 512, 4096, r)
+    assert 2 * 512 * 512 * 4096 / r.gemm_flops < square < 1.2 * 2 * 512 * 512 * 4096 / r.gemm_flops
+    # the same flops with 16 output rows or a 16-long inner dimension run slower
+    assert cost_model.gemm_seconds(16, 512, 32 * 4096, r) > 1.5 * square
+    assert cost_model.gemm_seconds(512, 16, 32 * 4096, r) > 1.5 * square
+    c = cost_model.layer_costs(_geo(8, 16), 1)
+    assert c.gemm_shapes == ((16, 72, 8 * 32 * 32), (72, 16, 8 * 32 * 32), (72, 8 * 32 * 32, 16))
+    # partitions share the machine: same time, give or take the GEMM shapes
+    one, two = cost_model.estimate_seconds(c, r, 1), cost_model.estimate_seconds(c, r, 2)
+    assert one <= two < 1.1 * one
+
+
+def _fixed_model(monkeypatch, seconds: dict[int, float]) -> list:
+    """The model predicts ``seconds``; autotune records its candidates and measures type 2 fastest."""
+    calls = []
+    monkeypatch.setattr(select, "predicted_seconds", lambda g, rates=None: dict(seconds))
+    monkeypatch.setattr(select, "machine_rates", lambda calibrate_if_missing=False: cost_model.DEFAULT_RATES)
+
+    def fake_autotune(g, dtype=np.float32, candidates=None, images=None):
+        calls.append(sorted(candidates or (1, 2, 3)))
+        return {s: (0.5 if s == 2 else 1.0) for s in (candidates or (1, 2, 3))}
+
+    monkeypatch.setattr(select, "autotune", fake_autotune)
+    return calls
+
+
+def test_auto_measures_only_close_calls_on_big_layers(monkeypatch):
+    g = _geo(64, 64)
+    calls = _fixed_model(monkeypatch, {1: 0.105, 2: 0.1, 3: 0.5})  # big, 1 and 2 within the window
+    assert select.choose_strategy(g) == (2, "autotuned") and calls == [[1, 2]]
+    calls = _fixed_model(monkeypatch, {1: 0.2, 2: 0.1, 3: 0.5})  # big, a clear winner: no measurement
+    assert select.choose_strategy(g) == (2, "cost model") and calls == []
+    calls = _fixed_model(monkeypatch, {1: 0.0106, 2: 0.01, 3: 0.05})  # medium: the model, type 1 within 5%
+    assert select.choose_strategy(g) == (1, "cost model") and calls == []
+    calls = _fixed_model(monkeypatch, {1: 0.012, 2: 0.01, 3: 0.05})
+    assert select.choose_strategy(g) == (2, "cost model") and calls == []
+    calls = _fixed_model(monkeypatch, {1: 0.0009, 2: 0.0001, 3: 0.0002})  # saves < 1 ms: Caffe's order
+    assert select.choose_strategy(g) == (1, "cost model") and calls == []
+    select.set_autotune(False)
+    calls = _fixed_model(monkeypatch, {1: 0.105, 2: 0.1, 3: 0.5})
+    assert select.choose_strategy(g) == (1, "cost model") and calls == []
+
+
+def test_autotune_measures_one_chunk_of_the_layer(monkeypatch):
+    g = ConvGeometry(64, 8, 8, 1, (12, 12), (3, 3), (1, 1), (1, 1), (1, 1))
+    partition.set_partitions(2)
+    sizes = []
+    real_configure = LoweringEngine.configure
+
+    def spy(self, geometry, dtype=None):
+        sizes.append(geometry.num)
+        return real_configure(self, geometry, dtype)
+
+    monkeypatch.setattr(LoweringEngine, "configure", spy)
+    monkeypatch.setattr(select, "AUTOTUNE_BYTES", 0)
+    measured = select.autotune(g, np.float32, [2, 3])
+    assert set(measured) == {2, 3} and all(t > 0 for t in measured.values())
+    # 1024 GEMM columns per partition at 144 per image: 8 images each, 16 of the 64
+    assert sizes[1:] == [16, 16]
+    cached = json.loads(select.cache_path().read_text())["autotune"][select.geometry_key(g, np.float32)]
+    assert set(cached) == {"2", "3"}
+    # enough images for 64 MB of buffers: more than a partition's chunk (32 images), so one chunk each
+    monkeypatch.setattr(select, "AUTOTUNE_BYTES", 64 << 20)
+    sizes.clear()
+    select.autotune(replace(g, in_channels=4), np.float32, [1, 2])
+    assert sizes[1:] == [64, 64]
