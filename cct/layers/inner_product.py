@@ -5,6 +5,7 @@ from collections.abc import Sequence
 
 from cct.blob import Blob, shape_equals_legacy
 from cct.device import get_array_module
+from cct.engines.gemm import matmul_accumulate
 from cct.errors import CctError, ParamError
 from cct.fillers import fill
 from cct.layers.base import Layer
@@ -98,7 +99,10 @@ class InnerProductLayer(Layer):
         xp = get_array_module(dy)
         if self.param_propagate_down[0]:
             w_diff = self.blobs[0].diff
-            w_diff += (x.T @ dy) if self.transpose else (dy.T @ x)
+            if self.transpose:
+                matmul_accumulate(w_diff, x.T, dy)
+            else:
+                matmul_accumulate(w_diff, dy.T, x)
         if self.bias_term and self.param_propagate_down[1]:
             b_diff = self.blobs[1].diff
             b_diff += dy.sum(axis=0)

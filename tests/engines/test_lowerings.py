@@ -203,3 +203,19 @@ def test_shared_workspace_lives_as_long_as_its_engines():
     thread.join()
     gc.collect()
     assert refs and refs[0]() is None
+
+
+def test_matmul_accumulate_adds_in_place() -> None:
+    from cct.engines.gemm import matmul_accumulate
+
+    rng = np.random.default_rng(5)
+    for dtype in (np.float32, np.float64):
+        a, b = rng.standard_normal((6, 4)).astype(dtype), rng.standard_normal((4, 3)).astype(dtype)
+        out = rng.standard_normal((6, 3)).astype(dtype)
+        expected = out + a @ b
+        buffer = out
+        matmul_accumulate(out, a, b)
+        assert out is buffer
+        np.testing.assert_allclose(out, expected, rtol=1e-6)
+        matmul_accumulate(out, np.asfortranarray(a), b[:, ::-1][:, ::-1])  # other layouts
+        np.testing.assert_allclose(out, expected + a @ b, rtol=1e-5)
