@@ -1,7 +1,8 @@
 """Pooling (Caffe's ``pooling_layer``): MAX, AVE and STOCHASTIC over windows of the spatial axes.
 
 The arithmetic lives in :class:`Pooler`, which works on ``(N, C, *spatial)`` arrays with any number of
-spatial axes and loops only over kernel offsets; the Pooling layer (4-D, as Caffe) and SPP use it.
+spatial axes and loops only over kernel offsets; the Pooling layer (4-D as Caffe, plus N-D volumes such as
+``(N, C, D, H, W)``) and SPP use it.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from cct.device import get_array_module
 from cct.errors import CctError, ParamError
 from cct.layers.base import Layer
 from cct.layers.registry import register
+from cct.parallel.partition import batch_ranges, partitions_for, run_partitions
 from cct.proto import caffe_pb2 as pb
 from cct.rng import get_rng
 
@@ -163,7 +165,10 @@ class Pooler:
         """``y`` (N, C, *out) from ``x`` (N, C, *in); MAX writes its argmax into ``mask`` if given."""
         xp = get_array_module(x)
         if self.method == MAX:
-            self._forward_max(x, y, mask, xp)
+            if mask is None:
+                self._forward_max_values(x, y, xp)
+            else:
+                self._forward_max(x, y, mask, xp)
         elif self.method == AVE:
             buf = self._padded(x, 0.0)
             for j, (sl, _, _) in enumerate(self._offsets(xp)):
@@ -206,6 +211,42 @@ class Pooler:
         if mask is not None:
             mask[...] = idx
 
+    def _forward_max_values(self, x: Any, y: Any, xp: Any) -> None:
+        """MAX without a mask top (the fast path): only the maxima, ``fmax`` over the kernel offsets (NaN never
+        wins, as with Caffe's strictly-greater scan); the winners are found again in backward from a private
+        copy of the maxima (the top may be changed in place after forward)."""
+        buf = self._padded(x, float("-inf"))
+        ymax = self._buf("ymax", y.shape, y)
+        ymax.fill(-FLT_MAX)
+        for sl, _, _ in self._offsets(xp):
+            xp.fmax(ymax, buf[sl], out=ymax)
+        xp.copyto(y, ymax)
+        self._index = None
+
+    def _backward_max_values(self, dy: Any, dx: Any, accumulate: bool, xp: Any) -> None:
+        """Route ``dy`` to the first cell (row-major kernel order) equal to its window's maximum — the cell
+        Caffe's strictly-greater scan keeps; a window without cells (max ``-FLT_MAX``) routes nothing."""
+        buf, ymax = self._buffers["x_pad-inf"], self._buffers["ymax"]
+        direct = not accumulate and self.padded_shape == self.in_shape  # no border: write dx itself
+        gbuf = dx if direct else self._buf("g_pad", dy.shape[:2] + self.padded_shape, dy)
+        gbuf.fill(0)
+        taken = self._buf("taken", dy.shape, dy, dtype=bool)
+        xp.less_equal(ymax, -FLT_MAX, out=taken)
+        hit = self._buf("better", dy.shape, dy, dtype=bool)
+        routed = self._buf("routed", dy.shape, dy)
+        for sl, _, _ in self._offsets(xp):
+            xp.equal(buf[sl], ymax, out=hit)
+            xp.greater(hit, taken, out=hit)  # hit and not taken
+            taken |= hit
+            xp.multiply(dy, hit, out=routed)
+            gbuf[sl] += routed
+        if direct:
+            return
+        if accumulate:
+            dx += gbuf[self._interior()]
+        else:
+            dx[...] = gbuf[self._interior()]
+
     def _forward_stochastic_train(self, x: Any, y: Any, xp: Any) -> None:
         buf = self._padded(x, 0.0)
         total = self._buf("s1", y.shape, y)
@@ -239,6 +280,9 @@ class Pooler:
         """``dx`` from ``dy``: overwritten, or accumulated when ``accumulate``.  MAX routes through
         ``mask`` (the float mask top) if given, else the argmax kept by forward."""
         xp = get_array_module(dy)
+        if self.method == MAX and mask is None and self._index is None and "ymax" in self._buffers:
+            self._backward_max_values(dy, dx, accumulate, xp)
+            return
         if self.method == MAX or (self.method == STOCHASTIC and train):
             index = self._index if mask is None else mask.astype(np.int64)
             if index is None:
@@ -296,17 +340,27 @@ class Pooling(Layer):
     ``kernel_w``, ``stride`` (1) or ``stride_h`` and ``stride_w``, ``pad`` (0) or ``pad_h`` and ``pad_w``
     (MAX/AVE only, pad < kernel), ``global_pooling`` (kernel = H×W, pad 0, stride 1), ``round_mode``.
     STOCHASTIC runs on the CPU too (Caffe: GPU only); TRAIN samples from :func:`cct.rng.get_rng`.
+
+    N-D (a cct extension; Caffe's Pooling is 4-D only): a bottom ``(N, C, *spatial)`` with any number of
+    spatial axes — ``(N, C, D, H, W)`` for volumes — pools every spatial axis with the same ``kernel_size``,
+    ``stride`` and ``pad`` (these fields are not repeated in Caffe's proto, so there is no per-axis form;
+    ``kernel_h``/``kernel_w`` and friends are 2-D only), or over the whole volume with ``global_pooling``.
+    The mask top holds the flat index within the channel volume (``(d*H + h)*W + w``).  4-D bottoms behave
+    exactly as Caffe's.
     """
 
     exact_num_bottom = 1
     min_top = 1
     max_top = 2
     allow_in_place = False
-    num_spatial = 2  # Caffe's Pooling is 4-D; the Pooler itself is N-D
+    batch_separable = property(lambda self: self.method != STOCHASTIC or self.phase != pb.TRAIN)  # TRAIN samples
 
     def setup(self, bottom: list[Blob], top: list[Blob]) -> None:
         p = self.layer_param.pooling_param
         f = "pooling_param"
+        self.num_spatial = nd = bottom[0].num_axes - 2
+        if nd < 1:
+            raise CctError(self._axes_message(bottom[0]))
         self.method = p.pool
         if len(top) > 1 and self.method != MAX:
             raise ParamError("top", f"Pooling Layer produces a second (mask) top only for MAX pooling "
@@ -325,37 +379,48 @@ class Pooling(Layer):
                              "For non-square filters both kernel_h and kernel_w are required."
                              if p.HasField("kernel_h") or p.HasField("kernel_w")
                              else "kernel_size (or kernel_h and kernel_w) is required")
-        self.pad = self._pair(p, "pad", f)
-        self.stride = self._pair(p, "stride", f)
+        if nd != 2:
+            for name in ("kernel", "stride", "pad"):
+                if p.HasField(f"{name}_h") or p.HasField(f"{name}_w"):
+                    raise ParamError(f"{f}.{name}_h", f"{name}_h/{name}_w are for 2-D pooling only; a bottom "
+                                                      f"with {nd} spatial axes ({bottom[0].shape_string()}) "
+                                                      f"takes {name if name != 'kernel' else 'kernel_size'} "
+                                                      f"for every axis")
+        self.pad = self._per_axis(p, "pad", f)
+        self.stride = self._per_axis(p, "stride", f)
         if self.global_pooling and (any(self.pad) or any(s != 1 for s in self.stride)):
             raise ParamError(f"{f}.global_pooling", f"With Global_pooling: true; only pad = 0 and stride = 1 "
                                                     f"(pad {_dims(self.pad)}, stride {_dims(self.stride)})")
         if self.global_pooling:
-            self.kernel = tuple(bottom[0].shape[2:]) if bottom[0].num_axes == 4 else (1, 1)
+            self.kernel = tuple(bottom[0].shape[2:])
         elif p.HasField("kernel_size"):
-            self.kernel = (int(p.kernel_size),) * self.num_spatial
+            self.kernel = (int(p.kernel_size),) * nd
         else:
             self.kernel = (int(p.kernel_h), int(p.kernel_w))
         check_pool_window(self.method, self.kernel, self.stride, self.pad, f)
         self.ceil_mode = p.round_mode == pb.PoolingParameter.CEIL
         self.pooler: Pooler | None = None
 
-    @staticmethod
-    def _pair(p: pb.PoolingParameter, name: str, f: str) -> tuple[int, int]:
-        """``name`` for both axes, or ``name_h`` and ``name_w`` (both, and not with ``name``)."""
+    def _per_axis(self, p: pb.PoolingParameter, name: str, f: str) -> tuple[int, ...]:
+        """``name`` for every spatial axis, or (2-D) ``name_h`` and ``name_w`` (both, and not with ``name``)."""
         has_h, has_w = p.HasField(f"{name}_h"), p.HasField(f"{name}_w")
         if not has_h and not has_w:
-            v = int(getattr(p, name))
-            return v, v
+            return (int(getattr(p, name)),) * self.num_spatial
         if p.HasField(name) or not (has_h and has_w):
             raise ParamError(f"{f}.{name}", f"{name} is {name} OR {name}_h and {name}_w are required.")
         return int(getattr(p, f"{name}_h")), int(getattr(p, f"{name}_w"))
 
+    def _axes_message(self, x: Blob) -> str:
+        if self.num_spatial == 2 or x.num_axes < 3:
+            return (f"Pooling layer '{self.name}': Input must have 4 axes, corresponding to (num, channels, "
+                    f"height, width) (got {x.shape_string()})")
+        return (f"Pooling layer '{self.name}': Input must keep its {2 + self.num_spatial} axes (num, channels "
+                f"and {self.num_spatial} spatial axes) (got {x.shape_string()})")
+
     def reshape(self, bottom: list[Blob], top: list[Blob]) -> None:
         x = bottom[0]
         if x.num_axes != 2 + self.num_spatial:
-            raise CctError(f"Pooling layer '{self.name}': Input must have 4 axes, corresponding to (num, "
-                           f"channels, height, width) (got {x.shape_string()})")
+            raise CctError(self._axes_message(x))
         in_shape = tuple(x.shape[2:])
         if self.global_pooling:
             self.kernel = in_shape
@@ -363,17 +428,40 @@ class Pooling(Layer):
         if pl is None or pl.in_shape != in_shape or pl.kernel != self.kernel:
             pl = Pooler(self.method, in_shape, self.kernel, self.stride, self.pad, self.ceil_mode)
             self.pooler = pl
+            self._part_poolers: list[Pooler] = [pl]
         for t in top:
             t.reshape(x.shape[:2] + pl.out_shape)
+
+    # Batch partitions (cct.parallel.partition): each partition pools its images with its own Pooler (own
+    # buffers and argmax); STOCHASTIC TRAIN draws its random numbers for the whole batch, so it never splits.
+    def _ranges(self, x: Blob) -> list[tuple[int, int]]:
+        if self.method == STOCHASTIC:
+            return [(0, x.shape[0])]
+        assert self.pooler is not None
+        work = x.count // max(x.shape[0], 1) * (1 + len(self.pooler._offsets()))
+        ranges = batch_ranges(x.shape[0], partitions_for(x.shape[0], work))
+        while len(self._part_poolers) < len(ranges):
+            pl = self.pooler
+            self._part_poolers.append(Pooler(self.method, pl.in_shape, self.kernel, self.stride, self.pad,
+                                             self.ceil_mode))
+        self._last_ranges = ranges
+        self.last_partitions = len(ranges)  # shown by cct.engines.select.describe_layer_engine
+        return ranges
 
     def forward(self, bottom: list[Blob], top: list[Blob]) -> None:
         assert self.pooler is not None
         mask = top[1].data if len(top) > 1 else None
-        self.pooler.forward(bottom[0].data, top[0].data, self.phase == pb.TRAIN, mask)
+        x, y, train = bottom[0].data, top[0].data, self.phase == pb.TRAIN
+        ranges = self._ranges(bottom[0])
+        run_partitions(ranges, lambda p, a, b: self._part_poolers[p].forward(
+            x[a:b], y[a:b], train, None if mask is None else mask[a:b]))
 
     def backward(self, top: list[Blob], propagate_down: Sequence[bool], bottom: list[Blob]) -> None:
         if not propagate_down[0]:
             return
         assert self.pooler is not None
         mask = top[1].data if len(top) > 1 else None
-        self.pooler.backward(top[0].diff, bottom[0].diff, bottom[0].data, mask, self.phase == pb.TRAIN)
+        dy, dx, x, train = top[0].diff, bottom[0].diff, bottom[0].data, self.phase == pb.TRAIN
+        ranges = getattr(self, "_last_ranges", None) or [(0, x.shape[0])]
+        run_partitions(ranges, lambda p, a, b: self._part_poolers[p].backward(
+            dy[a:b], dx[a:b], x[a:b], None if mask is None else mask[a:b], train))

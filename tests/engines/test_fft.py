@@ -57,7 +57,7 @@ def _close(a, b, rtol):
 def test_equals_lowering(g, dtype, rtol):
     x, w, b, dy = _data(g, dtype)
     ref = _run(LoweringEngine(1), g, x, w, b, dy)
-    for kw in ({}, {"memoize": False}, {"pruned": False}):
+    for kw in ({"lift": False}, {"lift": True}, {"memoize": False}, {"pruned": False, "lift": True}):
         for got, want in zip(_run(FFTEngine(**kw), g, x, w, b, dy), ref):
             assert got.dtype == dtype
             _close(got, want, rtol)
@@ -87,12 +87,12 @@ def test_separate_passes_and_deconvolution_step():
     ("num_output: 2 kernel_size: 3 pad: 1", (1, 2, 4, 5, 4)),
     ("num_output: 4 kernel_size: [2, 3, 2] dilation: [2, 1, 1] pad: [1, 0, 1] group: 2", (1, 2, 5, 4, 4)),
 ])
-@pytest.mark.parametrize("memoize", [True, False])
-def test_gradient_convolution(params, shape, memoize):
+@pytest.mark.parametrize("memoize,lift", [(True, False), (True, True), (False, True)])
+def test_gradient_convolution(params, shape, memoize, lift):
     x = np.random.default_rng(1).standard_normal(shape)
     text = (f'type: "Convolution" convolution_param {{ {params} weight_filler {{ type: "gaussian" std: 0.5 }} '
             f'bias_filler {{ type: "gaussian" std: 0.5 }} }}')
-    layer = Convolution(layer_param(text), FFTEngine(memoize=memoize))
+    layer = Convolution(layer_param(text), FFTEngine(memoize=memoize, lift=lift))
     report = check_gradient(layer, [x], rtol=1e-6, atol=1e-8)
     assert report.checked > 0
 
@@ -101,7 +101,8 @@ def test_gradient_deconvolution_3d():
     x = np.random.default_rng(2).standard_normal((1, 2, 3, 4, 3))
     text = ('type: "Deconvolution" convolution_param { num_output: 2 kernel_size: 3 pad: 1 '
             'weight_filler { type: "gaussian" std: 0.5 } bias_filler { type: "gaussian" std: 0.5 } }')
-    check_gradient(Deconvolution(layer_param(text), FFTEngine()), [x], rtol=1e-6, atol=1e-8)
+    for lift in (False, True):
+        check_gradient(Deconvolution(layer_param(text), FFTEngine(lift=lift)), [x], rtol=1e-6, atol=1e-8)
 
 
 def test_layer_with_two_bottoms_equals_lowering():
@@ -180,18 +181,19 @@ def test_memoize_off(monkeypatch):
     assert FFTEngine().memoize and not FFTEngine(memoize=False).memoize
 
 
-def test_kernel_transformed_once_per_batch(monkeypatch):
+@pytest.mark.parametrize("lift,kernel_block", [(False, (3, 3, 3, 4, 3)), (True, (3, 3, 4, 3, 3))])
+def test_kernel_transformed_once_per_batch(monkeypatch, lift, kernel_block):
     """One input and one kernel transform per forward whatever the batch size (the kernel spectrum is
     shared by every image); the backward transforms only the output gradient."""
     g = ConvGeometry(5, 3, 4, 1, (6, 6, 5), (3, 3, 3), (1, 1, 1), (1, 1, 1), (1, 1, 1))
     x, w, b, dy = _data(g)
-    eng = FFTEngine()
+    eng = FFTEngine(lift=lift)
     eng.configure(g, np.float32)
     calls = []
     original = FFTPlan.forward
     monkeypatch.setattr(FFTPlan, "forward", lambda self, a, *args: calls.append(a.shape) or original(self, a, *args))
     eng.forward(x, w, b, np.zeros_like(dy))
-    assert len(calls) == 2 and calls[1] == (3, 3, 3, 4, 3)
+    assert len(calls) == 2 and calls[1] == kernel_block  # (*kernel, O, Cg) or lifted (*kernel[1:], O, k0, Cg)
     eng.backward(x, dy, w, np.zeros_like(x), np.zeros_like(w))
     assert len(calls) == 3
 
@@ -213,10 +215,24 @@ def test_describe_and_estimate():
     g = ConvGeometry(1, 16, 16, 1, (30, 30, 30), (7, 7, 7), (1, 1, 1), (0, 0, 0), (1, 1, 1))
     eng = FFTEngine()
     assert eng.configure(g, np.float32) and not eng.configure(g, np.float32)
-    assert eng.describe() == "fft 30x30x30 (pruned, memoized)"
     est = FFTEngine.estimate(g)
-    assert est["memo_bytes"] == 30 * 30 * 16 * 8 * (16 + 256 + 16)
-    assert est["transform_flops"] > 0 and est["product_flops"] > 0
+    assert est["full"]["memo_bytes"] == 30 * 30 * 16 * 8 * (16 + 256 + 16)
+    assert est["lifted"]["memo_bytes"] == 30 * 16 * 8 * (16 * 24 * 7 + 256 * 7 + 16 * 24)
+    eng_run = FFTEngine()
+    eng_run.configure(g, np.float32)
+    x, w, b, dy = _data(g)
+    eng_run.forward(x, w, None, np.zeros_like(dy))
+    eng_run.backward(x, dy, w, np.zeros_like(x), np.zeros_like(w))
+    assert eng_run.workspace_bytes() == est["lifted"]["memo_bytes"]
+    assert est["choice"] == "lifted" and eng.lifted  # one image, 7^3: the first axis is lifted
+    assert est["lifted"]["transform_flops"] < est["full"]["transform_flops"]
+    assert eng.describe() == "fft 30x30 over axes 1.., direct over axis 0 (7 taps; pruned, memoized)"
+    full = FFTEngine(lift=False)
+    full.configure(g, np.float32)
+    assert full.describe() == "fft 30x30x30 (pruned, memoized)"
+    assert FFTEngine.estimate(ConvGeometry(1, 2, 2, 1, (9,), (3,), (1,), (0,), (1,)))["choice"] == "full"
+    four = ConvGeometry(4, 16, 16, 1, (30, 30, 30), (7, 7, 7), (1, 1, 1), (0, 0, 0), (1, 1, 1))
+    assert FFTEngine.estimate(four)["choice"] == "full"  # more images: the unlifted products are cheaper
 
 
 # ---- plans ---------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Pooling against a loop transcription of Caffe's CPU semantics, including its quirks."""
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -206,7 +207,7 @@ def test_stochastic_train_samples_proportionally():
 
 
 def test_nd_pooler():
-    """The Pooler is N-D (the layer keeps Caffe's 4-D check)."""
+    """The Pooler is N-D, with a kernel, stride and pad per axis."""
     x = np.random.default_rng(6).standard_normal((1, 2, 4, 5, 3))
     y = np.zeros((1, 2) + pooled_shape((4, 5, 3), (2, 3, 2), (2, 2, 1), (0, 1, 0)))
     Pooler(pb.PoolingParameter.MAX, (4, 5, 3), (2, 3, 2), (2, 2, 1), (0, 1, 0)).forward(x, y)
@@ -241,4 +242,97 @@ def test_arity_and_shape_errors():
         setup_layer('type: "Pooling" pooling_param { pool: AVE kernel_size: 2 }', [np.zeros((1, 1, 4, 4))],
                     num_tops=2)
     with pytest.raises(CctError, match="4 axes"):
-        setup_layer('type: "Pooling" pooling_param { pool: MAX kernel_size: 2 }', [np.zeros((1, 1, 4, 4, 4))])
+        setup_layer('type: "Pooling" pooling_param { pool: MAX kernel_size: 2 }', [np.zeros((1, 4))])
+    run = setup_layer('type: "Pooling" pooling_param { pool: MAX kernel_size: 2 }', [np.zeros((1, 1, 4, 4))])
+    run.bottom[0].reshape((1, 1, 4, 4, 4))
+    with pytest.raises(CctError, match="4 axes"):
+        run.layer.reshape(run.bottom, run.top)
+    run = setup_layer('type: "Pooling" pooling_param { pool: MAX kernel_size: 2 }', [np.zeros((1, 1, 4, 4, 4))])
+    run.bottom[0].reshape((1, 1, 4, 4))
+    with pytest.raises(CctError, match="keep its 5 axes"):
+        run.layer.reshape(run.bottom, run.top)
+
+
+# ---- N-D (3-D volumes): a cct extension, kernel/stride/pad applied to every spatial axis ------------------
+def ref_pool_nd(x, method, k, s, p, ceil=True):
+    """Caffe's MAX/AVE loops written for any number of spatial axes (same rules as :func:`ref_pool`); the
+    mask is the flat index within the channel volume."""
+    nd = x.ndim - 2
+    k, s, p = (k,) * nd, (s,) * nd, (p,) * nd
+    out = tuple(ref_out_size(n, kk, ss, pp, ceil, any(p)) for n, kk, ss, pp in zip(x.shape[2:], k, s, p))
+    y = np.zeros(x.shape[:2] + out)
+    mask = np.full(y.shape, -1.0)
+    for n, c in itertools.product(range(x.shape[0]), range(x.shape[1])):
+        for o in itertools.product(*map(range, out)):
+            start = [oi * si - pi for oi, si, pi in zip(o, s, p)]
+            if method == "MAX":
+                lo = [max(a, 0) for a in start]
+                hi = [min(a + kk, dim) for a, kk, dim in zip(start, k, x.shape[2:])]
+                best = -FLT_MAX
+                for cell in itertools.product(*(range(a, b) for a, b in zip(lo, hi))):
+                    if x[(n, c) + cell] > best:
+                        best, mask[(n, c) + o] = x[(n, c) + cell], np.ravel_multi_index(cell, x.shape[2:])
+                y[(n, c) + o] = best
+            else:
+                hi = [min(a + kk, dim + pp) for a, kk, dim, pp in zip(start, k, x.shape[2:], p)]
+                size = math.prod(b - a for a, b in zip(start, hi))
+                lo = [max(a, 0) for a in start]
+                hi = [min(b, dim) for b, dim in zip(hi, x.shape[2:])]
+                total = sum(x[(n, c) + cell] for cell in itertools.product(*(range(a, b) for a, b in zip(lo, hi))))
+                y[(n, c) + o] = total / size
+    return y, mask
+
+
+# (params, shape, method, kernel, stride, pad)
+ND_CASES = [
+    ("pool: MAX kernel_size: 2 stride: 2", (2, 2, 4, 6, 5), "MAX", 2, 2, 0),        # ceil overhang on W
+    ("pool: MAX kernel_size: 3 stride: 2 pad: 1", (1, 2, 5, 4, 6), "MAX", 3, 2, 1),
+    ("pool: AVE kernel_size: 2 stride: 2", (2, 2, 4, 5, 4), "AVE", 2, 2, 0),
+    ("pool: AVE kernel_size: 3 stride: 2 pad: 1", (1, 3, 5, 6, 4), "AVE", 3, 2, 1),
+    ("pool: MAX kernel_size: 3 stride: 1", (1, 2, 7), "MAX", 3, 1, 0),              # 1-D
+    ("pool: AVE kernel_size: 2 stride: 1 pad: 1", (1, 1, 3, 3, 2, 3), "AVE", 2, 1, 1),  # 4-D volume
+]
+
+
+@pytest.mark.parametrize("params,shape,method,k,s,p", ND_CASES)
+def test_nd_forward_matches_caffe_loops(params, shape, method, k, s, p):
+    x = np.random.default_rng(7).standard_normal(shape)
+    tops = 2 if method == "MAX" else 1
+    _, outs = _pool(params, x, num_tops=tops)
+    ref, ref_mask = ref_pool_nd(x, method, k, s, p)
+    np.testing.assert_allclose(outs[0], ref, rtol=1e-12, atol=1e-12)
+    if method == "MAX":
+        np.testing.assert_array_equal(outs[1], ref_mask)
+
+
+@pytest.mark.parametrize("params,shape,method,k,s,p", ND_CASES)
+def test_nd_gradient(params, shape, method, k, s, p):
+    x = np.random.default_rng(8).standard_normal(shape)
+    check_gradient(f'type: "Pooling" pooling_param {{ {params} }}', [x])
+    if method == "MAX":
+        check_gradient(f'type: "Pooling" pooling_param {{ {params} }}', [x], num_tops=2, top_indices=[0])
+
+
+def test_nd_global_pooling_and_mask_backward():
+    x = np.random.default_rng(9).standard_normal((2, 3, 3, 4, 5))
+    _, (y,) = _pool("pool: AVE global_pooling: true", x)
+    np.testing.assert_allclose(y, x.mean(axis=(2, 3, 4), keepdims=True), rtol=1e-12)
+    run, (ym, mask) = _pool("pool: MAX global_pooling: true", x, num_tops=2)
+    assert ym.shape == mask.shape == (2, 3, 1, 1, 1)
+    np.testing.assert_array_equal(mask.reshape(6), x.reshape(6, -1).argmax(axis=1))
+    run.top[0].diff[...] = 2.0
+    run.layer.backward_layer(run.top, [True], run.bottom)
+    d = run.bottom[0].diff.reshape(6, -1)
+    assert (d.sum(axis=1) == 2.0).all() and (d.argmax(axis=1) == x.reshape(6, -1).argmax(axis=1)).all()
+    check_gradient('type: "Pooling" pooling_param { pool: AVE global_pooling: true }', [x])
+
+
+@pytest.mark.parametrize("params,field", [
+    ("pool: MAX kernel_h: 2 kernel_w: 2", "pooling_param.kernel_h"),
+    ("pool: MAX kernel_size: 2 stride_h: 1 stride_w: 1", "pooling_param.stride_h"),
+    ("pool: AVE kernel_size: 2 pad_h: 1 pad_w: 1", "pooling_param.pad_h"),
+])
+def test_nd_rejects_2d_only_fields(params, field):
+    with pytest.raises(ParamError, match="2-D pooling only") as e:
+        setup_layer(f'type: "Pooling" pooling_param {{ {params} }}', [np.zeros((1, 1, 4, 4, 4))])
+    assert e.value.field == field

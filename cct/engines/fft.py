@@ -1,0 +1,426 @@
+"""Convolution by FFT (Zlateski et al., ZNN §III–IV and ZNNi §III): N-D, groups, dilation, stride 1.
+
+For each spatial axis a transform size ``T = next_fast_len(max(in + pad, out, extent))`` (2^a 3^b 5^c 7^d 11^e;
+2^a 3^b 5^c for the last, real-to-complex axis) makes the circular products below equal the zero-padded
+linear ones: no product ever wraps onto a non-zero value.  With ``ξ`` the input at the origin of the
+``T``-periodic domain (padding costs nothing: it is a shift of the output positions), ``κ`` the dilated
+kernel at the origin and ``ζ`` the output gradient at the origin, ``^`` the real DFT, and products per
+frequency over channels (within a group):
+
+    forward           y[p]  = irfft(conj(ξ^) · κ^)[(pad - p) mod T]              Σ over input channels
+    backward data     dx[i] = irfft(ζ^ · κ^)[(pad + i) mod T]                    Σ over output channels
+    backward weights  dw[k] += irfft(ζ^ᵀ · conj(ξ^))[(pad - k·dil) mod T]         Σ over the batch
+
+(``irfft(conj(S))[t] = irfft(S)[-t]``, so keeping ``conj(ξ^)`` instead of ``ξ^`` turns both correlations
+into plain products and the conjugation into reversed output positions.)  Per frequency these are small
+matrix products, run batched with frequencies as the batch: ``(N, Cg)·(Cg, Og)``, ``(N, Og)·(Og, Cg)`` and
+``(Og, N)·(N, Cg)``: the kernel transforms are computed once per batch and the channel sums happen in the
+frequency domain, so a layer does ``N·C + O·C + N·O`` forward and as many inverse transforms for forward +
+backward (ZNN's count), instead of one per channel pair.  Transforms (:mod:`cct.engines.fft_plan`) are
+``scipy.fft`` real FFTs, pruned to the non-zero lines as ZNNi, with :func:`fft_workers` threads.
+
+Lifted first axis.  With one image (ZNN's training regime) the ``O·C`` kernel transforms and weight-gradient
+inverses dominate, and most of their lines run along the first axis.  The engine can instead transform only
+the other axes and correlate along the first one directly, CcT-style: the conjugated input spectra,
+zero-padded by ``pad`` rows along the first axis, are lowered along it (``X[(p, n), (j, c)] = ξ^[p + j·dil, n,
+c]``, per frequency and group) and the kernel spectra keep their first-axis taps (``K[o, (j, c)]``):
+
+    forward           Y  = X · Kᵀ                (out0·N × k0·Cg) · (k0·Cg × Og), one GEMM per frequency
+    backward data     dX = Y' · K, each tap's columns added back into the rows they came from (col2im)
+    backward weights  dK = Y'ᵀ · X
+
+This trades the first-axis transforms for ``k0·out0/T0`` times larger products that run as BLAS matrix
+products; :meth:`FFTEngine.estimate` predicts both and ``lift=None`` takes the faster (16→16, 7³ kernel, 30³
+volume, one image: lifted, 33 vs 60 ms measured; four images: unlifted).
+
+Memoization (ZNN §IV).  The spectra of the engine's three operands — the input ``x``, the weights ``w``
+and the output gradient ``dy`` — are kept after they are computed and reused by the later passes of the
+same iteration: ``backward_weights`` reuses the forward's input spectrum, ``backward_data`` its kernel
+spectrum, and both share the output-gradient spectrum; a forward with unchanged weights (testing,
+inference) reuses the kernel spectrum.  Contract: a kept spectrum is reused only when the array passed
+is the *same array with the same contents* — the same buffer address, shape, strides and dtype, and the
+same content fingerprint (a position-weighted sum, one read of the array, cheap next to a transform), so
+an array modified in place between the passes (a solver update, a gradient check, a user writing into a
+blob) is transformed again.  :meth:`FFTEngine.invalidate` drops everything.  ``memoize=False`` (or
+``CCT_FFT_MEMOIZE=0``) keeps nothing between calls, bounding the engine's memory to one call's
+transforms; :meth:`FFTEngine.workspace_bytes` reports what is kept.
+
+Numbers: float32 runs in complex64, float64 in complex128; results equal the lowering engine's to
+~1e-6 of the output's magnitude (float32).
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from cct.device import get_array_module
+from cct.engines import ConvEngine, ConvGeometry
+from cct.engines.fft_plan import FFTPlan, fft_workers, positions, transform_size
+from cct.errors import CctError
+from cct.parallel.partition import batch_ranges, blas_threads, partitions_for, run_partitions
+
+__all__ = ["FFTEngine", "fft_transform_size"]
+
+# Effective rates behind the lifted/unlifted choice (flops as counted by FFTEngine.estimate: 5·n·log2(n) per
+# complex line of length n, 8 per complex multiply-add), fitted to forward+backward times of 14 layers (1 to
+# 16 images, 1 to 40 channels, kernels 3-9, volumes 16-40) on the project's 2-core machine; with them the
+# choice was the faster layout on all 14 (the unlifted layout wins from about 4 images up).
+FFT_FLOPS_PER_S = 8e9        # scipy.fft, lines of length 16-40
+PRODUCT_FLOPS_PER_S = 10e9   # unlifted: batched complex64 products with a few rows per frequency
+GEMM_FLOPS_PER_S = 13e9      # lifted: batched complex64 GEMMs (rows × k0·C) per frequency, incl. lowering
+CALL_OVERHEAD_S = 4e-3       # per forward + backward, either layout
+
+
+def fft_transform_size(g: ConvGeometry) -> tuple[int, ...]:
+    """Per spatial axis ``next_fast_len(max(in + pad, out, extent))``: the smallest fast size for which the
+    circular products equal the linear ones (see the module docstring); the last axis is the real one."""
+    nd = g.num_spatial_axes
+    return tuple(transform_size(max(i + p, o, e), real=a == nd - 1)
+                 for a, (i, p, o, e) in enumerate(zip(g.in_shape, g.pad, g.out_shape, g.extent)))
+
+
+@dataclass
+class _Kept:
+    """A memoized spectrum and the fingerprint of the array it was computed from."""
+
+    key: tuple[Any, ...]
+    spectrum: Any
+
+
+def _fingerprint(a: Any) -> tuple[Any, ...]:
+    """Identity (buffer address, shape, strides, dtype) and a content checksum of ``a``: the sum of its
+    elements weighted by ``1 + frac(i·φ)`` over rows and columns (distinct weights, so a change or a swap
+    of values changes it), computed in one pass over ``a``."""
+    iface = a.__array_interface__
+    row = 1
+    for d in reversed(a.shape):  # rows of a few hundred elements: einsum's loop is slow on short rows
+        row *= d
+        if row >= 256:
+            break
+    flat = a.reshape(-1, max(row, 1))
+    cols = (1.0 + (np.arange(flat.shape[1]) * 0.6180339887498949) % 1.0).astype(a.dtype)
+    # numpy's own loops, not BLAS: a tiny BLAS call right after multi-threaded FFTs waits milliseconds for
+    # the BLAS threads to get a core
+    rows = np.einsum("ij,j->i", flat, cols).astype(np.float64)
+    weights = 1.0 + (np.arange(rows.shape[0]) * 0.7548776662466927) % 1.0
+    return iface["data"][0], a.shape, a.strides, a.dtype.str, float(np.einsum("i,i->", rows, weights))
+
+
+def _batched_matmul(a: Any, b: Any) -> Any:
+    """``a @ b`` over the leading (frequency, group) axes: the frequencies split into batch partitions
+    (:mod:`cct.parallel.partition`, one thread per core; measured 1.2-1.9x faster than one thread on this
+    machine when it is otherwise idle) and single-threaded BLAS everywhere — each matrix is small, and a
+    multi-threaded BLAS call per matrix pays a thread barrier each time: with the second core busy (a shared
+    machine) each barrier can cost a scheduler time slice, measured up to 30 s for the 480 products of one
+    40→40 layer instead of 0.4 s."""
+    lead = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    out = np.empty(lead + (a.shape[-2], b.shape[-1]), dtype=np.result_type(a, b))
+    per_frequency = 8.0 * _prod(lead[1:]) * a.shape[-2] * a.shape[-1] * b.shape[-1]
+    ranges = batch_ranges(lead[0], partitions_for(lead[0], per_frequency))
+
+    def body(_part: int, f0: int, f1: int) -> None:
+        np.matmul(a[f0:f1], b[f0:f1], out=out[f0:f1])
+
+    with blas_threads(1):
+        run_partitions(ranges, body)
+    return out
+
+
+def _prod(values: Any) -> int:
+    return math.prod(int(v) for v in values)
+
+
+def _transform_flops(size: tuple[int, ...], block: tuple[int, ...]) -> float:
+    """5·n·log2(n) per line of the pruned transform of a ``block`` in ``size`` (real axis at half cost)."""
+    nd = len(size)
+    spec = size[:-1] + (size[-1] // 2 + 1,)
+    total = 0.0
+    for a in reversed(range(nd)):  # along axis a: axes < a at block extent, axes > a in the spectrum
+        lines = _prod(block[:a]) * _prod(spec[a + 1:])
+        total += lines * 5 * size[a] * math.log2(max(size[a], 2)) * (0.5 if a == nd - 1 else 1.0)
+    return total
+
+
+class FFTEngine(ConvEngine):
+    """FFT convolution (see the module docstring): stride 1 only, any number of spatial axes ≥ 1, groups,
+    dilation, padding; numpy arrays (CPU).
+
+    ``memoize``: keep the operands' spectra between calls (default: ``CCT_FFT_MEMOIZE``, on unless ``0``).
+    ``pruned``: pruned transforms (default, measured faster) or plain ``rfftn`` on the padded array.
+    ``lift``: correlate along the first spatial axis directly (True), transform every axis (False), or
+    choose by :meth:`estimate` (None, default; never with one spatial axis).  ``workers``: FFT threads
+    (default :func:`fft_workers`, read at every call)."""
+
+    name = "fft"
+
+    def __init__(self, memoize: bool | None = None, pruned: bool = True, lift: bool | None = None,
+                 workers: int | None = None):
+        super().__init__()
+        if memoize is None:
+            memoize = os.environ.get("CCT_FFT_MEMOIZE", "1").strip() not in ("0", "false", "no", "off")
+        self.memoize = bool(memoize)
+        self.pruned = bool(pruned)
+        self.requested_lift = lift
+        self.lifted = False
+        self.workers = workers
+        self.dtype: Any = np.dtype(np.float32)
+        self.plan: FFTPlan | None = None
+        self._kept: dict[str, _Kept] = {}
+        self.reuses = {"x": 0, "w": 0, "dy": 0}  # memo hits, for tests and logs
+
+    # ---- applicability, cost and configuration -------------------------------------------------------
+    @staticmethod
+    def supports(g: ConvGeometry) -> tuple[bool, str]:
+        """(True, "") when this engine computes ``g``, else (False, the reason)."""
+        if g.num_spatial_axes == 0:
+            return False, "no spatial axes"
+        if any(s != 1 for s in g.stride):
+            st = g.stride[0] if len(set(g.stride)) == 1 else "x".join(str(s) for s in g.stride)
+            return False, f"stride {st} > 1"
+        if any(o <= 0 for o in g.out_shape):
+            return False, f"empty output {g.out_shape}"
+        return True, ""
+
+    @staticmethod
+    def estimate(g: ConvGeometry, itemsize: int = 4) -> dict[str, Any]:
+        """Work and memory of one forward + backward, for both layouts: ``{"full": …, "lifted": …}`` (lifted
+        absent with one spatial axis), each with ``transform_flops`` (5·n·log2 n per pruned line),
+        ``product_flops`` (8 per complex multiply-add), ``memo_bytes`` (the spectra kept when memoizing)
+        and ``seconds`` (predicted with this module's measured rates); plus ``"choice"``, the faster."""
+        T = fft_transform_size(g)
+        n, c, o, grp = g.num, g.in_channels, g.out_channels, g.group
+        cg = c // grp
+        csize = 2 * itemsize
+        out: dict[str, Any] = {}
+        for lifted in (False, True):
+            if lifted and len(T) < 2:
+                continue
+            size = T[1:] if lifted else T
+            rest = slice(1, None) if lifted else slice(None)
+            rows_x = (g.in_shape[0] + 2 * g.pad[0]) if lifted else 1
+            rows_y = g.out_shape[0] if lifted else 1
+            taps = g.kernel[0] if lifted else 1
+            F = _prod(size[:-1]) * (size[-1] // 2 + 1)
+            forward = (n * c * rows_x * _transform_flops(size, g.in_shape[rest])
+                       + o * cg * taps * _transform_flops(size, g.extent[rest])
+                       + n * o * rows_y * _transform_flops(size, g.out_shape[rest]))
+            inverse = (n * o * rows_y * _transform_flops(size, size) + n * c * rows_x * _transform_flops(size, size)
+                       + o * cg * taps * _transform_flops(size, size))  # upper bound (inverses are pruned too)
+            product = 3 * 8.0 * F * n * rows_y * taps * cg * o
+            rate = GEMM_FLOPS_PER_S if lifted else PRODUCT_FLOPS_PER_S
+            out["lifted" if lifted else "full"] = {
+                "transform_flops": forward + inverse, "product_flops": product,
+                "memo_bytes": float(F * csize * (n * c * (rows_y * taps if lifted else 1) + o * cg * taps
+                                                 + n * o * rows_y)),  # lifted: the input is kept lowered
+                "seconds": CALL_OVERHEAD_S + (forward + inverse) / FFT_FLOPS_PER_S + product / rate}
+        out["choice"] = min(("full", "lifted"), key=lambda k: out[k]["seconds"] if k in out else math.inf)
+        return out
+
+    def configure(self, geometry: ConvGeometry, dtype: Any = None) -> bool:
+        ok, why = self.supports(geometry)
+        if not ok:
+            raise CctError(f"the fft convolution engine does not apply to this layer: {why}")
+        dtype = self.dtype if dtype is None else np.dtype(dtype)
+        if geometry == self.geometry and dtype == self.dtype and self.plan is not None:
+            return False
+        self.geometry, self.dtype = geometry, dtype
+        g, nd = geometry, geometry.num_spatial_axes
+        if self.requested_lift is None:
+            self.lifted = self.estimate(g, dtype.itemsize)["choice"] == "lifted"
+        else:
+            self.lifted = bool(self.requested_lift) and nd > 1
+        T = fft_transform_size(g)
+        rest = slice(1, None) if self.lifted else slice(None)
+        self.plan = FFTPlan(T[rest], self.pruned)
+        T, pad = T[rest], g.pad[rest]
+        self._pos_y = [positions(p, o, -1, t) for p, o, t in zip(pad, g.out_shape[rest], T)]
+        self._pos_dx = [positions(p, i, 1, t) for p, i, t in zip(pad, g.in_shape[rest], T)]
+        self._pos_dw = [positions(p, k, -d, t) for p, k, d, t in zip(pad, g.kernel[rest], g.dilation[rest], T)]
+        self.invalidate()
+        return True
+
+    def describe(self) -> str:
+        plan = self._plan()
+        g = self._geom()
+        size = "x".join(map(str, plan.size))
+        kind = "pruned" if plan.pruned else "unpruned"
+        memo = "memoized" if self.memoize else "not memoized"
+        if self.lifted:
+            return f"fft {size} over axes 1.., direct over axis 0 ({g.kernel[0]} taps; {kind}, {memo})"
+        return f"fft {size} ({kind}, {memo})"
+
+    def invalidate(self) -> None:
+        """Drop every memoized spectrum (the next calls transform their operands again)."""
+        self._kept = {}
+
+    def workspace_bytes(self) -> int:
+        """Bytes of the memoized spectra (input, kernel and output-gradient transforms)."""
+        return sum(int(k.spectrum.nbytes) for k in self._kept.values())
+
+    # ---- spectra -----------------------------------------------------------------------------------
+    def _plan(self) -> FFTPlan:
+        if self.plan is None:
+            self.configure(self._geom())
+        assert self.plan is not None
+        return self.plan
+
+    def _geom(self) -> ConvGeometry:
+        if self.geometry is None:
+            raise RuntimeError("FFTEngine used before configure()")
+        return self.geometry
+
+    def _workers(self) -> int:
+        return self.workers if self.workers is not None else fft_workers()
+
+    @staticmethod
+    def _check_host(*arrays: Any) -> None:
+        if get_array_module(*arrays) is not np:
+            raise CctError("the fft convolution engine runs on the CPU (numpy arrays) only")
+
+    def _block(self, role: str, a: Any) -> Any:
+        """Operand ``a`` ``(B0, B1, *spatial)`` spatial-first and contiguous: ``(*spatial, B0, B1)``; lifted,
+        the first spatial axis becomes a batch axis: ``(*spatial[1:], rows, B0, B1)`` for ``x`` (zero-padded
+        by ``pad`` rows) and ``dy``, ``(*spatial[1:], O, k0, Cg)`` for the kernel."""
+        g, nd = self._geom(), self._geom().num_spatial_axes
+        if not self.lifted:
+            return np.ascontiguousarray(np.moveaxis(a, (0, 1), (nd, nd + 1)))
+        rest = tuple(range(3, 2 + nd))
+        if role == "w":
+            return np.ascontiguousarray(a.transpose(rest + (0, 2, 1)))
+        t = a.transpose(rest + (2, 0, 1))
+        p0 = g.pad[0]
+        if role == "dy" or not p0:
+            return np.ascontiguousarray(t)
+        block = np.zeros(t.shape[:nd - 1] + (t.shape[nd - 1] + 2 * p0,) + t.shape[nd:], dtype=a.dtype)
+        block[(slice(None),) * (nd - 1) + (slice(p0, p0 + t.shape[nd - 1]),)] = t
+        return block
+
+    def _spectrum(self, role: str, a: Any) -> Any:
+        """Operand ``role`` in the frequency domain, as the matrices of the per-frequency products, from the
+        memo when ``a`` is unchanged: ``x`` (conjugated) and ``dy`` as ``(F, G, rows, Cg|Og)`` — one row per
+        image, or lifted per image and output position along the first axis, the input's columns then the
+        ``k0`` taps × ``Cg`` channels it meets there (lowered) —, ``w`` as ``(F, G, Og, [k0·]Cg)``."""
+        key = _fingerprint(a) if self.memoize else None
+        kept = self._kept.get(role) if self.memoize else None
+        if kept is not None and kept.key == key:
+            self.reuses[role] += 1
+            return kept.spectrum
+        g, plan = self._geom(), self._plan()
+        step = (g.dilation[1:] if self.lifted else g.dilation) if role == "w" else None
+        spec = plan.forward(self._block(role, a), step, self._workers())
+        F, G = plan.num_frequencies, g.group
+        if role == "w":
+            mats = spec.reshape(F, G, g.out_channels // G, -1)
+        else:
+            if role == "x":
+                np.conjugate(spec, out=spec)
+            c = spec.shape[-1]
+            mats = spec.reshape(F, -1, G, c // G).transpose(0, 2, 1, 3)
+            if role == "x" and self.lifted:
+                mats = self._lower(mats)
+        if self.memoize:
+            self._kept[role] = _Kept(key, mats)
+        return mats
+
+    def _lower(self, xs: Any) -> Any:
+        """Lifted input spectra ``(F, G, rows·N, Cg)`` lowered along the first axis: ``(F, G, out0·N, k0·Cg)``
+        with row ``(p, n)``, column ``(j, c)`` = input row ``p + j·dil`` (padded) of image ``n``."""
+        g = self._geom()
+        F, G, _, cg = xs.shape
+        n, out0, k0, d0 = g.num, g.out_shape[0], g.kernel[0], g.dilation[0]
+        sf, sg, sr, sc = xs.strides
+        window = np.lib.stride_tricks.as_strided(
+            xs, shape=(F, G, out0, n, k0, cg), strides=(sf, sg, n * sr, sr, d0 * n * sr, sc), writeable=False)
+        return np.ascontiguousarray(window).reshape(F, G, out0 * n, k0 * cg)
+
+    def _signal(self, product: Any, where: list[Any], rows: int) -> Any:
+        """Inverse transform of ``product`` ``(F, G, rows·N, C)`` at the positions ``where``, as
+        ``(*spatial, G, N, C)`` (the lifted axis, ``rows`` long, first)."""
+        plan, nd = self._plan(), self._geom().num_spatial_axes
+        lead = (rows,) if self.lifted else ()
+        shaped = product.reshape(plan.spectrum_shape + (product.shape[1],) + lead + (-1, product.shape[3]))
+        signal = plan.inverse(shaped, where, self._workers())
+        return np.moveaxis(signal, nd, 0) if self.lifted else signal
+
+    # ---- the engine interface ------------------------------------------------------------------------
+    def forward(self, x: Any, w: Any, b: Any | None, y: Any) -> Any:
+        """``y = conv(x, w) (+ b)``: per frequency and group ``Y(rows, Og) = conj(ξ^)(rows, [k0·]Cg) · κ^ᵀ``."""
+        self._check_host(x, w, y)
+        g = self._geom()
+        xs, ks = self._spectrum("x", x), self._spectrum("w", w)
+        z = _batched_matmul(xs, ks.swapaxes(-1, -2))
+        self._write(self._signal(z, self._pos_y, g.out_shape[0]), y, g.out_shape)
+        if b is not None:
+            y += b.reshape((1, -1) + (1,) * g.num_spatial_axes)
+        return y
+
+    def backward_data(self, dy: Any, w: Any, dx: Any) -> Any:
+        self.backward(None, dy, w, dx, None)
+        return dx
+
+    def backward_weights(self, x: Any, dy: Any, dw: Any) -> Any:
+        self.backward(x, dy, None, None, dw)
+        return dw
+
+    def backward(self, x: Any, dy: Any, w: Any, dx: Any | None, dw: Any | None) -> None:
+        """``dx = conv_transpose(dy, w)`` and ``dw += corr(x, dy)``, sharing the transform of ``dy``."""
+        if dx is None and dw is None:
+            return
+        self._check_host(dy)
+        ds = self._spectrum("dy", dy)
+        if dw is not None:
+            self._weight_grad(self._spectrum("x", x), ds, dw)
+        if dx is not None:
+            self._data_grad(ds, self._spectrum("w", w), dx)
+
+    def forward_and_backward_weights(self, x: Any, w: Any, y: Any | None, dy: Any, dw: Any | None) -> None:
+        """Deconvolution's backward: ``y = conv(x, w)`` and ``dw += corr(x, dy)`` with one transform of
+        ``x`` (and the forward's transform of ``dy`` when memoized)."""
+        if dw is not None:
+            self.backward_weights(x, dy, dw)
+        if y is not None:
+            self.forward(x, w, None, y)
+
+    def _data_grad(self, ds: Any, ks: Any, dx: Any) -> None:
+        """``dX(rows, [k0·]Cg) = Y'(rows, Og) · κ^(Og, [k0·]Cg)``; lifted, each tap's columns are added back
+        into the input rows they came from (col2im along the first axis) and the padding rows dropped."""
+        g = self._geom()
+        dxs = _batched_matmul(ds, ks)
+        if self.lifted:
+            F, G = dxs.shape[:2]
+            n, out0, k0, d0, p0, in0 = g.num, g.out_shape[0], g.kernel[0], g.dilation[0], g.pad[0], g.in_shape[0]
+            cols = dxs.reshape(F, G, out0, n, k0, -1)
+            acc = np.zeros((F, G, in0 + 2 * p0, n, cols.shape[-1]), dtype=dxs.dtype)
+            for j in range(k0):
+                acc[:, :, j * d0:j * d0 + out0] += cols[:, :, :, :, j]
+            dxs = acc[:, :, p0:p0 + in0].reshape(F, G, in0 * n, -1)
+        self._write(self._signal(dxs, self._pos_dx, g.in_shape[0]), dx, g.in_shape)
+
+    def _weight_grad(self, xs: Any, ds: Any, dw: Any) -> None:
+        """``dw += irfft(Y'ᵀ · conj(ξ^))`` at the kernel taps: per frequency and group ``(Og, [k0·]Cg) =
+        (Og, rows) · (rows, [k0·]Cg)`` (one row: an outer product, run as a broadcast multiply)."""
+        g = self._geom()
+        if ds.shape[2] == 1:
+            q = np.multiply(ds[:, :, 0, :, None], xs[:, :, 0, None, :])
+        else:
+            q = _batched_matmul(ds.swapaxes(-1, -2), xs)
+        plan, nd = self._plan(), g.num_spatial_axes
+        cg = g.in_channels // g.group
+        taps = plan.inverse(q.reshape(plan.spectrum_shape + (g.out_channels, -1)), self._pos_dw, self._workers())
+        if self.lifted:  # (*kernel[1:], O, k0, Cg) -> (*kernel, O, Cg)
+            taps = np.moveaxis(taps.reshape(taps.shape[:nd - 1] + (g.out_channels, g.kernel[0], cg)), nd, 0)
+        dw += np.moveaxis(taps, tuple(range(nd)), tuple(range(2, 2 + nd)))
+
+    @staticmethod
+    def _write(signal: Any, out: Any, spatial: tuple[int, ...]) -> None:
+        """``out (N, G·C, *spatial)[...] = signal (*spatial, G, N, C)``."""
+        nd = len(spatial)
+        src = signal.transpose((nd + 1, nd, nd + 2) + tuple(range(nd)))
+        if out.flags.c_contiguous:
+            out.reshape(src.shape)[...] = src
+        else:
+            out[...] = src.reshape(out.shape)
