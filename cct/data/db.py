@@ -54,7 +54,9 @@ def resolve_source(source: str, backend: int, field: str = "data_param") -> str:
 
 
 _envs: dict[str, list] = {}  # realpath -> [read-only Environment, number of users]
-_envs_lock = threading.Lock()
+# Re-entrant: opening an environment can run the garbage collector, whose finalizers call _release_env
+# in this very thread while _acquire_env holds the lock.
+_envs_lock = threading.RLock()
 
 
 def _acquire_env(path: str):

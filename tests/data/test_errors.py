@@ -114,3 +114,19 @@ def test_bad_batch_size(tmp_path):
     src = write_lmdb(tmp_path / "db", [(b"k", raw_datum(random_images(1)[0], 0))])
     with pytest.raises(ParamError, match="batch_size"):
         data(src, batch=0)
+
+
+def test_environment_release_may_run_inside_acquire():
+    """A reader finalized by a garbage collection that lmdb.open triggers must not deadlock."""
+    import threading
+
+    from cct.data import db
+
+    def release_while_holding_the_lock():
+        with db._envs_lock:
+            db._release_env("/nonexistent/key")
+
+    t = threading.Thread(target=release_while_holding_the_lock, daemon=True)
+    t.start()
+    t.join(timeout=10)
+    assert not t.is_alive()
