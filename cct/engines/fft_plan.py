@@ -15,9 +15,9 @@ only the output rows that are wanted are kept, and so on, so a ``k³`` weight gr
 argument, applied one axis at a time (so the padded copies are only as large as the pruned intermediate
 results); a dilated kernel is zero-inserted along its own extent first.
 
-Measured on this project's 2-core machine (``python benchmarks/fft_vs_direct.py --headline-only --prune``):
-256 kernels 7³ in a 30³ transform, pruned 22.6 ms vs 52.8 ms for ``rfftn`` on the zero-padded array; the
-pruned inverse to a 7³ result 21.9 ms vs 98.1 ms.  Pruning is therefore the default (:attr:`FFTPlan.pruned`).
+Measured on this project's 2-core machine (``python benchmarks/fft_vs_direct.py --prune``, four runs): 256
+kernels 7³ in a 30³ transform, pruned 16-26 ms vs 24-56 ms for ``rfftn`` on the zero-padded array; the
+pruned inverse to a 7³ result 11-25 ms vs 56-112 ms.  Pruning is therefore the default (:attr:`FFTPlan.pruned`).
 """
 from __future__ import annotations
 

@@ -370,29 +370,13 @@ class DeviceSplitExecutor(LayerExecutor):
         """``body(part)`` for every part at once (the first in this thread), under one BLAS setting; the
         first exception is re-raised after all have finished.  Uses the batch partitions' thread pool and
         marks the threads as partitions, so layers do not partition their share further."""
-        def run(k: int, _a: int, _b: int) -> None:
+        def run(k: int) -> None:
             with parts[k].device.thread_context():
                 body(parts[k])
 
         blas = partition.blas_threads(self._blas) if self._blas else contextlib.nullcontext()
         with blas:
-            if len(parts) == 1:
-                partition._body(run, 0, 0, 0)
-                return
-            pool = partition._executor()
-            futures = [pool.submit(partition._body, run, k, 0, 0) for k in range(1, len(parts))]
-            error: BaseException | None = None
-            try:
-                partition._body(run, 0, 0, 0)
-            except BaseException as e:  # noqa: BLE001 - re-raised once every device has finished
-                error = e
-            for f in futures:
-                try:
-                    f.result()
-                except BaseException as e:  # noqa: BLE001
-                    error = error or e
-            if error is not None:
-                raise error
+            partition.run_concurrently(len(parts), run)
 
     def forward_layer(self, net: NetCore, i: int) -> float:
         layer, bottom, top = net.layers[i], net.bottom_vecs[i], net.top_vecs[i]

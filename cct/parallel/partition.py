@@ -156,6 +156,32 @@ def _body(fn: Callable[[int, int, int], None], part: int, n0: int, n1: int) -> N
         _local.active = False
 
 
+def run_concurrently(count: int, fn: Callable[[int], None]) -> None:
+    """``fn(k)`` for ``k < count`` at once, ``k = 0`` in the calling thread and the rest on the partition
+    pool, every call marked as running inside a partition (so layers do not split further).  The first
+    exception is re-raised after all calls have finished."""
+    def body(k: int, _n0: int, _n1: int) -> None:
+        fn(k)
+
+    if count <= 1:
+        _body(body, 0, 0, 0)
+        return
+    pool = _executor()
+    futures: list[Future] = [pool.submit(_body, body, k, 0, 0) for k in range(1, count)]
+    error: BaseException | None = None
+    try:
+        _body(body, 0, 0, 0)
+    except BaseException as e:  # noqa: BLE001 - re-raised after the other calls finish
+        error = e
+    for f in futures:
+        try:
+            f.result()
+        except BaseException as e:  # noqa: BLE001
+            error = error or e
+    if error is not None:
+        raise error
+
+
 def run_partitions(ranges: list[tuple[int, int]], fn: Callable[[int, int, int], None]) -> None:
     """``fn(part, n0, n1)`` for every range; concurrently (the first in the calling thread) when there are
     several, with ``cores // len(ranges)`` BLAS threads each.  The first exception is re-raised."""
@@ -163,22 +189,8 @@ def run_partitions(ranges: list[tuple[int, int]], fn: Callable[[int, int, int], 
         for part, (n0, n1) in enumerate(ranges):
             fn(part, n0, n1)
         return
-    pool = _executor()
     with blas_threads(blas_threads_per_partition(len(ranges))):
-        futures: list[Future] = [pool.submit(_body, fn, part, n0, n1)
-                                 for part, (n0, n1) in enumerate(ranges) if part > 0]
-        error: BaseException | None = None
-        try:
-            _body(fn, 0, *ranges[0])
-        except BaseException as e:  # noqa: BLE001 - re-raised after the other partitions finish
-            error = e
-        for f in futures:
-            try:
-                f.result()
-            except BaseException as e:  # noqa: BLE001
-                error = error or e
-        if error is not None:
-            raise error
+        run_concurrently(len(ranges), lambda k: fn(k, *ranges[k]))
 
 
 def run_batch(n: int, fn: Callable[[int, int, int], None], work: float = float("inf"),
