@@ -24,8 +24,6 @@ a GPU id this machine does not have) is one :class:`~cct.errors.CctError` line n
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import platform
 import re
 import threading
@@ -38,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from cct.cache import cache_dir, read_json, update_json
 from cct.device import backend
 from cct.errors import CctError
 
@@ -265,37 +264,16 @@ def machine_key() -> str:
 
 
 def cache_file() -> Path:
-    from cct.engines.select import cache_path  # the same cache directory as the lowering autotune
-
-    return cache_path().parent / CACHE_FILE
-
-
-def _read_cache() -> dict[str, Any]:
-    try:
-        data = json.loads(cache_file().read_text())
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
+    return cache_dir() / CACHE_FILE
 
 
 def _cached_or_measured(key: str, probe: Any) -> tuple[float, str]:
     with _cache_lock:
-        data = _read_cache()
-        cached = data.get("peak_gflops", {}).get(key)
+        cached = read_json(CACHE_FILE).get("peak_gflops", {}).get(key)
         if isinstance(cached, (int, float)) and cached > 0:
             return float(cached), "cached"
         value = float(probe())
-        data.setdefault("peak_gflops", {})[key] = value
-        path = cache_file()
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-            os.replace(tmp, path)
-        except OSError as e:
-            from cct import log
-
-            log.warning("cannot write the device cache %s: %s", path, e)
+        update_json(CACHE_FILE, {"peak_gflops": {key: value}})
         return value, "measured"
 
 

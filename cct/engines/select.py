@@ -34,7 +34,6 @@ same.
 """
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -45,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from cct import log
+from cct.cache import cache_dir, read_json, update_json
 from cct.engines import ConvGeometry
 from cct.engines.cost_model import DEFAULT_RATES, MachineRates, estimate_seconds, layer_costs
 from cct.errors import CctError
@@ -212,33 +212,15 @@ def describe_layer_engine(layer: Any) -> str:
 
 # ---- cache, calibration and autotune ---------------------------------------------------------------
 def cache_path() -> Path:
-    base = os.environ.get("CCT_CACHE_DIR")
-    if not base:
-        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        base = os.path.join(xdg, "cct")
-    return Path(base) / CACHE_FILE
+    return cache_dir() / CACHE_FILE
 
 
 def _read_cache() -> dict[str, Any]:
-    try:
-        return json.loads(cache_path().read_text())
-    except (OSError, ValueError):
-        return {}
+    return read_json(CACHE_FILE)
 
 
 def _write_cache(update: dict[str, Any]) -> None:
-    with _cache_lock:
-        data = _read_cache()
-        for section, entries in update.items():
-            data.setdefault(section, {}).update(entries)
-        path = cache_path()
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-            os.replace(tmp, path)
-        except OSError as e:
-            log.warning("cannot write the autotune cache %s: %s", path, e)
+    update_json(CACHE_FILE, update)
 
 
 def _threads_key() -> str:
