@@ -2,6 +2,7 @@
 
 Run:   python benchmarks/fft_vs_direct.py [--size 30] [--batch 1] [--repeat 5] [--kernels 3,5,7,9]
                                           [--widths 8,16,24,32,40] [--headline-only] [--prune]
+                                          [--cases 16:7,16:3]
        (``env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python ...`` lets OpenBLAS pick its own kernels where
        the environment pins them; the script prints the values it ran with.)
 
@@ -14,10 +15,14 @@ median seconds of one training step of the layer — forward, then backward (dat
   transformed, or the first axis lifted); the input, weights and output gradient change before every step,
   as in training, so every transform is recomputed (the memo only serves the passes within a step); both
   layouts' times are shown in parentheses;
+* ``auto``: what ``-conv_engine auto`` runs (:class:`cct.engines.select.SelectedEngine`: the engine chosen
+  at setup by the cost models and a short measurement, in a fresh cache directory; the setup time with a
+  cold and a warm cache is printed at the end), with the engine it chose;
 * ``torch``: ``torch.nn.functional.conv3d`` forward + autograd backward, if torch imports, with the same
   thread count;
 
-and the ratios fft/lowering and fft/torch.  The cct engines run in interleaved rounds (each round runs
+and the ratios fft/lowering, auto/best (auto over the faster of lowering and fft, same round) and
+fft/torch.  The cct engines run in interleaved rounds (each round runs
 every engine in turn, timing it once it has settled: see :func:`interleaved`), so that all see the same
 conditions on a shared machine;
 times are medians over rounds and fft/lowering the median of the per-round ratios.  PyTorch runs in its
@@ -34,6 +39,7 @@ import os
 import random
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -47,6 +53,7 @@ from cct.engines import ConvGeometry  # noqa: E402
 from cct.engines.fft import FFTEngine  # noqa: E402
 from cct.engines.fft_plan import fft_workers  # noqa: E402
 from cct.engines.lowering import LoweringEngine, strategy_fallback  # noqa: E402
+from cct.engines.select import SelectedEngine  # noqa: E402
 
 
 def _timed(fn: Callable[[], Any]) -> float:
@@ -184,7 +191,9 @@ def main() -> None:
     ap.add_argument("--widths", default="8,16,24,32,40")
     ap.add_argument("--headline-only", action="store_true", help="only the 16->16, 7^3 case")
     ap.add_argument("--prune", action="store_true", help="also time pruned vs unpruned transforms")
+    ap.add_argument("--cases", default="", help="f:k pairs instead of the sweep, e.g. 16:7,16:3")
     args = ap.parse_args()
+    os.environ["CCT_CACHE_DIR"] = tempfile.mkdtemp(prefix="cct-bench-")  # auto measures afresh
     try:
         import torch  # only here: the engine never needs it
         torch.set_num_threads(fft_workers())
@@ -200,24 +209,36 @@ def main() -> None:
         prune_figures(args.size, 7, 16, args.repeat)
     cases = [(16, 7)] if args.headline_only else [
         (f, k) for k in map(int, args.kernels.split(",")) for f in map(int, args.widths.split(","))]
+    if args.cases:
+        cases = [tuple(int(v) for v in pair.split(":")) for pair in args.cases.split(",")]
     if (16, 7) not in cases:
         cases.append((16, 7))
-    print(f"{'f->f':>7}{'k':>4}{'lowering ms':>13}{'best':>8}{'fft ms':>9}{'layout':>8}{'torch ms':>10}"
-          f"{'fft/lowering':>14}{'fft/torch':>11}{'fft MiB':>9}  (full / lifted fft ms)")
+    print(f"{'f->f':>7}{'k':>4}{'lowering ms':>13}{'best':>8}{'fft ms':>9}{'layout':>8}{'auto ms':>9}{'auto':>9}"
+          f"{'torch ms':>10}{'fft/lowering':>14}{'auto/best':>11}{'fft/torch':>11}{'fft MiB':>9}"
+          f"  (full / lifted fft ms)")
     headline: dict[str, Any] = {}
+    setups: list[str] = []
     for f, k in cases:
         layer = Layer(args.batch, f, k, args.size)
         low, label = best_lowering(layer)
+        setup = []
+        for _ in range(2):  # cold cache (measures), then warm (reads the cache)
+            auto_eng = SelectedEngine("auto")
+            t0 = time.perf_counter()
+            auto_eng.configure(layer.g, np.float32)
+            setup.append(time.perf_counter() - t0)
+        setups.append(f"{f}->{f} {k}^3: {setup[0] * 1e3:.0f} / {setup[1] * 1e3:.1f} ms [{auto_eng.describe()}]")
         engines = {"full": FFTEngine(lift=False), "lifted": FFTEngine(lift=True)}
         for eng in engines.values():
             eng.configure(layer.g, np.float32)
         auto = FFTEngine()  # the layout the engine picks by itself; timed as that layout
         auto.configure(layer.g, np.float32)
         chosen = "lifted" if auto.lifted else "full"
-        steps = {"lowering": layer.step(low)}
+        steps = {"lowering": layer.step(low), "auto": layer.step(auto_eng)}
         steps.update({name: layer.step(eng) for name, eng in engines.items()})
         times = interleaved(steps, args.repeat)
         times["fft"] = times[chosen]
+        times["best"] = [min(a, b) for a, b in zip(times["lowering"], times["fft"])]
         if torch:  # its own rounds, each against an fft step: torch's OpenMP threads spin after each call and
             # would slow whatever numpy/BLAS step runs right after them
             times.update({"torch": [], "fft_t": []})
@@ -227,10 +248,12 @@ def main() -> None:
         med = {name: statistics.median(t) for name, t in times.items()}
         med.setdefault("torch", float("nan"))
         r_low = ratio(times, "fft", "lowering")
+        r_auto = ratio(times, "auto", "best")
         r_torch = statistics.median(times["fft_t"]) / med["torch"] if torch else float("nan")
         eng = engines[chosen]
         print(f"{f:>3}->{f:<3}{k:>4}{med['lowering'] * 1e3:13.1f}{label:>8}{med['fft'] * 1e3:9.1f}"
-              f"{'lifted' if eng.lifted else 'full':>8}{med['torch'] * 1e3:10.1f}{r_low:14.3f}{r_torch:11.3f}"
+              f"{'lifted' if eng.lifted else 'full':>8}{med['auto'] * 1e3:9.1f}{auto_eng.name:>9}"
+              f"{med['torch'] * 1e3:10.1f}{r_low:14.3f}{r_auto:11.3f}{r_torch:11.3f}"
               f"{eng.workspace_bytes() / 2**20:9.1f}  ({med['full'] * 1e3:.1f} / {med['lifted'] * 1e3:.1f})")
         if (f, k) == (16, 7):
             headline = {"med": med, "low": r_low, "torch": r_torch, "err": check_equal(layer),
@@ -242,6 +265,9 @@ def main() -> None:
           f"{h['err']:.1e}")
     print(f"fft/lowering = {h['low']:.3f}  (goal <= 0.35; median of per-round ratios)")
     print(f"fft/pytorch  = {h['torch']:.3f}")
+    print("auto's setup time, cold / warm cache [its choice]:")
+    for line in setups:
+        print(f"  {line}")
 
 
 if __name__ == "__main__":

@@ -4,8 +4,8 @@ Commands: ``train`` (-solver, -snapshot | -weights a,b, -gpu, -level, -stage, -s
 -sighup_effect), ``test`` (-model -weights -iterations -level -stage -gpu), ``time`` (-model -phase
 -iterations -level -stage -gpu), ``device_query`` (-gpu, or -devices: each device's peak GFLOP/s), plus
 ``convert_imageset`` and ``compute_image_mean`` (Caffe's separate tools, same arguments).  cct's own knobs
-(``-lowering``, ``-partitions``, ``-devices``, ``-split``) apply to every command.  Flags use gflags syntax:
-``-flag=v``, ``-flag v``, ``--flag=v``; bool flags also ``-flag`` / ``-noflag``.
+(``-conv_engine``, ``-lowering``, ``-partitions``, ``-devices``, ``-split``) apply to every command.  Flags
+use gflags syntax: ``-flag=v``, ``-flag v``, ``--flag=v``; bool flags also ``-flag`` / ``-noflag``.
 
 Every user error (a missing or bad file, a bad flag, an unknown command) is one glog ``F`` line and a
 non-zero exit status; an unexpected exception is one line too, with a hint to set ``CCT_TRACEBACK=1``.
@@ -54,6 +54,8 @@ FLAGS = [
     Flag("sighup_effect", str, "snapshot", "Optional; action to take when a SIGHUP signal is received: "
          "snapshot, stop or none."),
     # cct's engine knobs (the same settings as CCT_LOWERING / CCT_PARTITIONS for the Python API)
+    Flag("conv_engine", str, "", "Optional; convolution engine: lowering, fft or auto (default: CCT_CONV_ENGINE "
+                                 "or auto: measured per layer where fft applies)."),
     Flag("lowering", str, "", "Optional; convolution lowering: 1, 2, 3 or auto (default: CCT_LOWERING or auto)."),
     Flag("partitions", str, "", "Optional; batch partitions per layer: N or auto (default: CCT_PARTITIONS or "
          "auto)."),
@@ -422,7 +424,7 @@ def run(argv: Sequence[str]) -> int:
     if command is None:
         raise CctError(f"Unknown action: {name} (available caffe actions: "
                        f"{', '.join(sorted(COMMANDS) + sorted(TOOLS))})")
-    apply_engine_flags(flags.lowering or None, flags.partitions or None)
+    apply_engine_flags(flags.lowering or None, flags.partitions or None, flags.conv_engine or None)
     apply_device_flags(flags.devices or None, flags.split or None)
     return command(flags)
 

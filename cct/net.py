@@ -375,7 +375,13 @@ class NetCore:
     def reshape(self) -> None:
         """Propagate input shapes through every layer's reshape."""
         for i, layer in enumerate(self.layers):
-            layer.reshape(self._bottom_vecs[i], self._top_vecs[i])
+            try:
+                layer.reshape(self._bottom_vecs[i], self._top_vecs[i])
+            except CctError as e:
+                name = self._layer_names[i]
+                if f"'{name}'" in str(e):
+                    raise
+                raise CctError(f"layer '{name}' ({layer.type}): {e}") from None
 
     # ---- weights -------------------------------------------------------------------------------
     def share_trained_layers_with(self, other: NetCore) -> None:

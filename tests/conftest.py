@@ -11,9 +11,11 @@ from cct.parallel import partition
 @pytest.fixture(autouse=True)
 def _isolated_engine_settings(tmp_path, monkeypatch):
     monkeypatch.setenv("CCT_CACHE_DIR", str(tmp_path / "cache"))
-    saved = (select.lowering_setting(), select._autotune, partition.partitions_setting())
+    saved = (select.lowering_setting(), select.autotune_setting(), partition.partitions_setting(),
+             select.conv_engine_setting())
     yield
-    (lowering, lsrc), autotune, (parts, psrc) = saved
+    (lowering, lsrc), autotune, (parts, psrc), (engine, esrc) = saved
     select.set_lowering(lowering, lsrc)
     select.set_autotune(autotune)
     partition.set_partitions(parts, psrc)
+    select.set_conv_engine(engine, esrc)

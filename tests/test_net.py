@@ -209,3 +209,15 @@ def test_update_subtracts_diff_from_owners() -> None:
     w.diff[...] = 0.25
     net.update()
     np.testing.assert_allclose(w.data, before - 0.25)
+
+
+def test_reshape_errors_name_the_layer(tmp_path) -> None:
+    model = tmp_path / "net.prototxt"
+    model.write_text('layer { name: "d" type: "Input" top: "x" '
+                     'input_param { shape { dim: 1 dim: 2 dim: 8 dim: 8 } } }\n'
+                     'layer { name: "conv" type: "Convolution" bottom: "x" top: "y" '
+                     'convolution_param { num_output: 3 kernel_size: 5 } }\n')
+    net = cct.Net(str(model), cct.TEST)
+    net.blobs["x"].reshape(1, 2, 3, 3)
+    with pytest.raises(CctError, match=r"^layer 'conv' \(Convolution\): convolution_param.kernel_size: kernel larger"):
+        net.reshape()

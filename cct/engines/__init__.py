@@ -12,8 +12,10 @@ and the three products of back-propagation: ``forward`` (x → y), ``backward_da
 convolution) and ``backward_weights`` (x, dy → dw).  Deconvolution uses the same engine with the roles of
 ``forward`` and ``backward_data`` swapped (its geometry is that of the convolution it is the transpose of).
 
-Engines are looked up by name with :func:`create_conv_engine`; a layer's creator function picks the name
-and the lowering strategy (:mod:`cct.engines.select`: ``CCT_LOWERING``, ``CCT_PARTITIONS``, cost model).
+Engines are looked up by name with :func:`create_conv_engine`: ``lowering`` (CcT's three lowerings,
+:mod:`cct.engines.lowering`) and ``fft`` (ZNN's FFT convolution, :mod:`cct.engines.fft`).  A layer's creator
+function gets a :class:`cct.engines.select.SelectedEngine`, which runs one of them per geometry as the
+settings say (``CCT_CONV_ENGINE``, ``CCT_LOWERING``, ``CCT_PARTITIONS``; cost model and measured autotune).
 """
 from __future__ import annotations
 
@@ -86,9 +88,10 @@ class ConvEngine(ABC):
     def __init__(self) -> None:
         self.geometry: ConvGeometry | None = None
 
-    def configure(self, geometry: ConvGeometry, dtype: Any = None) -> bool:
-        """Adopt ``geometry`` (arrays of ``dtype``); engines (re)allocate their buffers lazily when it changes.
-        Returns True when the engine's plan changed (the layer then logs :meth:`describe`)."""
+    def configure(self, geometry: ConvGeometry, dtype: Any = None, xp: Any = None) -> bool:
+        """Adopt ``geometry`` (arrays of ``dtype`` from array module ``xp``, numpy when None); engines
+        (re)allocate their buffers lazily when it changes.  Returns True when the engine's plan changed (the
+        layer then logs :meth:`describe`)."""
         changed = geometry != self.geometry
         self.geometry = geometry
         return changed
@@ -98,8 +101,12 @@ class ConvEngine(ABC):
         return self.name
 
     def workspace_bytes(self) -> int:
-        """Bytes of scratch memory the engine holds (lowered matrices, transposed copies)."""
+        """Bytes of scratch memory the engine holds (lowered matrices, transposed copies, kept spectra)."""
         return 0
+
+    def batch_partitions(self) -> int:
+        """Into how many batch partitions a call on the configured geometry is split (run concurrently)."""
+        return 1
 
     @abstractmethod
     def forward(self, x: Any, w: Any, b: Any | None, y: Any) -> Any:
@@ -138,6 +145,7 @@ class ConvEngine(ABC):
 
 # name -> "module:Class"; imported on first use so that an engine's dependencies load only when chosen.
 _CONV_ENGINES: dict[str, str] = {
+    "fft": "cct.engines.fft:FFTEngine",
     "lowering": "cct.engines.lowering:LoweringEngine",
 }
 

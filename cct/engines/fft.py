@@ -1,4 +1,4 @@
-"""Convolution by FFT (Zlateski et al., ZNN §III–IV and ZNNi §III): N-D, groups, dilation, stride 1.
+"""Convolution by FFT (Zlateski et al., ZNN §III–IV and ZNNi §III): N-D, groups, dilation, padding, stride.
 
 For each spatial axis a transform size ``T = next_fast_len(max(in + pad, out, extent))`` (2^a 3^b 5^c 7^d 11^e;
 2^a 3^b 5^c for the last, real-to-complex axis) makes the circular products below equal the zero-padded
@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -146,8 +146,10 @@ def _transform_flops(size: tuple[int, ...], block: tuple[int, ...]) -> float:
 
 
 class FFTEngine(ConvEngine):
-    """FFT convolution (see the module docstring): stride 1 only, any number of spatial axes ≥ 1, groups,
-    dilation, padding; numpy arrays (CPU).
+    """FFT convolution (see the module docstring): any number of spatial axes ≥ 1, groups, dilation, padding;
+    numpy arrays (CPU).  A strided layer is computed as its stride-1 convolution (:meth:`unit_stride`): the
+    forward keeps every stride-th output, the backward passes see the output gradient with zeros between —
+    exact, at the stride-1 layer's cost (``CCT_CONV_ENGINE=auto`` never picks it for strided layers).
 
     ``memoize``: keep the operands' spectra between calls (default: ``CCT_FFT_MEMOIZE``, on unless ``0``).
     ``pruned``: pruned transforms (default, measured faster) or plain ``rfftn`` on the padded array.
@@ -169,6 +171,7 @@ class FFTEngine(ConvEngine):
         self.workers = workers
         self.dtype: Any = np.dtype(np.float32)
         self.plan: FFTPlan | None = None
+        self._unit: ConvGeometry | None = None
         self._kept: dict[str, _Kept] = {}
         self.reuses = {"x": 0, "w": 0, "dy": 0}  # memo hits, for tests and logs
 
@@ -178,19 +181,26 @@ class FFTEngine(ConvEngine):
         """(True, "") when this engine computes ``g``, else (False, the reason)."""
         if g.num_spatial_axes == 0:
             return False, "no spatial axes"
-        if any(s != 1 for s in g.stride):
-            st = g.stride[0] if len(set(g.stride)) == 1 else "x".join(str(s) for s in g.stride)
-            return False, f"stride {st} > 1"
         if any(o <= 0 for o in g.out_shape):
             return False, f"empty output {g.out_shape}"
         return True, ""
+
+    @staticmethod
+    def unit_stride(g: ConvGeometry) -> ConvGeometry:
+        """The stride-1 convolution a strided ``g`` is computed from: every output position of it, of which
+        ``g``'s are every ``stride``-th (same transform sizes; ``stride^d`` times the outputs)."""
+        if all(st == 1 for st in g.stride):
+            return g
+        return replace(g, stride=(1,) * g.num_spatial_axes)
 
     @staticmethod
     def estimate(g: ConvGeometry, itemsize: int = 4) -> dict[str, Any]:
         """Work and memory of one forward + backward, for both layouts: ``{"full": …, "lifted": …}`` (lifted
         absent with one spatial axis), each with ``transform_flops`` (5·n·log2 n per pruned line),
         ``product_flops`` (8 per complex multiply-add), ``memo_bytes`` (the spectra kept when memoizing)
-        and ``seconds`` (predicted with this module's measured rates); plus ``"choice"``, the faster."""
+        and ``seconds`` (predicted with this module's measured rates); plus ``"choice"``, the faster.
+        A strided ``g`` costs its stride-1 convolution's (:meth:`unit_stride`)."""
+        g = FFTEngine.unit_stride(g)
         T = fft_transform_size(g)
         n, c, o, grp = g.num, g.in_channels, g.out_channels, g.group
         cg = c // grp
@@ -220,15 +230,18 @@ class FFTEngine(ConvEngine):
         out["choice"] = min(("full", "lifted"), key=lambda k: out[k]["seconds"] if k in out else math.inf)
         return out
 
-    def configure(self, geometry: ConvGeometry, dtype: Any = None) -> bool:
+    def configure(self, geometry: ConvGeometry, dtype: Any = None, xp: Any = None) -> bool:
         ok, why = self.supports(geometry)
         if not ok:
             raise CctError(f"the fft convolution engine does not apply to this layer: {why}")
+        if xp is not None and xp is not np:
+            raise CctError("the fft convolution engine runs on the CPU (numpy arrays) only")
         dtype = self.dtype if dtype is None else np.dtype(dtype)
         if geometry == self.geometry and dtype == self.dtype and self.plan is not None:
             return False
         self.geometry, self.dtype = geometry, dtype
-        g, nd = geometry, geometry.num_spatial_axes
+        self._unit = self.unit_stride(geometry)
+        g, nd = self._unit, geometry.num_spatial_axes
         if self.requested_lift is None:
             self.lifted = self.estimate(g, dtype.itemsize)["choice"] == "lifted"
         else:
@@ -269,9 +282,27 @@ class FFTEngine(ConvEngine):
         return self.plan
 
     def _geom(self) -> ConvGeometry:
+        """The stride-1 geometry the transforms compute (:meth:`unit_stride` of the configured one)."""
         if self.geometry is None:
             raise RuntimeError("FFTEngine used before configure()")
-        return self.geometry
+        return self._unit
+
+    def _strided(self) -> tuple[slice, ...] | None:
+        """The stride-1 output positions the configured (strided) geometry keeps, or None at stride 1."""
+        g = self.geometry
+        if g is None or all(st == 1 for st in g.stride):
+            return None
+        return (slice(None), slice(None)) + tuple(slice(None, None, st) for st in g.stride)
+
+    def _upsampled(self, dy: Any) -> Any:
+        """A strided layer's output gradient as the stride-1 convolution's: zeros between the kept positions."""
+        keep = self._strided()
+        if keep is None:
+            return dy
+        g = self._geom()
+        full = np.zeros(dy.shape[:2] + g.out_shape, dtype=dy.dtype)
+        full[keep] = dy
+        return full
 
     def _workers(self) -> int:
         return self.workers if self.workers is not None else fft_workers()
@@ -350,10 +381,15 @@ class FFTEngine(ConvEngine):
     def forward(self, x: Any, w: Any, b: Any | None, y: Any) -> Any:
         """``y = conv(x, w) (+ b)``: per frequency and group ``Y(rows, Og) = conj(ξ^)(rows, [k0·]Cg) · κ^ᵀ``."""
         self._check_host(x, w, y)
-        g = self._geom()
+        g, keep = self._geom(), self._strided()
         xs, ks = self._spectrum("x", x), self._spectrum("w", w)
         z = _batched_matmul(xs, ks.swapaxes(-1, -2))
-        self._write(self._signal(z, self._pos_y, g.out_shape[0]), y, g.out_shape)
+        if keep is None:
+            self._write(self._signal(z, self._pos_y, g.out_shape[0]), y, g.out_shape)
+        else:  # the stride-1 outputs, then every stride-th
+            full = np.empty(y.shape[:2] + g.out_shape, dtype=y.dtype)
+            self._write(self._signal(z, self._pos_y, g.out_shape[0]), full, g.out_shape)
+            y[...] = full[keep]
         if b is not None:
             y += b.reshape((1, -1) + (1,) * g.num_spatial_axes)
         return y
@@ -371,7 +407,7 @@ class FFTEngine(ConvEngine):
         if dx is None and dw is None:
             return
         self._check_host(dy)
-        ds = self._spectrum("dy", dy)
+        ds = self._spectrum("dy", self._upsampled(dy))
         if dw is not None:
             self._weight_grad(self._spectrum("x", x), ds, dw)
         if dx is not None:

@@ -200,8 +200,8 @@ class LoweringEngine(ConvEngine):
         self._chunk_memo: dict[tuple[int, int, Any], list[list[tuple[int, int]]]] = {}
 
     # ---- configuration -------------------------------------------------------------------------
-    def configure(self, geometry: ConvGeometry, dtype: Any = None) -> bool:
-        """Adopt ``geometry`` (and pick the strategy for it); True when the plan changed."""
+    def configure(self, geometry: ConvGeometry, dtype: Any = None, xp: Any = None) -> bool:
+        """Adopt ``geometry`` (and pick the strategy for it); True when the plan changed.  Any array module."""
         dtype = self.dtype if dtype is None else np.dtype(dtype)
         if geometry == self.geometry and dtype == self.dtype and self._layout is not None:
             return False
@@ -230,6 +230,9 @@ class LoweringEngine(ConvEngine):
 
     def describe(self) -> str:
         return f"lowering {self.strategy} ({self.reason})"
+
+    def batch_partitions(self) -> int:
+        return len(self._chunks(self._geom().num, self.dtype.itemsize))
 
     def workspace_bytes(self) -> int:
         """Bytes held in the workspace(s) this engine uses, all partitions — shared ones included in full

@@ -1,17 +1,28 @@
-"""Which lowering each convolution runs, and how many batch partitions: the process-wide settings, the
-per-layer choice, and its one-line description.
+"""Which engine each convolution runs — lowering (and which lowering) or FFT — and how many batch
+partitions: the process-wide settings, the per-layer choice, and its one-line description.
 
 Settings (read from the environment at import, overridable with :func:`apply_engine_flags`, which the
-command line calls with its ``-lowering`` / ``-partitions`` flags):
+command line calls with its ``-conv_engine`` / ``-lowering`` / ``-partitions`` flags; an invalid environment
+value is an error when the setting is first used):
 
+* ``CCT_CONV_ENGINE`` = ``lowering`` | ``fft`` | ``auto`` (default): the engine of convolution layers created
+  afterwards (:class:`SelectedEngine`, :func:`choose_conv_engine`).  ``fft`` runs every convolution by FFT —
+  a strided one as its stride-1 convolution, exact but at that cost —, and a layer the FFT engine cannot
+  compute (arrays on a GPU, no spatial axes) is an error naming the layer; ``auto`` takes the lowering engine
+  on those and on strided layers, and says why in the layer's log line;
 * ``CCT_LOWERING`` = ``1`` | ``2`` | ``3`` | ``auto`` (default): force a lowering (a layer where it does not
   apply falls back to type 1 and says why) or choose per layer;
 * ``CCT_PARTITIONS`` = ``N`` | ``auto`` (default): batch partitions (:mod:`cct.parallel.partition`);
-* ``CCT_AUTOTUNE`` = ``auto`` (default) | ``1`` | ``0``: whether ``auto`` measures the candidate lowerings on
-  the layer's geometry (forward + backward on a slice of the batch, at its first reshape; cached) — for big
-  layers only, for every layer, or never.
+* ``CCT_AUTOTUNE`` = ``auto`` (default) | ``1`` | ``0``: whether ``auto`` measures the candidates on the
+  layer's geometry (forward + backward, at its first reshape; cached) — where the models leave a close call,
+  for every layer, or never (the models alone).
 
-``auto`` per layer:
+Engine ``auto`` per layer (:func:`choose_conv_engine`, ZNN's layerwise autotuning): the lowering engine where
+the FFT engine does not apply, the layer is strided, or the FFT engine cannot plausibly save
+``PREFER_TYPE1_SECONDS`` (its model's prediction divided by ``FFT_WINDOW``); otherwise both engines measured
+on the layer (:func:`autotune_conv_engine`) and the FFT engine taken when it is at least that much faster.
+
+Lowering ``auto`` per layer:
 
 1. only type 1 applies (strided, 1x1, 1-D) → type 1;
 2. the cost model (:mod:`cct.engines.cost_model`) predicts no lowering saves ``PREFER_TYPE1_SECONDS`` (1 ms)
@@ -29,8 +40,8 @@ command line calls with its ``-lowering`` / ``-partitions`` flags):
    faster.
 
 The cache is one small JSON file, ``$CCT_CACHE_DIR`` or ``$XDG_CACHE_HOME/cct`` or ``~/.cache/cct``,
-``autotune.json``: rates keyed by core count and partition setting, measurements by geometry, dtype and the
-same.
+``autotune.json``: rates keyed by core count and partition setting, measurements (lowerings; lowering vs fft)
+by geometry, dtype and the same.
 """
 from __future__ import annotations
 
@@ -43,9 +54,8 @@ from typing import Any
 
 import numpy as np
 
-from cct import log
 from cct.cache import cache_dir, read_json, update_json
-from cct.engines import ConvGeometry
+from cct.engines import ConvEngine, ConvGeometry, create_conv_engine
 from cct.engines.cost_model import DEFAULT_RATES, MachineRates, estimate_seconds, layer_costs
 from cct.errors import CctError
 from cct.parallel.partition import cpu_cores, partitions_setting, set_partitions
@@ -66,9 +76,18 @@ AUTOTUNE_WINDOW = 1.15
 AUTOTUNE_BYTES = 48 << 20
 AUTOTUNE_COLUMNS = 1024
 AUTOTUNE_ROUNDS = 2
+# auto engine choice: the FFT engine's prediction may be off by this factor (screening), ...
+FFT_WINDOW = 2.0
+# ... and measuring lowering vs fft runs at most this many (predicted) seconds of images per round
+ENGINE_AUTOTUNE_SECONDS = 0.25
+ENGINE_AUTOTUNE_ROUNDS = 3
+CONV_ENGINE_CHOICES = ("lowering", "fft", "auto")
 _lowering: int | str = "auto"
 _lowering_source = "default"
+_conv_engine = "auto"
+_conv_engine_source = "default"
 _autotune: bool | str = "auto"
+_env_errors: dict[str, CctError] = {}  # invalid environment settings, raised when the setting is used
 _cache_lock = threading.Lock()
 _rates_memo: dict[str, MachineRates] = {}
 RATES_VERSION = 2  # of calibrate()'s probes: rates cached by another version are measured again
@@ -88,11 +107,36 @@ def set_lowering(value: str | int | None, source: str = "set_lowering") -> None:
     global _lowering, _lowering_source
     _lowering = parse_lowering(value)
     _lowering_source = source
+    _env_errors.pop("CCT_LOWERING", None)
 
 
 def lowering_setting() -> tuple[int | str, str]:
     """(1 | 2 | 3 | "auto", where the setting came from)."""
+    _raise_env_error("CCT_LOWERING")
     return _lowering, _lowering_source
+
+
+def parse_conv_engine(value: str | None) -> str:
+    v = "" if value is None else str(value).strip().lower()
+    if v in ("", "auto"):
+        return "auto"
+    if v in CONV_ENGINE_CHOICES:
+        return v
+    raise CctError(f"conv_engine must be {', '.join(CONV_ENGINE_CHOICES[:-1])} or auto (got {value!r})")
+
+
+def set_conv_engine(value: str | None, source: str = "set_conv_engine") -> None:
+    """``lowering``, ``fft`` or ``auto`` (None: auto) for convolution layers created afterwards."""
+    global _conv_engine, _conv_engine_source
+    _conv_engine = parse_conv_engine(value)
+    _conv_engine_source = source
+    _env_errors.pop("CCT_CONV_ENGINE", None)
+
+
+def conv_engine_setting() -> tuple[str, str]:
+    """("lowering" | "fft" | "auto", where the setting came from)."""
+    _raise_env_error("CCT_CONV_ENGINE")
+    return _conv_engine, _conv_engine_source
 
 
 def parse_autotune(value: bool | str | None) -> bool | str:
@@ -106,50 +150,214 @@ def parse_autotune(value: bool | str | None) -> bool | str:
         return True
     if v in ("0", "false", "no", "off", "never"):
         return False
-    raise CctError(f"CCT_AUTOTUNE must be auto, 1 or 0 (got {value!r})")
+    raise CctError(f"autotune must be auto, 1 or 0 (got {value!r})")
 
 
-def set_autotune(enabled: bool | str) -> None:
+def set_autotune(enabled: bool | str, source: str = "set_autotune") -> None:
     """``True``: ``auto`` measures every layer; ``False``: never (the cost model alone); ``"auto"``: layers
     predicted to take ``AUTOTUNE_MIN_SECONDS`` or more."""
     global _autotune
     _autotune = parse_autotune(enabled)
+    _env_errors.pop("CCT_AUTOTUNE", None)
 
 
 def autotune_setting() -> bool | str:
+    _raise_env_error("CCT_AUTOTUNE")
     return _autotune
 
 
-def apply_engine_flags(lowering: str | None, partitions: str | None) -> None:
-    """The command line's ``-lowering 1|2|3|auto`` and ``-partitions N|auto`` (None: leave as is); the same
-    process-wide settings as ``CCT_LOWERING`` / ``CCT_PARTITIONS``.  Applies to layers created afterwards
-    (lowering) and to every following forward/backward (partitions)."""
+def apply_engine_flags(lowering: str | None, partitions: str | None, conv_engine: str | None = None) -> None:
+    """The command line's ``-lowering 1|2|3|auto``, ``-partitions N|auto`` and ``-conv_engine
+    lowering|fft|auto`` (None: leave as is); the same process-wide settings as ``CCT_LOWERING`` /
+    ``CCT_PARTITIONS`` / ``CCT_CONV_ENGINE``.  Applies to layers created afterwards (engine, lowering) and to
+    every following forward/backward (partitions).  An invalid environment setting not overridden here is
+    reported now."""
     if lowering is not None:
         set_lowering(lowering, "flag")
     if partitions is not None:
         set_partitions(partitions, "flag")
+    if conv_engine is not None:
+        set_conv_engine(conv_engine, "flag")
+    for var in list(_env_errors):
+        _raise_env_error(var)
+    partitions_setting()
+
+
+def _raise_env_error(var: str) -> None:
+    error = _env_errors.get(var)
+    if error is not None:
+        raise error
 
 
 def _init_from_env() -> None:
-    env = os.environ.get("CCT_LOWERING")
-    set_lowering(env, "CCT_LOWERING" if env else "default")
-    try:
-        set_autotune(os.environ.get("CCT_AUTOTUNE"))
-    except CctError as e:
-        log.warning("%s; using auto", e)
-        set_autotune("auto")
+    """Read ``CCT_LOWERING``, ``CCT_CONV_ENGINE`` and ``CCT_AUTOTUNE``; an invalid value leaves the default in
+    place and is raised when the setting is first used (a one-line error from the command line, not a
+    failing import)."""
+    for var, setter in (("CCT_LOWERING", set_lowering), ("CCT_CONV_ENGINE", set_conv_engine),
+                        ("CCT_AUTOTUNE", set_autotune)):
+        value = os.environ.get(var)
+        try:
+            setter(value, var if value else "default")
+        except CctError as e:
+            _env_errors[var] = CctError(f"{var}: {e}")
 
 
 _init_from_env()
 
 
 # ---- the per-layer choice ------------------------------------------------------------------------
-def engine_for_layer(kind: str = "Convolution") -> Any:
-    """A new lowering engine following the current setting (called by the layer creator functions)."""
-    from cct.engines.lowering import LoweringEngine
+def engine_for_layer(kind: str = "Convolution") -> SelectedEngine:
+    """A new engine for a Convolution/Deconvolution layer, following the current engine and lowering settings
+    (called by the layer creator functions; the engine that runs is chosen at each new geometry)."""
+    choice, source = conv_engine_setting()
+    strategy, lsource = lowering_setting()
+    return SelectedEngine(choice, source, strategy, lsource)
 
-    strategy, source = lowering_setting()
-    return LoweringEngine(strategy, source=f"forced by {source}" if strategy != "auto" else "auto")
+
+class SelectedEngine(ConvEngine):
+    """The engine a convolution layer owns: the lowering or the FFT engine (:attr:`inner`), chosen for each
+    geometry at the layer's reshape by the ``conv_engine`` setting the layer was created with:
+
+    * ``lowering`` — the lowering engine (with the ``lowering`` setting);
+    * ``fft`` — the FFT engine; a layer it cannot compute (stride > 1, arrays on a GPU) is an error;
+    * ``auto`` — :func:`choose_conv_engine`: the faster of the two, measured, on layers where the FFT engine
+      applies and may save time; otherwise the lowering engine, with the reason in :meth:`describe`.
+
+    Every engine call goes to :attr:`inner`; other attributes (``strategy``, ``reuses``, ...) are read from
+    it too.  :attr:`reason` says why this engine runs ("" when the setting named it)."""
+
+    def __init__(self, choice: str = "auto", source: str = "default", lowering: int | str = "auto",
+                 lowering_source: str = "default"):
+        super().__init__()
+        self.choice, self.source = parse_conv_engine(choice), source
+        self.lowering, self.lowering_source = parse_lowering(lowering), lowering_source
+        self.inner: ConvEngine | None = None
+        self.reason = ""
+        self._key: tuple[Any, ...] | None = None
+
+    @property  # type: ignore[override]
+    def name(self) -> str:
+        return self.inner.name if self.inner is not None else "unconfigured"
+
+    def __getattr__(self, attr: str) -> Any:
+        inner = self.__dict__.get("inner")
+        if inner is None or attr.startswith("__"):
+            raise AttributeError(attr)
+        return getattr(inner, attr)
+
+    def _engine(self) -> ConvEngine:
+        if self.inner is None:
+            raise RuntimeError("convolution engine used before configure()")
+        return self.inner
+
+    def configure(self, geometry: ConvGeometry, dtype: Any = None, xp: Any = None) -> bool:
+        dtype = np.dtype(np.float32 if dtype is None else dtype)
+        key = (geometry, dtype, xp if xp is not None else np)
+        if key == self._key and self.inner is not None:
+            return False
+        name, reason = choose_conv_engine(geometry, dtype, xp, self.choice, self.source, self.lowering)
+        changed = self.inner is None or self.inner.name != name or reason != self.reason
+        if self.inner is None or self.inner.name != name:
+            if name == "lowering":
+                from cct.engines.lowering import LoweringEngine
+
+                forced = self.lowering != "auto"
+                self.inner = LoweringEngine(self.lowering, source=f"forced by {self.lowering_source}"
+                                            if forced else "auto")
+            else:
+                self.inner = create_conv_engine(name)
+        self.reason = reason
+        changed = self.inner.configure(geometry, dtype, xp) or changed
+        self.geometry, self._key = geometry, key
+        return changed
+
+    def describe(self) -> str:
+        text = self._engine().describe()
+        return f"{text}; {self.reason}" if self.reason else text
+
+    def workspace_bytes(self) -> int:
+        return self.inner.workspace_bytes() if self.inner is not None else 0
+
+    def batch_partitions(self) -> int:
+        return self._engine().batch_partitions()
+
+    def forward(self, x: Any, w: Any, b: Any | None, y: Any) -> Any:
+        return self._engine().forward(x, w, b, y)
+
+    def backward_data(self, dy: Any, w: Any, dx: Any) -> Any:
+        return self._engine().backward_data(dy, w, dx)
+
+    def backward_weights(self, x: Any, dy: Any, dw: Any) -> Any:
+        return self._engine().backward_weights(x, dy, dw)
+
+    def backward(self, x: Any, dy: Any, w: Any, dx: Any | None, dw: Any | None) -> None:
+        self._engine().backward(x, dy, w, dx, dw)
+
+    def forward_and_backward_weights(self, x: Any, w: Any, y: Any | None, dy: Any, dw: Any | None) -> None:
+        self._engine().forward_and_backward_weights(x, w, y, dy, dw)
+
+
+def fft_applies(g: ConvGeometry, xp: Any = None) -> tuple[bool, str]:
+    """(True, "") when the FFT engine can compute ``g`` on arrays of ``xp``, else (False, the reason)."""
+    from cct.engines.fft import FFTEngine
+
+    if xp is not None and xp is not np:
+        return False, "the fft engine runs on the CPU and this layer's arrays are on a GPU"
+    return FFTEngine.supports(g)
+
+
+def predicted_fft_seconds(g: ConvGeometry, dtype: Any = np.float32) -> float:
+    """The FFT engine's predicted forward+backward seconds for ``g`` (its own model; nothing measured)."""
+    from cct.engines.fft import FFTEngine
+
+    est = FFTEngine.estimate(g, np.dtype(dtype).itemsize)
+    return float(est[est["choice"]]["seconds"])
+
+
+def _lowering_prediction(g: ConvGeometry, lowering: int | str, rates: MachineRates | None = None) -> float:
+    predicted = predicted_seconds(g, rates)
+    if lowering != "auto" and lowering in predicted:
+        return predicted[int(lowering)]
+    return min(predicted.values())
+
+
+def choose_conv_engine(g: ConvGeometry, dtype: Any = np.float32, xp: Any = None, choice: str = "auto",
+                       source: str = "default", lowering: int | str = "auto") -> tuple[str, str]:
+    """(engine name, reason) for geometry ``g`` under the ``conv_engine`` setting ``choice``.
+
+    ``auto``: the lowering engine where the FFT engine does not apply (the reason names why) or where the two
+    models (:func:`predicted_seconds`, :func:`predicted_fft_seconds`) leave the FFT engine no chance to save
+    ``PREFER_TYPE1_SECONDS`` even at ``FFT_WINDOW`` times its prediction (small layers, most 2-D layers: they
+    keep Caffe's summation order); otherwise both engines measured on the layer (:func:`autotune_conv_engine`,
+    cached) and the FFT engine taken when it saves at least ``PREFER_TYPE1_SECONDS``.  With autotune off
+    (``CCT_AUTOTUNE=0``) the predictions decide; with it forced on, every applicable layer is measured."""
+    if choice == "lowering":
+        return "lowering", ""
+    ok, why = fft_applies(g, xp)
+    if choice == "fft":
+        if not ok:
+            raise CctError(f"conv_engine fft (set by {source}) cannot run this layer: {why}; "
+                           f"use conv_engine lowering or auto")
+        return "fft", ""
+    if not ok:
+        return "lowering", f"not fft: {why}"
+    if any(st != 1 for st in g.stride):  # fft would compute every stride-1 output and drop the rest
+        st = g.stride[0] if len(set(g.stride)) == 1 else "x".join(map(str, g.stride))
+        return "lowering", f"not fft: stride {st} > 1"
+    t_fft = predicted_fft_seconds(g, dtype)
+    t_low = _lowering_prediction(g, lowering)
+    tune = autotune_setting()
+    if tune is not True and t_low - t_fft / FFT_WINDOW < PREFER_TYPE1_SECONDS:
+        return "lowering", ""  # the usual case (the layer's log line shows both predictions)
+    if tune is False:
+        t_low = _lowering_prediction(g, lowering, machine_rates(calibrate_if_missing=True))
+        if t_low - t_fft >= max(PREFER_TYPE1_SECONDS, PREFER_TYPE1_FRACTION * t_low):
+            return "fft", f"engine by cost model (lowering predicted {t_low * 1e3:.3g} ms)"
+        return "lowering", f"engine by cost model (fft predicted {t_fft * 1e3:.3g} ms)"
+    measured = autotune_conv_engine(g, dtype, lowering, max(t_low, t_fft))
+    name = "fft" if measured["lowering"] - measured["fft"] >= PREFER_TYPE1_SECONDS else "lowering"
+    return name, (f"engine autotuned: fft {measured['fft'] * 1e3:.3g} ms, "
+                  f"lowering {measured['lowering'] * 1e3:.3g} ms")
 
 
 def _partitions(g: ConvGeometry) -> int:
@@ -169,12 +377,22 @@ def predicted_seconds(g: ConvGeometry, rates: MachineRates | None = None) -> dic
             for s in (1, 2, 3) if strategy_fallback(s, g) is None}
 
 
+def predicted_engine_seconds(g: ConvGeometry, dtype: Any = np.float32) -> dict[str, float]:
+    """Predicted forward+backward seconds of each applicable lowering (keys ``"1"``..``"3"``) and of the FFT
+    engine (``"fft"``, where it applies): what a convolution layer logs at setup."""
+    out = {str(s): t for s, t in predicted_seconds(g).items()}
+    if fft_applies(g)[0]:
+        out["fft"] = predicted_fft_seconds(g, dtype)
+    return out
+
+
 def choose_strategy(g: ConvGeometry, dtype: Any = np.float32) -> tuple[int, str]:
     """``auto``: (strategy, reason) for geometry ``g`` — see the module docstring for the rules."""
     predicted = predicted_seconds(g)
     if len(predicted) == 1:
         return 1, "cost model: only lowering 1 applies"
-    if _autotune is True:
+    tune = autotune_setting()
+    if tune is True:
         measured = autotune(g, dtype)
         return min(measured, key=measured.__getitem__), "autotuned"
     best = min(predicted, key=predicted.__getitem__)
@@ -182,7 +400,7 @@ def choose_strategy(g: ConvGeometry, dtype: Any = np.float32) -> tuple[int, str]
         return 1, "cost model"  # nothing measurable to gain: keep Caffe's summation order
     predicted = predicted_seconds(g, machine_rates(calibrate_if_missing=True))
     best = min(predicted, key=predicted.__getitem__)
-    if _autotune == "auto" and predicted[best] >= AUTOTUNE_MIN_SECONDS:
+    if tune == "auto" and predicted[best] >= AUTOTUNE_MIN_SECONDS:
         close = [s for s, t in predicted.items() if t <= AUTOTUNE_WINDOW * predicted[best]]
         if len(close) > 1:
             measured = autotune(g, dtype, close)
@@ -195,18 +413,17 @@ def choose_strategy(g: ConvGeometry, dtype: Any = np.float32) -> tuple[int, str]
 
 def describe_layer_engine(layer: Any) -> str:
     """What ``cct time`` prints beside a layer: e.g. ``lowering 2 (cost model), 2 partitions`` for a
-    convolution, ``2 partitions`` for a partitioned layer, ``""`` otherwise."""
-    from cct.parallel.partition import partitions_for
-
+    convolution, ``fft 36x36x36 (...), 12.5 MiB of kept spectra`` for an FFT one, ``2 partitions`` for a
+    partitioned layer, ``""`` otherwise."""
     engine = getattr(layer, "engine", None)
     parts = getattr(layer, "last_partitions", None)
     text = engine.describe() if engine is not None and hasattr(engine, "describe") else ""
-    geometry = getattr(engine, "geometry", None)
-    if parts is None and geometry is not None:
-        chunks = getattr(engine, "_chunks", None)
-        parts = len(chunks(geometry.num, 4)) if chunks is not None else partitions_for(geometry.num)
+    if parts is None and getattr(engine, "geometry", None) is not None and hasattr(engine, "batch_partitions"):
+        parts = engine.batch_partitions()
     if parts and parts > 1:
         text = f"{text}, {parts} partitions" if text else f"{parts} partitions"
+    if getattr(engine, "name", "") == "fft":
+        text += f", {engine.workspace_bytes() / 2**20:.1f} MiB of kept spectra"
     return text
 
 
@@ -415,4 +632,62 @@ def autotune(g: ConvGeometry, dtype: Any = np.float32, candidates: Any = None,
             best[s] = min(best[s], time.perf_counter() - t)
     result = {s: t / n for s, t in best.items()}
     _write_cache({"autotune": {key: {**cached, **{str(s): t for s, t in result.items()}}}})
+    return result
+
+
+def autotune_conv_engine(g: ConvGeometry, dtype: Any = np.float32, lowering: int | str = "auto",
+                         predicted: float | None = None) -> dict[str, float]:
+    """Seconds of one forward + backward (data and weights) of the whole layer ``g`` with the lowering engine
+    (``lowering``, or the strategy ``auto`` picks) and with the FFT engine: ``{"lowering": s, "fft": s}``.
+
+    Measured as a training iteration runs them: every operand new each step (the FFT engine's spectra are
+    dropped before each step, so only the reuse within a step counts), ``ENGINE_AUTOTUNE_ROUNDS`` rounds
+    interleaved after a warm-up and a short pause (the FFT and BLAS thread pools hand the cores over), the
+    best round.  A layer ``predicted`` (seconds) to take longer than ``ENGINE_AUTOTUNE_SECONDS`` is measured on
+    fewer images and scaled to the batch — the FFT engine's kernel transforms, done once per batch, then count
+    for more than in the layer, which favours the lowering engine on such layers.  Cached per geometry,
+    dtype, thread setting and lowering."""
+    from cct.engines.fft import FFTEngine
+    from cct.engines.lowering import LoweringEngine, Workspace, strategy_fallback
+
+    if lowering == "auto":
+        strategy = choose_strategy(g, dtype)[0]
+    else:
+        strategy = int(lowering) if strategy_fallback(int(lowering), g) is None else 1
+    key = f"{geometry_key(g, dtype)}-lowering{strategy}"
+    cached = _read_cache().get("conv_engine", {}).get(key)
+    if cached and {"lowering", "fft"} <= set(cached):
+        return {k: float(cached[k]) for k in ("lowering", "fft")}
+    if predicted is None:
+        predicted = max(_lowering_prediction(g, strategy), predicted_fft_seconds(g, dtype))
+    n = max(1, min(g.num, int(g.num * ENGINE_AUTOTUNE_SECONDS / max(predicted, 1e-9))))
+    small = replace(g, num=n)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((n, g.in_channels) + g.in_shape).astype(dtype)
+    w = (0.1 * rng.standard_normal((g.out_channels, g.in_channels // g.group) + g.kernel)).astype(dtype)
+    dy = rng.standard_normal((n, g.out_channels) + g.out_shape).astype(dtype)
+    y, dx, dw = np.empty_like(dy), np.empty_like(x), np.zeros_like(w)
+    low = LoweringEngine(strategy, workspace=Workspace())
+    fft = FFTEngine()
+    engines: dict[str, Any] = {"lowering": low, "fft": fft}
+    for eng in engines.values():
+        eng.configure(small, dtype)
+
+    def step(eng: Any) -> None:
+        if eng is fft:
+            fft.invalidate()
+        eng.forward(x, w, None, y)
+        eng.backward(x, dy, w, dx, dw)
+
+    for eng in engines.values():
+        step(eng)  # warm-up: plans, workspaces, thread pools
+    time.sleep(0.1)
+    best = {name: float("inf") for name in engines}
+    for _ in range(ENGINE_AUTOTUNE_ROUNDS):
+        for name, eng in engines.items():
+            t = time.perf_counter()
+            step(eng)
+            best[name] = min(best[name], time.perf_counter() - t)
+    result = {name: t * g.num / n for name, t in best.items()}
+    _write_cache({"conv_engine": {key: result}})
     return result

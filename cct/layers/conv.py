@@ -3,10 +3,11 @@
 
 The layer classes own parameters, shapes and blobs; the arithmetic is done by a convolution engine
 (:mod:`cct.engines`), chosen by the creator functions registered here (Caffe's ``GetConvolutionLayer``):
-the batch-wide lowering engine with CcT's lowering type 1, 2 or 3 as the process settings say
-(:mod:`cct.engines.select`: ``CCT_LOWERING``, the command line's ``-lowering``; ``auto`` picks per layer
-from its shapes at the first reshape and logs the choice).  ``convolution_param.engine`` DEFAULT, CAFFE and
-CUDNN all select it (they compute the same numbers).
+the batch-wide lowering engine (CcT's lowering type 1, 2 or 3) or the FFT engine, as the process settings
+say (:mod:`cct.engines.select`: ``CCT_CONV_ENGINE`` / ``-conv_engine``, ``CCT_LOWERING`` / ``-lowering``;
+``auto`` picks per layer from its shapes, by cost model and measurement, at the first reshape and logs the
+choice).  ``convolution_param.engine`` DEFAULT, CAFFE and CUDNN all select it (they compute the same
+numbers).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from cct import log
 from cct.blob import Blob
 from cct.engines import ConvEngine, ConvGeometry
 from cct.engines.lowering import LoweringEngine
-from cct.engines.select import engine_for_layer, predicted_seconds
+from cct.engines.select import engine_for_layer, predicted_engine_seconds
 from cct.errors import CctError, ParamError
 from cct.fillers import fill
 from cct.layers.base import Layer
@@ -192,8 +193,8 @@ class BaseConvolution(Layer):
         for t in top:
             t.reshape(top_shape)
         geometry = self._geometry()
-        if self.engine.configure(geometry, x.dtype):
-            predicted = ", ".join(f"{k}: {v * 1e3:.3g}" for k, v in predicted_seconds(geometry).items())
+        if self.engine.configure(geometry, x.dtype, x.xp):
+            predicted = ", ".join(f"{k}: {v * 1e3:.3g}" for k, v in predicted_engine_seconds(geometry).items())
             log.info("%s layer %s: %s [d/o = %d/%d; predicted fwd+bwd ms %s]", self.type, self.name,
                      self.engine.describe(), geometry.in_channels, geometry.out_channels, predicted)
 
@@ -301,9 +302,8 @@ class Deconvolution(BaseConvolution):
 
 
 def _conv_engine(param: pb.LayerParameter) -> ConvEngine:
-    """Engine choice for Convolution/Deconvolution: the lowering engine with the process-wide lowering
-    setting (1, 2, 3 or auto; see :mod:`cct.engines.select`).  DEFAULT, CAFFE and CUDNN name the same
-    arithmetic here."""
+    """Engine choice for Convolution/Deconvolution: the process-wide engine and lowering settings (see
+    :mod:`cct.engines.select`).  DEFAULT, CAFFE and CUDNN name the same arithmetic here."""
     engine = param.convolution_param.engine
     if engine not in (pb.ConvolutionParameter.DEFAULT, pb.ConvolutionParameter.CAFFE,
                       pb.ConvolutionParameter.CUDNN):

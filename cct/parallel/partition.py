@@ -37,6 +37,7 @@ MIN_WORK_PER_PARTITION = 1 << 20
 
 _setting: int | None = None  # None: auto
 _setting_source = "default"
+_env_error: CctError | None = None  # an invalid CCT_PARTITIONS, raised at use
 _local = threading.local()
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
@@ -66,19 +67,24 @@ def parse_partitions(value: str | int | None) -> int | None:
 
 def set_partitions(value: str | int | None, source: str = "set_partitions") -> None:
     """Set the process-wide partition count (``None``/"auto": the cost model)."""
-    global _setting, _setting_source
+    global _setting, _setting_source, _env_error
     _setting = parse_partitions(value)
     _setting_source = source
+    _env_error = None
 
 
 def partitions_setting() -> tuple[int | None, str]:
     """(forced count or None for auto, where the setting came from)."""
+    if _env_error is not None:
+        raise _env_error
     return _setting, _setting_source
 
 
 def partitions_for(n: int, work: float = float("inf")) -> int:
     """Partitions for ``n`` items of ``work`` operations each: the forced count (capped at ``n``) or the
     ``auto`` cost model.  Always 1 inside a partition (no nesting)."""
+    if _env_error is not None:
+        raise _env_error
     if n <= 1 or in_partition():
         return 1
     if _setting is not None:
@@ -203,4 +209,15 @@ def run_batch(n: int, fn: Callable[[int, int, int], None], work: float = float("
     return len(ranges)
 
 
-set_partitions(os.environ.get("CCT_PARTITIONS"), "CCT_PARTITIONS" if os.environ.get("CCT_PARTITIONS") else "default")
+def _init_from_env() -> None:
+    """``CCT_PARTITIONS``; an invalid value is reported when partitions are first asked for (a one-line error
+    from the command line, not a failing import)."""
+    global _env_error
+    value = os.environ.get("CCT_PARTITIONS")
+    try:
+        set_partitions(value, "CCT_PARTITIONS" if value else "default")
+    except CctError as e:
+        _env_error = CctError(f"CCT_PARTITIONS: {e}")
+
+
+_init_from_env()

@@ -1,6 +1,6 @@
 """The FFT convolution engine: equal to the lowering engine (forward, backward data, backward weights) in 1-, 2-
 and 3-D with groups, padding and dilation; gradient checks through Convolution/Deconvolution; pruned vs
-unpruned transforms; memoization and its invalidation; stride refusal."""
+unpruned transforms; memoization and its invalidation; strided layers; applicability."""
 from __future__ import annotations
 
 import numpy as np
@@ -24,9 +24,13 @@ GEOMETRIES = [
     ConvGeometry(1, 2, 4, 1, (9, 8, 7), (3, 3, 3), (1, 1, 1), (1, 0, 2), (2, 1, 1)),
     ConvGeometry(2, 4, 4, 4, (5, 6, 4), (2, 3, 1), (1, 1, 1), (0, 1, 0), (1, 1, 3)),
     ConvGeometry(2, 3, 5, 1, (6, 6, 6), (5, 5, 5), (1, 1, 1), (2, 2, 2), (1, 1, 1)),
+    # strided: computed as the stride-1 convolution
+    ConvGeometry(2, 3, 4, 1, (9, 8), (3, 3), (2, 3), (1, 0), (1, 1)),
+    ConvGeometry(2, 2, 3, 1, (7, 8, 9), (3, 3, 3), (2, 2, 2), (1, 1, 1), (1, 1, 1)),
+    ConvGeometry(1, 4, 2, 2, (11, 10), (3, 2), (3, 2), (2, 1), (2, 1)),
 ]
 IDS = [f"{len(g.in_shape)}d-k{'x'.join(map(str, g.kernel))}-p{'x'.join(map(str, g.pad))}-"
-       f"d{'x'.join(map(str, g.dilation))}-g{g.group}" for g in GEOMETRIES]
+       f"d{'x'.join(map(str, g.dilation))}-s{'x'.join(map(str, g.stride))}-g{g.group}" for g in GEOMETRIES]
 
 
 def _data(g: ConvGeometry, dtype=np.float32, seed: int = 0):
@@ -86,6 +90,7 @@ def test_separate_passes_and_deconvolution_step():
     ("num_output: 4 kernel_size: [3, 2] pad: [0, 1] dilation: [1, 2] group: 2", (1, 4, 6, 7)),
     ("num_output: 2 kernel_size: 3 pad: 1", (1, 2, 4, 5, 4)),
     ("num_output: 4 kernel_size: [2, 3, 2] dilation: [2, 1, 1] pad: [1, 0, 1] group: 2", (1, 2, 5, 4, 4)),
+    ("num_output: 3 kernel_size: 3 pad: 1 stride: 2", (1, 2, 5, 6, 5)),
 ])
 @pytest.mark.parametrize("memoize,lift", [(True, False), (True, True), (False, True)])
 def test_gradient_convolution(params, shape, memoize, lift):
@@ -97,9 +102,10 @@ def test_gradient_convolution(params, shape, memoize, lift):
     assert report.checked > 0
 
 
-def test_gradient_deconvolution_3d():
+@pytest.mark.parametrize("stride", [1, 2])
+def test_gradient_deconvolution_3d(stride):
     x = np.random.default_rng(2).standard_normal((1, 2, 3, 4, 3))
-    text = ('type: "Deconvolution" convolution_param { num_output: 2 kernel_size: 3 pad: 1 '
+    text = (f'type: "Deconvolution" convolution_param {{ num_output: 2 kernel_size: 3 pad: 1 stride: {stride} '
             'weight_filler { type: "gaussian" std: 0.5 } bias_filler { type: "gaussian" std: 0.5 } }')
     for lift in (False, True):
         check_gradient(Deconvolution(layer_param(text), FFTEngine(lift=lift)), [x], rtol=1e-6, atol=1e-8)
@@ -199,14 +205,13 @@ def test_kernel_transformed_once_per_batch(monkeypatch, lift, kernel_block):
 
 
 # ---- applicability -------------------------------------------------------------------------------
-def test_stride_is_refused():
+def test_applicability():
     g = ConvGeometry(1, 2, 2, 1, (8, 8), (3, 3), (2, 2), (1, 1), (1, 1))
-    assert FFTEngine.supports(g) == (False, "stride 2 > 1")
-    assert FFTEngine.supports(ConvGeometry(1, 2, 2, 1, (8, 8), (3, 3), (1, 2), (0, 0), (1, 1)))[1] == \
-        "stride 1x2 > 1"
-    assert FFTEngine.supports(GEOMETRIES[0]) == (True, "")
-    with pytest.raises(CctError, match="stride 2 > 1"):
-        FFTEngine().configure(g, np.float32)
+    assert FFTEngine.supports(g) == (True, "")  # strided: as its stride-1 convolution
+    assert FFTEngine.unit_stride(g).stride == (1, 1) and FFTEngine.unit_stride(GEOMETRIES[0]) is GEOMETRIES[0]
+    assert FFTEngine.estimate(g) == FFTEngine.estimate(FFTEngine.unit_stride(g))
+    with pytest.raises(CctError, match="CPU"):
+        FFTEngine().configure(g, np.float32, xp=object())
     with pytest.raises(CctError, match="no spatial axes"):
         FFTEngine().configure(ConvGeometry(2, 3, 4, 1, (), (), (), (), ()), np.float32)
 

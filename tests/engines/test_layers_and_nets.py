@@ -1,5 +1,5 @@
 """Each forced lowering through the layers: float64 gradient checks, and Caffe's reference nets (1e-4), also
-with 2 batch partitions."""
+with 2 batch partitions and with the FFT engine."""
 from __future__ import annotations
 
 import numpy as np
@@ -49,7 +49,7 @@ def test_layer_outputs_equal_across_lowerings_float32(lowering):
 NET_MODES = [("1", "1"), ("2", "1"), ("3", "1"), ("auto", "2"), ("3", "2")]
 
 
-def _compare(name: str, phase: int) -> None:
+def _compare(name: str, phase: int):
     """Every recorded blob, diff and parameter within 1e-4 relative of Caffe.  The absolute floor is the
     default 1e-5, or 4 float32 ulps of the blob's largest magnitude when that is larger: another summation
     order (lowerings 2 and 3 group the k² products differently) moves a value by that much, which matters
@@ -69,6 +69,7 @@ def _compare(name: str, phase: int) -> None:
             continue
         floor = 4 * float(np.finfo(np.float32).eps) * float(np.abs(ref[key]).max(initial=0.0))
         assert_close(ours, ref[key], f"{name} {key}", atol=max(ATOL, floor))
+    return net
 
 
 @pytest.mark.parametrize("lowering,partitions", NET_MODES, ids=[f"L{a}-P{b}" for a, b in NET_MODES])
@@ -77,3 +78,13 @@ def test_reference_nets_with_each_lowering(name, lowering, partitions):
     select.apply_engine_flags(lowering, partitions)
     _compare(name, cct.TRAIN)
     _compare(name, cct.TEST)
+
+
+@pytest.mark.parametrize("name", refnets.NETS)
+def test_reference_nets_with_fft_engine(name):
+    """CCT_CONV_ENGINE=fft: every convolution (strided ones as their stride-1 convolution) by FFT."""
+    select.apply_engine_flags(None, None, "fft")
+    for phase in (cct.TRAIN, cct.TEST):
+        net = _compare(name, phase)
+        engines = [layer.engine.name for layer in net.layers if layer.type in ("Convolution", "Deconvolution")]
+        assert all(e == "fft" for e in engines), engines

@@ -1,0 +1,196 @@
+"""Lowering vs FFT per layer: the ``conv_engine`` setting (flag, environment, Python), ``auto``'s rules and its
+measured, cached autotune, the forced-FFT errors, and what a layer and ``cct time`` report."""
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+import cct.layers.conv  # noqa: F401  (registers the layers)
+from cct import cli
+from cct.engines import ConvGeometry, select
+from cct.engines.fft import FFTEngine
+from cct.engines.lowering import LoweringEngine
+from cct.errors import CctError
+from cct.gradient_check import setup_layer
+from tests.solvers.helpers import captured_log, messages
+
+BIG_7 = ConvGeometry(1, 16, 16, 1, (30, 30, 30), (7, 7, 7), (1, 1, 1), (0, 0, 0), (1, 1, 1))
+SMALL = ConvGeometry(2, 3, 4, 1, (9, 9), (3, 3), (1, 1), (1, 1), (1, 1))
+CONV = ('type: "Convolution" convolution_param { num_output: 4 kernel_size: 3 pad: 1 %s '
+        'weight_filler { type: "gaussian" std: 0.5 } bias_filler { type: "gaussian" std: 0.5 } }')
+
+
+def _no_measuring(monkeypatch):
+    def fail(*a, **k):
+        raise AssertionError("measured")
+
+    monkeypatch.setattr(select, "autotune_conv_engine", fail)
+
+
+# ---- settings ------------------------------------------------------------------------------------
+def test_setting_values_and_sources():
+    assert select.conv_engine_setting() == ("auto", "default")
+    for text, value in (("", "auto"), ("AUTO", "auto"), (" fft ", "fft"), ("lowering", "lowering")):
+        assert select.parse_conv_engine(text) == value
+    with pytest.raises(CctError, match="conv_engine must be lowering, fft or auto"):
+        select.parse_conv_engine("winograd")
+    select.apply_engine_flags(None, None, "fft")
+    assert select.conv_engine_setting() == ("fft", "flag")
+    assert select.engine_for_layer().choice == "fft"
+
+
+def test_invalid_environment_is_an_error_at_use_not_at_import(monkeypatch):
+    monkeypatch.setenv("CCT_CONV_ENGINE", "fast")
+    monkeypatch.setenv("CCT_LOWERING", "7")
+    select._init_from_env()
+    with pytest.raises(CctError, match="CCT_CONV_ENGINE: conv_engine must be"):
+        select.conv_engine_setting()
+    with pytest.raises(CctError, match="CCT_LOWERING: lowering must be"):
+        select.lowering_setting()
+    select.apply_engine_flags("1", None, "lowering")  # flags override (and clear) both
+    assert select.engine_for_layer().choice == "lowering"
+
+
+# ---- the per-layer rules -------------------------------------------------------------------------
+def test_lowering_setting_never_considers_fft(monkeypatch):
+    _no_measuring(monkeypatch)
+    assert select.choose_conv_engine(BIG_7, choice="lowering") == ("lowering", "")
+
+
+def test_forced_fft_serves_strided_layers_and_refuses_what_it_cannot(monkeypatch):
+    _no_measuring(monkeypatch)
+    strided = ConvGeometry(1, 2, 2, 1, (8, 8), (3, 3), (2, 2), (1, 1), (1, 1))
+    assert select.choose_conv_engine(strided, choice="fft") == ("fft", "")
+    no_axes = ConvGeometry(2, 3, 4, 1, (), (), (), (), ())
+    with pytest.raises(CctError, match=r"conv_engine fft \(set by flag\) cannot run this layer: no spatial axes"):
+        select.choose_conv_engine(no_axes, choice="fft", source="flag")
+    with pytest.raises(CctError, match="on a GPU"):
+        select.choose_conv_engine(SMALL, xp=object(), choice="fft")
+
+
+def test_auto_falls_back_with_a_reason(monkeypatch):
+    _no_measuring(monkeypatch)
+    strided = ConvGeometry(1, 16, 16, 1, (30, 30, 30), (7, 7, 7), (2, 2, 2), (0, 0, 0), (1, 1, 1))
+    assert select.choose_conv_engine(strided) == ("lowering", "not fft: stride 2 > 1")
+    assert select.choose_conv_engine(BIG_7, xp=object())[1].startswith("not fft: the fft engine runs on the CPU")
+    # a small layer: nothing to gain, not measured, Caffe's summation order kept
+    assert select.choose_conv_engine(SMALL) == ("lowering", "")
+
+
+@pytest.mark.parametrize("fft_ms,lowering_ms,expected", [(40, 100, "fft"), (30, 20, "lowering"),
+                                                           (99.5, 100, "lowering")])
+def test_auto_takes_the_measured_faster_engine(monkeypatch, fft_ms, lowering_ms, expected):
+    seen = []
+
+    def measured(g, dtype, lowering, predicted):
+        seen.append(g)
+        return {"fft": fft_ms / 1e3, "lowering": lowering_ms / 1e3}
+
+    monkeypatch.setattr(select, "autotune_conv_engine", measured)
+    name, reason = select.choose_conv_engine(BIG_7)
+    assert seen == [BIG_7] and name == expected  # a saving under 1 ms keeps the lowering engine
+    assert reason == f"engine autotuned: fft {fft_ms:.3g} ms, lowering {lowering_ms:.3g} ms"
+
+
+def test_autotune_off_decides_by_the_models(monkeypatch):
+    _no_measuring(monkeypatch)
+    select.set_autotune(False)
+    name, reason = select.choose_conv_engine(BIG_7)
+    assert name == "fft" and reason.startswith("engine by cost model")
+
+
+def test_autotune_measures_once_and_caches(monkeypatch):
+    g = ConvGeometry(1, 4, 4, 1, (10, 10, 10), (5, 5, 5), (1, 1, 1), (0, 0, 0), (1, 1, 1))
+    first = select.autotune_conv_engine(g)
+    assert set(first) == {"lowering", "fft"} and all(t > 0 for t in first.values())
+    cache = json.loads(select.cache_path().read_text())["conv_engine"]
+    assert len(cache) == 1 and next(iter(cache)).startswith(select.geometry_key(g, np.float32))
+
+    def fail(*a, **k):
+        raise AssertionError("measured again instead of reading the cache")
+
+    monkeypatch.setattr(FFTEngine, "forward", fail)
+    monkeypatch.setattr(LoweringEngine, "forward", fail)
+    assert select.autotune_conv_engine(g) == first
+
+
+# ---- layers --------------------------------------------------------------------------------------
+def test_layer_runs_the_chosen_engine_with_the_same_numbers():
+    x = np.random.default_rng(0).standard_normal((2, 3, 7, 6, 5)).astype(np.float32)
+    runs = {}
+    for engine in ("lowering", "fft"):
+        select.apply_engine_flags(None, None, engine)
+        runs[engine] = setup_layer(CONV % "stride: 2", [x])
+        assert runs[engine].layer.engine.name == engine
+    for a, b in zip(runs["lowering"].layer.blobs, runs["fft"].layer.blobs):
+        b.data[...] = a.data
+    (y_low,), (y_fft,) = runs["lowering"].forward(), runs["fft"].forward()
+    np.testing.assert_allclose(y_fft, y_low, rtol=1e-4, atol=1e-5)
+    text = select.describe_layer_engine(runs["fft"].layer)
+    assert text.startswith("fft ") and re.search(r"[KM]iB of kept spectra$", text)
+
+
+def test_engine_follows_a_new_geometry():
+    """auto picks again when the input shape changes; a forced fft layer that becomes unservable says so."""
+    select.apply_engine_flags(None, None, "auto")
+    run = setup_layer(CONV % "", [np.zeros((1, 3, 6, 6), np.float32)])
+    assert run.layer.engine.name == "lowering"
+    select.apply_engine_flags(None, None, "fft")
+    run = setup_layer(CONV % "", [np.zeros((1, 3, 6, 6), np.float32)])
+    assert run.layer.engine.name == "fft"
+    eng = run.layer.engine
+    assert eng.configure(ConvGeometry(1, 3, 4, 1, (8, 8), (3, 3), (1, 1), (1, 1), (1, 1))) is True
+    assert eng.geometry.in_shape == (8, 8) and eng.inner.geometry.in_shape == (8, 8)
+
+
+# ---- the command line ----------------------------------------------------------------------------
+def _net(tmp_path, body: str):
+    model = tmp_path / "net.prototxt"
+    model.write_text('layer { name: "d" type: "Input" top: "x" input_param { shape { %s } } }\n' % body[0]
+                     + body[1])
+    return str(model)
+
+
+def _run(*args: str) -> tuple[int, str]:
+    with captured_log() as buf:
+        rc = cli.main(list(args))
+    return rc, buf.getvalue()
+
+
+def test_time_prints_the_fft_engine_and_its_memory(tmp_path):
+    model = _net(tmp_path, ("dim: 1 dim: 2 dim: 8 dim: 9 dim: 7",
+                            'layer { name: "c3" type: "Convolution" bottom: "x" top: "y" '
+                            'convolution_param { num_output: 3 kernel_size: 3 stride: 2 } }\n'))
+    rc, out = _run("time", "-model", model, "-iterations", "1", "-conv_engine", "fft")
+    assert rc == 0
+    assert re.search(r"\s+c3\tengine: fft \S+ .*of kept spectra", out)
+    rc, out = _run("time", "-model", model, "-iterations", "1", "-conv_engine", "auto")
+    assert rc == 0 and re.search(r"\s+c3\tengine: lowering 1 .*; not fft: stride 2 > 1", out)
+
+
+def test_forced_fft_on_a_layer_it_cannot_run_is_one_line(tmp_path):
+    model = _net(tmp_path, ("dim: 2 dim: 3", 'layer { name: "fc_as_conv" type: "Convolution" bottom: "x" '
+                                             'top: "y" convolution_param { num_output: 4 } }\n'))
+    rc, out = _run("time", "-model", model, "-iterations", "1", "-conv_engine", "fft")
+    assert rc == 1 and "Traceback" not in out
+    (fatal,) = messages(out, "F")
+    assert "layer 'fc_as_conv' (Convolution): conv_engine fft (set by flag) cannot run this layer: " \
+           "no spatial axes" in fatal
+    rc, out = _run("time", "-model", model, "-conv_engine", "fastest")
+    assert rc == 1 and messages(out, "F") == ["conv_engine must be lowering, fft or auto (got 'fastest')"]
+
+
+def test_invalid_environment_is_one_line_from_the_command_line(tmp_path, monkeypatch):
+    model = _net(tmp_path, ("dim: 1 dim: 2 dim: 6 dim: 6", ""))
+    monkeypatch.setenv("CCT_PARTITIONS", "many")
+    from cct.parallel import partition
+
+    partition._init_from_env()
+    rc, out = _run("time", "-model", model, "-iterations", "1")
+    assert rc == 1 and messages(out, "F") == ["CCT_PARTITIONS: partitions must be a positive integer or 'auto' "
+                                              "(got 'many')"]
+    rc, out = _run("time", "-model", model, "-iterations", "1", "-partitions", "1")
+    assert rc == 0
