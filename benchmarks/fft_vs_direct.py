@@ -21,7 +21,7 @@ median seconds of one training step of the layer — forward, then backward (dat
 * ``torch``: ``torch.nn.functional.conv3d`` forward + autograd backward, if torch imports, with the same
   thread count;
 
-and the ratios fft/lowering, auto/best (auto over the faster of lowering and fft, same round) and
+and the ratios fft/lowering, auto/best (auto's median over the smaller of lowering's and fft's) and
 fft/torch.  The cct engines run in interleaved rounds (each round runs
 every engine in turn, timing it once it has settled: see :func:`interleaved`), so that all see the same
 conditions on a shared machine;
@@ -238,7 +238,6 @@ def main() -> None:
         steps.update({name: layer.step(eng) for name, eng in engines.items()})
         times = interleaved(steps, args.repeat)
         times["fft"] = times[chosen]
-        times["best"] = [min(a, b) for a, b in zip(times["lowering"], times["fft"])]
         if torch:  # its own rounds, each against an fft step: torch's OpenMP threads spin after each call and
             # would slow whatever numpy/BLAS step runs right after them
             times.update({"torch": [], "fft_t": []})
@@ -248,7 +247,7 @@ def main() -> None:
         med = {name: statistics.median(t) for name, t in times.items()}
         med.setdefault("torch", float("nan"))
         r_low = ratio(times, "fft", "lowering")
-        r_auto = ratio(times, "auto", "best")
+        r_auto = med["auto"] / min(med["lowering"], med["fft"])
         r_torch = statistics.median(times["fft_t"]) / med["torch"] if torch else float("nan")
         eng = engines[chosen]
         print(f"{f:>3}->{f:<3}{k:>4}{med['lowering'] * 1e3:13.1f}{label:>8}{med['fft'] * 1e3:9.1f}"

@@ -423,17 +423,30 @@ class FFTEngine(ConvEngine):
 
     def _data_grad(self, ds: Any, ks: Any, dx: Any) -> None:
         """``dX(rows, [k0·]Cg) = Y'(rows, Og) · κ^(Og, [k0·]Cg)``; lifted, each tap's columns are added back
-        into the input rows they came from (col2im along the first axis) and the padding rows dropped."""
+        into the input rows they came from (col2im along the first axis; rows in the padding dropped), per
+        frequency partition right after its product, while it is in cache."""
         g = self._geom()
-        dxs = _batched_matmul(ds, ks)
-        if self.lifted:
-            F, G = dxs.shape[:2]
+        if not self.lifted:
+            dxs = _batched_matmul(ds, ks)
+        else:
+            F, G = ds.shape[:2]
             n, out0, k0, d0, p0, in0 = g.num, g.out_shape[0], g.kernel[0], g.dilation[0], g.pad[0], g.in_shape[0]
-            cols = dxs.reshape(F, G, out0, n, k0, -1)
-            acc = np.zeros((F, G, in0 + 2 * p0, n, cols.shape[-1]), dtype=dxs.dtype)
-            for j in range(k0):
-                acc[:, :, j * d0:j * d0 + out0] += cols[:, :, :, :, j]
-            dxs = acc[:, :, p0:p0 + in0].reshape(F, G, in0 * n, -1)
+            cg = ks.shape[-1] // k0
+            acc = np.zeros((F, G, in0, n, cg), dtype=np.result_type(ds, ks))
+            # tap j of output row p lands on input row p + j·d0 - p0: the output rows landing inside
+            taps = [(j, max(0, p0 - j * d0), min(out0, in0 + p0 - j * d0)) for j in range(k0)]
+
+            def body(_part: int, f0: int, f1: int) -> None:
+                cols = np.matmul(ds[f0:f1], ks[f0:f1]).reshape(f1 - f0, G, out0, n, k0, cg)
+                for j, lo, hi in taps:
+                    if lo < hi:
+                        r = lo + j * d0 - p0
+                        acc[f0:f1, :, r:r + hi - lo] += cols[:, :, lo:hi, :, j]
+
+            work = 8.0 * G * out0 * n * ds.shape[-1] * ks.shape[-1]
+            with blas_threads(1):
+                run_partitions(batch_ranges(F, partitions_for(F, work)), body)
+            dxs = acc.reshape(F, G, in0 * n, cg)
         self._write(self._signal(dxs, self._pos_dx, g.in_shape[0]), dx, g.in_shape)
 
     def _weight_grad(self, xs: Any, ds: Any, dw: Any) -> None:
