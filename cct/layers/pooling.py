@@ -43,19 +43,21 @@ def pooled_shape(in_shape: Sequence[int], kernel: Sequence[int], stride: Sequenc
 
 
 def check_pool_window(method: int, kernel: Sequence[int], stride: Sequence[int], pad: Sequence[int],
-                      field: str) -> None:
-    """Caffe's checks on a window: kernel > 0, stride > 0, padding only for MAX/AVE and below the kernel."""
+                      field: str, names: Sequence[str] = ("kernel_size", "stride", "pad")) -> None:
+    """Caffe's checks on a window: kernel > 0, stride > 0, padding only for MAX/AVE and below the kernel.
+    Errors name ``field`` + the field that gave the kernel, stride or pad (``names``)."""
+    kernel_name, stride_name, pad_name = names
     if any(k <= 0 for k in kernel):
-        raise ParamError(f"{field}.kernel_size", f"Filter dimensions cannot be zero (kernel {_dims(kernel)})")
+        raise ParamError(f"{field}.{kernel_name}", f"Filter dimensions cannot be zero (kernel {_dims(kernel)})")
     if any(s <= 0 for s in stride):
-        raise ParamError(f"{field}.stride", f"stride must be > 0 (stride {_dims(stride)})")
+        raise ParamError(f"{field}.{stride_name}", f"stride must be > 0 (stride {_dims(stride)})")
     if any(pad):
         if method not in (MAX, AVE):
-            raise ParamError(f"{field}.pad", f"Padding implemented only for average and max pooling "
-                                             f"(pool {_METHOD_NAMES.get(method, method)}, pad {_dims(pad)})")
+            raise ParamError(f"{field}.{pad_name}", f"Padding implemented only for average and max pooling "
+                                                    f"(pool {_METHOD_NAMES.get(method, method)}, pad {_dims(pad)})")
         if any(p >= k for p, k in zip(pad, kernel)):
-            raise ParamError(f"{field}.pad", f"pad must be smaller than the kernel (pad {_dims(pad)}, "
-                                             f"kernel {_dims(kernel)})")
+            raise ParamError(f"{field}.{pad_name}", f"pad must be smaller than the kernel (pad {_dims(pad)}, "
+                                                    f"kernel {_dims(kernel)})")
 
 
 def _dims(t: Sequence[int]) -> str:
@@ -343,10 +345,12 @@ class Pooling(Layer):
 
     N-D (a cct extension; Caffe's Pooling is 4-D only): a bottom ``(N, C, *spatial)`` with any number of
     spatial axes — ``(N, C, D, H, W)`` for volumes — pools every spatial axis with the same ``kernel_size``,
-    ``stride`` and ``pad`` (these fields are not repeated in Caffe's proto, so there is no per-axis form;
-    ``kernel_h``/``kernel_w`` and friends are 2-D only), or over the whole volume with ``global_pooling``.
-    The mask top holds the flat index within the channel volume (``(d*H + h)*W + w``).  4-D bottoms behave
-    exactly as Caffe's.
+    ``stride`` and ``pad`` (``kernel_h``/``kernel_w`` and friends are 2-D only), or over the whole volume with
+    ``global_pooling``.  Per-axis sizes come from the repeated cct fields ``kernel_nd``, ``stride_nd`` (1) and
+    ``pad_nd`` (0): one value for every spatial axis or one per axis (any number of axes, 2-D included), each
+    replacing its Caffe fields (``kernel_nd`` replaces ``kernel_size``/``kernel_h``/``kernel_w``; not both).
+    The mask top holds the flat index within the channel volume (``(d*H + h)*W + w``).  4-D bottoms with
+    Caffe's fields behave exactly as Caffe's.
     """
 
     exact_num_bottom = 1
@@ -367,10 +371,13 @@ class Pooling(Layer):
                                     f"(pool {_METHOD_NAMES.get(self.method, self.method)}, {len(top)} tops)")
         self.global_pooling = p.global_pooling
         has_hw = p.HasField("kernel_h") and p.HasField("kernel_w")
+        kernel_nd = None
         if self.global_pooling:
-            if p.HasField("kernel_size") or p.HasField("kernel_h") or p.HasField("kernel_w"):
+            if p.HasField("kernel_size") or p.HasField("kernel_h") or p.HasField("kernel_w") or len(p.kernel_nd):
                 raise ParamError(f"{f}.global_pooling",
                                  "With Global_pooling: true Filter size cannot specified")
+        elif len(p.kernel_nd):
+            kernel_nd = self._nd_field(p, "kernel", bottom[0], f)
         elif p.HasField("kernel_size") and has_hw:
             raise ParamError(f"{f}.kernel_size",
                              "Filter size is kernel_size OR kernel_h and kernel_w; not both")
@@ -378,26 +385,32 @@ class Pooling(Layer):
             raise ParamError(f"{f}.kernel_size",
                              "For non-square filters both kernel_h and kernel_w are required."
                              if p.HasField("kernel_h") or p.HasField("kernel_w")
-                             else "kernel_size (or kernel_h and kernel_w) is required")
+                             else "kernel_size (or kernel_h and kernel_w, or kernel_nd) is required")
+        stride_nd = self._nd_field(p, "stride", bottom[0], f)
+        pad_nd = self._nd_field(p, "pad", bottom[0], f)
         if nd != 2:
             for name in ("kernel", "stride", "pad"):
                 if p.HasField(f"{name}_h") or p.HasField(f"{name}_w"):
                     raise ParamError(f"{f}.{name}_h", f"{name}_h/{name}_w are for 2-D pooling only; a bottom "
                                                       f"with {nd} spatial axes ({bottom[0].shape_string()}) "
                                                       f"takes {name if name != 'kernel' else 'kernel_size'} "
-                                                      f"for every axis")
-        self.pad = self._per_axis(p, "pad", f)
-        self.stride = self._per_axis(p, "stride", f)
+                                                      f"for every axis, or {name}_nd for per-axis sizes")
+        self.pad = pad_nd if pad_nd is not None else self._per_axis(p, "pad", f)
+        self.stride = stride_nd if stride_nd is not None else self._per_axis(p, "stride", f)
         if self.global_pooling and (any(self.pad) or any(s != 1 for s in self.stride)):
             raise ParamError(f"{f}.global_pooling", f"With Global_pooling: true; only pad = 0 and stride = 1 "
                                                     f"(pad {_dims(self.pad)}, stride {_dims(self.stride)})")
         if self.global_pooling:
             self.kernel = tuple(bottom[0].shape[2:])
+        elif kernel_nd is not None:
+            self.kernel = kernel_nd
         elif p.HasField("kernel_size"):
             self.kernel = (int(p.kernel_size),) * nd
         else:
             self.kernel = (int(p.kernel_h), int(p.kernel_w))
-        check_pool_window(self.method, self.kernel, self.stride, self.pad, f)
+        names = ("kernel_size" if kernel_nd is None else "kernel_nd", "stride" if stride_nd is None else "stride_nd",
+                 "pad" if pad_nd is None else "pad_nd")
+        check_pool_window(self.method, self.kernel, self.stride, self.pad, f, names)
         self.ceil_mode = p.round_mode == pb.PoolingParameter.CEIL
         self.pooler: Pooler | None = None
 
@@ -409,6 +422,24 @@ class Pooling(Layer):
         if p.HasField(name) or not (has_h and has_w):
             raise ParamError(f"{f}.{name}", f"{name} is {name} OR {name}_h and {name}_w are required.")
         return int(getattr(p, f"{name}_h")), int(getattr(p, f"{name}_w"))
+
+    def _nd_field(self, p: pb.PoolingParameter, name: str, x: Blob, f: str) -> tuple[int, ...] | None:
+        """``name_nd`` (cct) for every spatial axis — given once or once per axis — or None when empty; it
+        excludes Caffe's ``name`` (``kernel_size`` for the kernel), ``name_h`` and ``name_w``."""
+        values = tuple(int(v) for v in getattr(p, f"{name}_nd"))
+        if not values:
+            return None
+        scalar = "kernel_size" if name == "kernel" else name
+        given = [g for g in (scalar, f"{name}_h", f"{name}_w") if p.HasField(g)]
+        if given:
+            raise ParamError(f"{f}.{name}_nd", f"{name}_nd is {name}_nd OR {scalar} (or {name}_h and {name}_w); "
+                                               f"not both ({name}_nd with {', '.join(given)})")
+        nd = self.num_spatial
+        if len(values) not in (1, nd):
+            raise ParamError(f"{f}.{name}_nd", f"{name}_nd must be given once, or once per spatial axis "
+                                               f"({len(values)} values for {nd} spatial axes, bottom "
+                                               f"{x.shape_string()})")
+        return values * nd if len(values) == 1 else values
 
     def _axes_message(self, x: Blob) -> str:
         if self.num_spatial == 2 or x.num_axes < 3:

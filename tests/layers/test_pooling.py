@@ -253,12 +253,13 @@ def test_arity_and_shape_errors():
         run.layer.reshape(run.bottom, run.top)
 
 
-# ---- N-D (3-D volumes): a cct extension, kernel/stride/pad applied to every spatial axis ------------------
+# ---- N-D (3-D volumes): a cct extension, kernel/stride/pad for every spatial axis or per axis (*_nd) -------
 def ref_pool_nd(x, method, k, s, p, ceil=True):
     """Caffe's MAX/AVE loops written for any number of spatial axes (same rules as :func:`ref_pool`); the
-    mask is the flat index within the channel volume."""
+    mask is the flat index within the channel volume.  ``k``, ``s``, ``p``: one int for every axis or a tuple
+    with one per axis."""
     nd = x.ndim - 2
-    k, s, p = (k,) * nd, (s,) * nd, (p,) * nd
+    k, s, p = (tuple(v) if isinstance(v, tuple) else (v,) * nd for v in (k, s, p))
     out = tuple(ref_out_size(n, kk, ss, pp, ceil, any(p)) for n, kk, ss, pp in zip(x.shape[2:], k, s, p))
     y = np.zeros(x.shape[:2] + out)
     mask = np.full(y.shape, -1.0)
@@ -291,6 +292,16 @@ ND_CASES = [
     ("pool: AVE kernel_size: 3 stride: 2 pad: 1", (1, 3, 5, 6, 4), "AVE", 3, 2, 1),
     ("pool: MAX kernel_size: 3 stride: 1", (1, 2, 7), "MAX", 3, 1, 0),              # 1-D
     ("pool: AVE kernel_size: 2 stride: 1 pad: 1", (1, 1, 3, 3, 2, 3), "AVE", 2, 1, 1),  # 4-D volume
+    # per-axis sizes (kernel_nd / stride_nd / pad_nd), e.g. an anisotropic volume pooled 1x2x2
+    ("pool: MAX kernel_nd: [1, 2, 2] stride_nd: [1, 2, 2]", (2, 2, 3, 5, 4), "MAX", (1, 2, 2), (1, 2, 2), 0),
+    ("pool: AVE kernel_nd: [1, 2, 2] stride_nd: [1, 2, 2]", (2, 2, 3, 5, 4), "AVE", (1, 2, 2), (1, 2, 2), 0),
+    ("pool: MAX kernel_nd: [3, 2, 2] stride_nd: [2, 1, 2] pad_nd: [1, 0, 1]", (1, 2, 5, 4, 5), "MAX",
+     (3, 2, 2), (2, 1, 2), (1, 0, 1)),
+    ("pool: AVE kernel_nd: [3, 2, 2] stride_nd: [2, 1, 2] pad_nd: [1, 0, 1]", (1, 2, 5, 4, 5), "AVE",
+     (3, 2, 2), (2, 1, 2), (1, 0, 1)),
+    ("pool: MAX kernel_nd: [3, 2] stride_nd: 2", (2, 2, 7, 6), "MAX", (3, 2), 2, 0),           # 2-D
+    ("pool: AVE kernel_nd: [3, 2] stride_nd: 2 pad_nd: 1", (1, 2, 6, 5), "AVE", (3, 2), 2, 1),
+    ("pool: MAX kernel_nd: 3 stride_nd: [1, 2] pad_nd: [1, 0]", (1, 2, 5, 6), "MAX", 3, (1, 2), (1, 0)),
 ]
 
 
@@ -336,3 +347,74 @@ def test_nd_rejects_2d_only_fields(params, field):
     with pytest.raises(ParamError, match="2-D pooling only") as e:
         setup_layer(f'type: "Pooling" pooling_param {{ {params} }}', [np.zeros((1, 1, 4, 4, 4))])
     assert e.value.field == field
+
+
+
+def test_nd_per_axis_2d_equals_caffe_hw_fields():
+    x = np.random.default_rng(10).standard_normal((2, 3, 7, 6))
+    for pool in ("MAX", "AVE"):
+        tops = 2 if pool == "MAX" else 1
+        _, nd_outs = _pool(f"pool: {pool} kernel_nd: [3, 2] stride_nd: [2, 1] pad_nd: [1, 0]", x, num_tops=tops)
+        _, hw_outs = _pool(f"pool: {pool} kernel_h: 3 kernel_w: 2 stride_h: 2 stride_w: 1 pad_h: 1 pad_w: 0", x,
+                           num_tops=tops)
+        for a, b in zip(nd_outs, hw_outs):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_nd_single_value_applies_to_every_axis():
+    x = np.random.default_rng(11).standard_normal((1, 2, 4, 5, 3))
+    run, (y, mask) = _pool("pool: MAX kernel_nd: 2", x, num_tops=2)
+    _, (ref, ref_mask) = _pool("pool: MAX kernel_size: 2", x, num_tops=2)
+    assert run.layer.kernel == (2, 2, 2) and run.layer.stride == (1, 1, 1) and run.layer.pad == (0, 0, 0)
+    np.testing.assert_array_equal(y, ref)
+    np.testing.assert_array_equal(mask, ref_mask)
+
+
+@pytest.mark.parametrize("params,shape,field,match", [
+    ("pool: MAX kernel_nd: [2, 2, 2] kernel_size: 2", (1, 1, 4, 4, 4), "pooling_param.kernel_nd", "not both"),
+    ("pool: MAX kernel_nd: [2, 2] kernel_h: 2 kernel_w: 2", (1, 1, 4, 4), "pooling_param.kernel_nd", "not both"),
+    ("pool: MAX global_pooling: true kernel_nd: [2, 2, 2]", (1, 1, 4, 4, 4), "pooling_param.global_pooling",
+     "cannot specified"),
+    ("pool: MAX kernel_nd: [2, 2]", (1, 1, 4, 4, 4), "pooling_param.kernel_nd",
+     r"2 values for 3 spatial axes, bottom 1 1 4 4 4"),
+    ("pool: MAX kernel_nd: 2 stride_nd: [1, 1, 1, 1]", (1, 1, 4, 4, 4), "pooling_param.stride_nd",
+     "4 values for 3 spatial axes"),
+    ("pool: MAX kernel_nd: 2 pad_nd: [1, 1, 1]", (1, 1, 4, 4), "pooling_param.pad_nd", "3 values for 2 spatial axes"),
+    ("pool: MAX kernel_nd: [2, 2, 2] stride_nd: [1, 2, 1] stride: 2", (1, 1, 4, 4, 4), "pooling_param.stride_nd",
+     "not both"),
+    ("pool: MAX kernel_nd: [3, 3] pad_nd: [1, 0] pad_h: 1 pad_w: 0", (1, 1, 5, 5), "pooling_param.pad_nd",
+     "not both"),
+    ("pool: MAX kernel_size: 3 pad_nd: 1 pad_h: 1", (1, 1, 5, 5, 5), "pooling_param.pad_nd", "not both"),
+    ("pool: MAX kernel_nd: [2, 0, 2]", (1, 1, 4, 4, 4), "pooling_param.kernel_nd", "cannot be zero"),
+    ("pool: MAX kernel_nd: 2 stride_nd: [1, 0, 1]", (1, 1, 4, 4, 4), "pooling_param.stride_nd", "> 0"),
+    ("pool: MAX kernel_nd: [2, 3, 2] pad_nd: [0, 1, 2]", (1, 1, 4, 4, 4), "pooling_param.pad_nd",
+     "smaller than the kernel"),
+    ("pool: AVE global_pooling: true stride_nd: [1, 2, 1]", (1, 1, 4, 4, 4), "pooling_param.global_pooling",
+     "stride = 1"),
+])
+def test_nd_per_axis_param_errors(params, shape, field, match):
+    with pytest.raises(ParamError, match=match) as e:
+        setup_layer(f'type: "Pooling" pooling_param {{ {params} }}', [np.zeros(shape)])
+    assert e.value.field == field
+
+
+def test_nd_2d_only_field_error_points_to_per_axis_fields():
+    with pytest.raises(ParamError, match="kernel_size for every axis, or kernel_nd for per-axis sizes"):
+        setup_layer('type: "Pooling" pooling_param { pool: MAX kernel_h: 2 kernel_w: 2 }', [np.zeros((1, 1, 4, 4, 4))])
+
+
+def test_nd_per_axis_fields_text_round_trip():
+    from google.protobuf import text_format
+
+    lp = pb.LayerParameter(name="pool1", type="Pooling")
+    lp.pooling_param.pool = pb.PoolingParameter.AVE
+    lp.pooling_param.kernel_nd.extend([1, 2, 2])
+    lp.pooling_param.stride_nd.extend([1, 2, 2])
+    lp.pooling_param.pad_nd.append(0)
+    text = text_format.MessageToString(lp)
+    assert "kernel_nd: 1" in text and "pad_nd: 0" in text
+    back = text_format.Parse(text, pb.LayerParameter())
+    assert back == lp
+    assert list(back.pooling_param.kernel_nd) == [1, 2, 2] and list(back.pooling_param.stride_nd) == [1, 2, 2]
+    assert list(back.pooling_param.pad_nd) == [0] and not back.pooling_param.HasField("kernel_size")
+    assert pb.LayerParameter.FromString(lp.SerializeToString()) == lp
