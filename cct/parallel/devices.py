@@ -29,12 +29,18 @@ are done those are added to the layer's parameter diffs in device order (determi
 first device, where it holds the net's memory and has at least two items, accumulates straight into the
 layer's diffs instead (the same order of additions, one buffer, zeroing and sum fewer).
 
-**Other layers** run on the whole batch, themselves, on the first device (its BLAS/FFT threads; one
-partition, i.e. no batch partitions of their own, when it has fewer threads than the machine): losses
+**Weight-heavy layers on CPUs.**  When every device is a CPU, a layer with parameters whose shares would use
+each weight fewer than ``SPLIT_MIN_WEIGHT_REUSE`` times (fully-connected layers below a few hundred items:
+an InnerProduct uses each weight once per item) runs whole instead: splitting it adds a weight-gradient
+buffer per device and short GEMMs, and gains no arithmetic units.
+
+**Other layers** run on the whole batch, themselves: on CPU devices with all their threads together (one
+partition, i.e. no batch partitions of their own, when that is fewer than the machine's cores), with a GPU
+listed first where the net's blobs live (the host, with the first device's thread setting): losses
 (normalised over the batch), Accuracy, data and input layers, BatchNorm in TRAIN, Dropout in TRAIN,
-anything that draws random numbers — so a split run draws exactly the random numbers of a plain run.
-With a GPU listed first they run where the net's blobs live (the host).  A single device that holds the
-net's memory (``cpu:T`` alone) runs every layer this way: a thread limit, nothing split.
+anything that draws random numbers — so a split run draws exactly the random numbers of a plain run.  A
+single device that holds the net's memory (``cpu:T`` alone) runs every layer this way: a thread limit,
+nothing split.
 
 Results equal the single-device ones up to float rounding of the per-share GEMMs and of the gradient sum
 (tests: forward/backward within 1e-5, a dozen solver steps within 1e-5).
@@ -58,6 +64,12 @@ from cct.parallel import partition
 from cct.proto import caffe_pb2 as pb
 
 SUM_TOLERANCE = 1e-6
+# On CPU devices only, a layer with parameters runs split only where every device's share uses each weight at
+# least this many times (outputs per weight row per item × items): below, the split's extra weight-gradient
+# buffer per device (zeroed, then added) and its short GEMMs cost more than the whole batch on all the CPU
+# devices' threads, which is the same arithmetic units (CaffeNet, batch 16, two one-thread devices: fc6 + fc7
+# took 169 ms split, 117 ms whole).
+SPLIT_MIN_WEIGHT_REUSE = 64
 
 
 # ------------------------------------------------------------------------------------------------
@@ -221,8 +233,13 @@ class DeviceSplitExecutor(LayerExecutor):
         self._clones: dict[tuple[int, int], Any] = {}
         self._split_at_forward: dict[int, _Split | None] = {}
         self._shares: dict[int, list[int]] = {}
+        self._whole_logged: dict[int, int] = {}
         cpu_threads = sorted({d.threads for d in self.devices if not d.is_gpu})
         self._blas = cpu_threads[0] if cpu_threads else None
+        self._all_cpu = not any(d.is_gpu for d in self.devices)
+        # threads of a whole-batch layer: all CPU devices' together (they would be idle), at most the cores
+        self._whole_threads = min(partition.cpu_cores(), sum(d.threads for d in self.devices)) \
+            if self._all_cpu else None
         if len(cpu_threads) > 1:
             log.warning("CPU devices %s run with %d BLAS thread(s) each while they compute concurrently (the "
                         "BLAS thread count is process wide)", ", ".join(d.name for d in self.devices
@@ -252,8 +269,25 @@ class DeviceSplitExecutor(LayerExecutor):
                 return batch
         return None
 
+    def _split_batch(self, net: NetCore, i: int) -> int | None:
+        """B if layer ``i`` runs split now: :meth:`_separable_batch`, and on CPU devices only where its shares
+        use each weight ``SPLIT_MIN_WEIGHT_REUSE`` times or more (logged once per layer and batch when not)."""
+        batch = self._separable_batch(net, i)
+        if batch is None or not self._all_cpu:
+            return batch
+        layer, top = net.layers[i], net.top_vecs[i]
+        if layer.blobs and layer.blobs[0].num_axes:
+            reuse = min(self.shares(batch)) * top[0].count / batch / layer.blobs[0].shape[0]
+            if reuse < SPLIT_MIN_WEIGHT_REUSE:
+                if self._whole_logged.get(i) != batch:
+                    self._whole_logged[i] = batch
+                    log.info("%s runs on the whole batch of %d: its shares would use each weight %.3g times "
+                             "(< %d)", net._layer_names[i], batch, reuse, SPLIT_MIN_WEIGHT_REUSE)
+                return None
+        return batch
+
     def _separable_batch(self, net: NetCore, i: int) -> int | None:
-        """B if layer ``i`` runs split (separable, every bottom batch-major with the same B), else None."""
+        """B if layer ``i`` can run split (separable, every bottom batch-major with the same B), else None."""
         layer, bottom, top = net.layers[i], net.bottom_vecs[i], net.top_vecs[i]
         if not getattr(layer, "batch_separable", False) or not bottom or not top:
             return None
@@ -267,14 +301,16 @@ class DeviceSplitExecutor(LayerExecutor):
         return batch
 
     def _whole_batch(self, run: Callable[[], Any]) -> Any:
-        """``run()`` on the first device: with its BLAS/FFT threads, and — when it has fewer threads than
-        the machine's cores — as one partition (the layer does not split its batch over more cores)."""
+        """``run()`` on the whole batch: on CPU devices with all their threads (BLAS/FFT), with a GPU first
+        with the first device's setting; as one partition (the layer does not split its batch over more
+        cores) when those threads are fewer than the machine's cores."""
         first = self.devices[0]
         if first.is_gpu:
             return run()
+        threads = self._whole_threads or first.threads
         result: list[Any] = []
-        with first.context():
-            if first.threads >= partition.cpu_cores():
+        with partition.blas_threads(threads), first.thread_context():
+            if threads >= partition.cpu_cores():
                 return run()
             partition._body(lambda _p, _a, _b: result.append(run()), 0, 0, 0)
         return result[0]
@@ -380,7 +416,7 @@ class DeviceSplitExecutor(LayerExecutor):
 
     def forward_layer(self, net: NetCore, i: int) -> float:
         layer, bottom, top = net.layers[i], net.bottom_vecs[i], net.top_vecs[i]
-        batch = self._separable_batch(net, i)
+        batch = self._split_batch(net, i)
         if batch is None:
             self._split_at_forward[i] = None
             return float(self._whole_batch(lambda: layer.forward_layer(bottom, top)))

@@ -21,7 +21,7 @@ import cct
 from cct.device import Device
 from cct.layers.base import Layer
 from cct.layers.registry import register
-from cct.parallel import partition
+from cct.parallel import devices, partition
 from cct.parallel.devices import DeviceSplitExecutor
 from tests.reference import REFERENCE, reference_dir
 
@@ -97,6 +97,7 @@ def _split_layers(net) -> list[str]:
 @pytest.mark.parametrize("name", NETS)
 def test_reference_nets_split_equal_plain(name, phase, setting, tmp_path, monkeypatch):
     monkeypatch.setenv("CCT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(devices, "SPLIT_MIN_WEIGHT_REUSE", 0)  # split every separable layer, however small
     plain = _snapshot(_run_reference(name, phase))
     cct.set_devices(*SETTINGS[setting])
     net = _run_reference(name, phase)
@@ -104,6 +105,31 @@ def test_reference_nets_split_equal_plain(name, phase, setting, tmp_path, monkey
     split = _split_layers(net)
     expected = [n for n, layer in zip(net._layer_names, net.layers) if layer.type in ("Convolution", "ReLU")]
     assert set(expected) <= set(split), f"not split: {set(expected) - set(split)}"
+
+
+def test_weight_heavy_layers_run_whole_on_cpu_devices(tmp_path):
+    """An InnerProduct uses each weight once per item: below SPLIT_MIN_WEIGHT_REUSE items per share it runs on
+    the whole batch with all the CPU devices' threads (and says so once); a convolution with many output
+    positions per weight still splits.  The same with a device that does not hold host memory (still a CPU)."""
+    from tests.solvers.helpers import captured_log
+
+    path = tmp_path / "net.prototxt"
+    path.write_text('layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 8 dim: 2 dim: 9 dim: 9 } } }\n'
+                    'layer { name: "conv" type: "Convolution" bottom: "x" top: "c" '
+                    'convolution_param { num_output: 3 kernel_size: 2 } }\n'
+                    'layer { name: "ip" type: "InnerProduct" bottom: "c" top: "y" '
+                    'inner_product_param { num_output: 4 } }\n')
+    cct.set_devices("cpu:1,cpu:1", split="0.5,0.5")
+    net = cct.Net(str(path), cct.TEST)
+    with captured_log() as log:
+        net.forward()
+        net.forward()
+    assert _split_layers(net) == ["conv"]  # conv: 4 items x 64 positions per weight >= 64
+    assert log.getvalue().count("ip runs on the whole batch of 8: its shares would use each weight 4 times") == 1
+    cct.set_devices([CPU1, Elsewhere("cpu", 0, 1)], split="0.5,0.5")
+    net = cct.Net(str(path), cct.TEST)
+    net.forward()
+    assert set(_split_layers(net)) == {"conv"}
 
 
 RANDOM_NET = """
@@ -156,7 +182,8 @@ def _random_run(tmp_path, batch: int = 6) -> dict[str, np.ndarray]:
 
 
 @pytest.mark.parametrize("setting", ["cpu:1,cpu:1 0.6,0.4", "cpu:1,elsewhere 0.5,0.5"])
-def test_random_draws_shared_and_accumulated_gradients_and_a_new_batch_size(setting, tmp_path):
+def test_random_draws_shared_and_accumulated_gradients_and_a_new_batch_size(setting, tmp_path, monkeypatch):
+    monkeypatch.setattr(devices, "SPLIT_MIN_WEIGHT_REUSE", 0)  # the InnerProduct too
     plain = _random_run(tmp_path, batch=5)
     cct.set_devices(*SETTINGS[setting])
     _assert_same(_random_run(tmp_path, batch=5), plain, setting)
