@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -42,6 +43,7 @@ _local = threading.local()
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 _blas: Any = None
+_blas_modules = 0  # len(sys.modules) when _blas was looked up
 
 
 def cpu_cores() -> int:
@@ -120,12 +122,14 @@ def blas_threads_per_partition(parts: int) -> int:
 
 
 def _blas_libraries() -> list[Any]:
-    """threadpoolctl's controllers of the BLAS libraries loaded (looked up once: numpy's is loaded by then)."""
-    global _blas
-    if _blas is None:
+    """threadpoolctl's controllers of the BLAS libraries loaded: looked up again whenever modules were
+    imported since the last look (an import can load another BLAS: scipy.linalg brings its own OpenBLAS)."""
+    global _blas, _blas_modules
+    if _blas is None or _blas_modules != len(sys.modules):
         from threadpoolctl import ThreadpoolController
 
         _blas = list(ThreadpoolController().select(user_api="blas").lib_controllers)
+        _blas_modules = len(sys.modules)
     return _blas
 
 
