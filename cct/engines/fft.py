@@ -43,7 +43,8 @@ same content fingerprint (a position-weighted sum, one read of the array, cheap 
 an array modified in place between the passes (a solver update, a gradient check, a user writing into a
 blob) is transformed again.  :meth:`FFTEngine.invalidate` drops everything.  ``memoize=False`` (or
 ``CCT_FFT_MEMOIZE=0``) keeps nothing between calls, bounding the engine's memory to one call's
-transforms; :meth:`FFTEngine.workspace_bytes` reports what is kept.
+transforms; a layer whose kept spectra would exceed ``CCT_FFT_MEMO_MB`` (default 1024 MiB) does not memoize
+and says so in :meth:`FFTEngine.describe`; :meth:`FFTEngine.workspace_bytes` reports what is kept.
 
 Numbers: float32 runs in complex64, float64 in complex128; results equal the lowering engine's to
 ~1e-6 of the output's magnitude (float32).
@@ -73,6 +74,7 @@ FFT_FLOPS_PER_S = 8e9        # scipy.fft, lines of length 16-40
 PRODUCT_FLOPS_PER_S = 10e9   # unlifted: batched complex64 products with a few rows per frequency
 GEMM_FLOPS_PER_S = 13e9      # lifted: batched complex64 GEMMs (rows × k0·C) per frequency, incl. lowering
 CALL_OVERHEAD_S = 4e-3       # per forward + backward, either layout
+DEFAULT_MEMO_MB = 1024       # per layer: above this the spectra are not kept between passes (CCT_FFT_MEMO_MB)
 
 
 def fft_transform_size(g: ConvGeometry) -> tuple[int, ...]:
@@ -165,6 +167,13 @@ class FFTEngine(ConvEngine):
         if memoize is None:
             memoize = os.environ.get("CCT_FFT_MEMOIZE", "1").strip() not in ("0", "false", "no", "off")
         self.memoize = bool(memoize)
+        budget = os.environ.get("CCT_FFT_MEMO_MB", str(DEFAULT_MEMO_MB))
+        try:
+            self.memo_budget = int(float(budget) * 2**20)
+        except ValueError:
+            raise CctError(f"CCT_FFT_MEMO_MB must be a number of MiB (got {budget!r})") from None
+        self._memo_on = self.memoize  # memoize, and the layer's spectra fit the budget
+        self._memo_note = ""
         self.pruned = bool(pruned)
         self.requested_lift = lift
         self.lifted = False
@@ -242,10 +251,15 @@ class FFTEngine(ConvEngine):
         self.geometry, self.dtype = geometry, dtype
         self._unit = self.unit_stride(geometry)
         g, nd = self._unit, geometry.num_spatial_axes
+        est = self.estimate(g, dtype.itemsize)
         if self.requested_lift is None:
-            self.lifted = self.estimate(g, dtype.itemsize)["choice"] == "lifted"
+            self.lifted = est["choice"] == "lifted"
         else:
             self.lifted = bool(self.requested_lift) and nd > 1
+        memo_bytes = est["lifted" if self.lifted else "full"]["memo_bytes"]
+        self._memo_on = self.memoize and memo_bytes <= self.memo_budget
+        self._memo_note = "" if self._memo_on or not self.memoize else \
+            f"not memoized: {memo_bytes / 2**20:.0f} MiB of spectra > CCT_FFT_MEMO_MB {self.memo_budget >> 20}"
         T = fft_transform_size(g)
         rest = slice(1, None) if self.lifted else slice(None)
         self.plan = FFTPlan(T[rest], self.pruned)
@@ -261,7 +275,7 @@ class FFTEngine(ConvEngine):
         g = self._geom()
         size = "x".join(map(str, plan.size))
         kind = "pruned" if plan.pruned else "unpruned"
-        memo = "memoized" if self.memoize else "not memoized"
+        memo = "memoized" if self._memo_on else (self._memo_note or "not memoized")
         if self.lifted:
             return f"fft {size} over axes 1.., direct over axis 0 ({g.kernel[0]} taps; {kind}, {memo})"
         return f"fft {size} ({kind}, {memo})"
@@ -335,8 +349,8 @@ class FFTEngine(ConvEngine):
         memo when ``a`` is unchanged: ``x`` (conjugated) and ``dy`` as ``(F, G, rows, Cg|Og)`` — one row per
         image, or lifted per image and output position along the first axis, the input's columns then the
         ``k0`` taps × ``Cg`` channels it meets there (lowered) —, ``w`` as ``(F, G, Og, [k0·]Cg)``."""
-        key = _fingerprint(a) if self.memoize else None
-        kept = self._kept.get(role) if self.memoize else None
+        key = _fingerprint(a) if self._memo_on else None
+        kept = self._kept.get(role) if self._memo_on else None
         if kept is not None and kept.key == key:
             self.reuses[role] += 1
             return kept.spectrum
@@ -353,7 +367,7 @@ class FFTEngine(ConvEngine):
             mats = spec.reshape(F, -1, G, c // G).transpose(0, 2, 1, 3)
             if role == "x" and self.lifted:
                 mats = self._lower(mats)
-        if self.memoize:
+        if self._memo_on:
             self._kept[role] = _Kept(key, mats)
         return mats
 

@@ -281,3 +281,18 @@ def test_positions():
     assert positions(3, 2, -1, 10) == slice(3, 1, -1)
     np.testing.assert_array_equal(positions(0, 3, -1, 10), [0, 9, 8])
     np.testing.assert_array_equal(positions(8, 3, 1, 10), [8, 9, 0])
+
+
+def test_memo_budget_turns_memoization_off_and_says_so(monkeypatch):
+    g = ConvGeometry(1, 4, 4, 1, (10, 10, 10), (3, 3, 3), (1, 1, 1), (1, 1, 1), (1, 1, 1))
+    x, w, b, dy = _data(g)
+    monkeypatch.setenv("CCT_FFT_MEMO_MB", "0.001")
+    eng = FFTEngine()
+    ref = _run(LoweringEngine(1), g, x, w, b, dy)
+    for got, want in zip(_run(eng, g, x, w, b, dy), ref):
+        _close(got, want, 1e-4)
+    assert eng.workspace_bytes() == 0 and "not memoized:" in eng.describe() and "> CCT_FFT_MEMO_MB 0" in eng.describe()
+    monkeypatch.delenv("CCT_FFT_MEMO_MB")
+    eng = FFTEngine()
+    _run(eng, g, x, w, b, dy)
+    assert eng.workspace_bytes() > 0 and "memoized" in eng.describe() and "not" not in eng.describe()
