@@ -580,6 +580,38 @@ def _largest_buffer(g: ConvGeometry, strategy: int) -> int:
     return c.groups * fwd_cols * max(fwd_rows, fwd_inner)
 
 
+def _measure_engines(engines: dict[Any, ConvEngine], g: ConvGeometry, dtype: Any, rounds: int,
+                     settle: float = 0.0) -> dict[Any, float]:
+    """Best seconds of one training step of ``g`` — forward, then backward (data and weights) — for each
+    engine: every operand new each step (memoized FFT spectra dropped first: only the reuse within a step
+    counts), after one warm-up step each (plans, workspaces, thread pools) and ``settle`` seconds' pause,
+    ``rounds`` rounds interleaved so that machine noise hits all alike."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((g.num, g.in_channels) + g.in_shape).astype(dtype)
+    w = (0.1 * rng.standard_normal((g.out_channels, g.in_channels // g.group) + g.kernel)).astype(dtype)
+    dy = rng.standard_normal((g.num, g.out_channels) + g.out_shape).astype(dtype)
+    y, dx, dw = np.empty_like(dy), np.empty_like(x), np.zeros_like(w)
+
+    def step(eng: ConvEngine) -> None:
+        if hasattr(eng, "invalidate"):
+            eng.invalidate()
+        eng.forward(x, w, None, y)
+        eng.backward(x, dy, w, dx, dw)
+
+    for eng in engines.values():
+        eng.configure(g, dtype)
+        step(eng)
+    if settle:
+        time.sleep(settle)
+    best = {name: float("inf") for name in engines}
+    for _ in range(rounds):
+        for name, eng in engines.items():
+            t = time.perf_counter()
+            step(eng)
+            best[name] = min(best[name], time.perf_counter() - t)
+    return best
+
+
 def autotune(g: ConvGeometry, dtype: Any = np.float32, candidates: Any = None,
              images: int | None = None) -> dict[int, float]:
     """Seconds per image of forward + backward (data and weights) of each applicable strategy (or of
@@ -606,30 +638,10 @@ def autotune(g: ConvGeometry, dtype: Any = np.float32, candidates: Any = None,
                      -(-AUTOTUNE_BYTES // (len(chunks) * max(1, per_image))))
     k = max(1, min(per_part, images))
     n = min(g.num, k * len(chunks))
-    small = replace(g, num=n)
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((n, g.in_channels) + g.in_shape).astype(dtype)
-    w = (0.1 * rng.standard_normal((g.out_channels, g.in_channels // g.group) + g.kernel)).astype(dtype)
-    dy = rng.standard_normal((n, g.out_channels) + g.out_shape).astype(dtype)
-    y, dx, dw = np.empty_like(dy), np.empty_like(x), np.zeros_like(w)
-    steps, engines = {}, {}
+    engines = {}
     for s in wanted:
-        engines[s] = eng = LoweringEngine(s, workspace=Workspace())
-        eng.configure(small, dtype)
-
-        def step(eng: LoweringEngine = eng) -> None:
-            eng.forward(x, w, None, y)
-            eng.backward(x, dy, w, dx, dw)
-
-        steps[s] = step
-    for s in wanted:  # warm-up: allocates each workspace (the forward's buffers are the big ones)
-        engines[s].forward(x, w, None, y)
-    best = {s: float("inf") for s in wanted}
-    for _ in range(AUTOTUNE_ROUNDS):  # interleaved, so that machine noise hits all alike; the best round
-        for s in wanted:
-            t = time.perf_counter()
-            steps[s]()
-            best[s] = min(best[s], time.perf_counter() - t)
+        engines[s] = LoweringEngine(s, workspace=Workspace())
+    best = _measure_engines(engines, replace(g, num=n), dtype, AUTOTUNE_ROUNDS)
     result = {s: t / n for s, t in best.items()}
     _write_cache({"autotune": {key: {**cached, **{str(s): t for s, t in result.items()}}}})
     return result
@@ -640,13 +652,12 @@ def autotune_conv_engine(g: ConvGeometry, dtype: Any = np.float32, lowering: int
     """Seconds of one forward + backward (data and weights) of the whole layer ``g`` with the lowering engine
     (``lowering``, or the strategy ``auto`` picks) and with the FFT engine: ``{"lowering": s, "fft": s}``.
 
-    Measured as a training iteration runs them: every operand new each step (the FFT engine's spectra are
-    dropped before each step, so only the reuse within a step counts), ``ENGINE_AUTOTUNE_ROUNDS`` rounds
-    interleaved after a warm-up and a short pause (the FFT and BLAS thread pools hand the cores over), the
-    best round.  A layer ``predicted`` (seconds) to take longer than ``ENGINE_AUTOTUNE_SECONDS`` is measured on
-    fewer images and scaled to the batch — the FFT engine's kernel transforms, done once per batch, then count
-    for more than in the layer, which favours the lowering engine on such layers.  Cached per geometry,
-    dtype, thread setting and lowering."""
+    Measured as a training iteration runs them (:func:`_measure_engines`: every operand new each step,
+    ``ENGINE_AUTOTUNE_ROUNDS`` rounds interleaved after a warm-up and a short pause — the FFT and BLAS thread
+    pools hand the cores over —, the best round).  A layer ``predicted`` (seconds) to take longer than
+    ``ENGINE_AUTOTUNE_SECONDS`` is measured on fewer images and scaled to the batch — the FFT engine's kernel
+    transforms, done once per batch, then count for more than in the layer, which favours the lowering
+    engine on such layers.  Cached per geometry, dtype, thread setting and lowering."""
     from cct.engines.fft import FFTEngine
     from cct.engines.lowering import LoweringEngine, Workspace, strategy_fallback
 
@@ -661,33 +672,8 @@ def autotune_conv_engine(g: ConvGeometry, dtype: Any = np.float32, lowering: int
     if predicted is None:
         predicted = max(_lowering_prediction(g, strategy), predicted_fft_seconds(g, dtype))
     n = max(1, min(g.num, int(g.num * ENGINE_AUTOTUNE_SECONDS / max(predicted, 1e-9))))
-    small = replace(g, num=n)
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((n, g.in_channels) + g.in_shape).astype(dtype)
-    w = (0.1 * rng.standard_normal((g.out_channels, g.in_channels // g.group) + g.kernel)).astype(dtype)
-    dy = rng.standard_normal((n, g.out_channels) + g.out_shape).astype(dtype)
-    y, dx, dw = np.empty_like(dy), np.empty_like(x), np.zeros_like(w)
-    low = LoweringEngine(strategy, workspace=Workspace())
-    fft = FFTEngine()
-    engines: dict[str, Any] = {"lowering": low, "fft": fft}
-    for eng in engines.values():
-        eng.configure(small, dtype)
-
-    def step(eng: Any) -> None:
-        if eng is fft:
-            fft.invalidate()
-        eng.forward(x, w, None, y)
-        eng.backward(x, dy, w, dx, dw)
-
-    for eng in engines.values():
-        step(eng)  # warm-up: plans, workspaces, thread pools
-    time.sleep(0.1)
-    best = {name: float("inf") for name in engines}
-    for _ in range(ENGINE_AUTOTUNE_ROUNDS):
-        for name, eng in engines.items():
-            t = time.perf_counter()
-            step(eng)
-            best[name] = min(best[name], time.perf_counter() - t)
+    engines = {"lowering": LoweringEngine(strategy, workspace=Workspace()), "fft": FFTEngine()}
+    best = _measure_engines(engines, replace(g, num=n), dtype, ENGINE_AUTOTUNE_ROUNDS, settle=0.1)
     result = {name: t * g.num / n for name, t in best.items()}
     _write_cache({"conv_engine": {key: result}})
     return result
