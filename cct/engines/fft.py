@@ -60,19 +60,21 @@ import numpy as np
 
 from cct.device import get_array_module
 from cct.engines import ConvEngine, ConvGeometry
+from cct.engines.cost_model import DEFAULT_RATES, MachineRates, gemm_seconds
 from cct.engines.fft_plan import FFTPlan, fft_workers, positions, transform_size
 from cct.errors import CctError
 from cct.parallel.partition import batch_ranges, blas_threads, partitions_for, run_partitions
 
 __all__ = ["FFTEngine", "fft_transform_size"]
 
-# Effective rates behind the lifted/unlifted choice (flops as counted by FFTEngine.estimate: 5·n·log2(n) per
-# complex line of length n, 8 per complex multiply-add), fitted to forward+backward times of 14 layers (1 to
-# 16 images, 1 to 40 channels, kernels 3-9, volumes 16-40) on the project's 2-core machine; with them the
-# choice was the faster layout on all 14 (the unlifted layout wins from about 4 images up).
+# Rates behind FFTEngine.estimate (flops as it counts them: 5·n·log2(n) per complex line of length n, 8 per
+# complex multiply-add), fitted to forward+backward times of layers of 1 to 16 images, 8 to 40 channels,
+# kernels 3-9 and volumes 16-40 on the project's 2-core machine.  The lifted layout's products are real
+# GEMMs per frequency: they are costed with the GEMM model of cct.engines.cost_model (4 real products per
+# complex one), which follows their shapes (within ~30% of the measured times; a flat rate was off 2x at 40
+# channels); the unlifted products have a row per image and run near a flat rate.
 FFT_FLOPS_PER_S = 8e9        # scipy.fft, lines of length 16-40
 PRODUCT_FLOPS_PER_S = 10e9   # unlifted: batched complex64 products with a few rows per frequency
-GEMM_FLOPS_PER_S = 13e9      # lifted: batched complex64 GEMMs (rows × k0·C) per frequency, incl. lowering
 CALL_OVERHEAD_S = 4e-3       # per forward + backward, either layout
 DEFAULT_MEMO_MB = 1024       # per layer: above this the spectra are not kept between passes (CCT_FFT_MEMO_MB)
 
@@ -203,12 +205,13 @@ class FFTEngine(ConvEngine):
         return replace(g, stride=(1,) * g.num_spatial_axes)
 
     @staticmethod
-    def estimate(g: ConvGeometry, itemsize: int = 4) -> dict[str, Any]:
+    def estimate(g: ConvGeometry, itemsize: int = 4, rates: MachineRates = DEFAULT_RATES) -> dict[str, Any]:
         """Work and memory of one forward + backward, for both layouts: ``{"full": …, "lifted": …}`` (lifted
         absent with one spatial axis), each with ``transform_flops`` (5·n·log2 n per pruned line),
         ``product_flops`` (8 per complex multiply-add), ``memo_bytes`` (the spectra kept when memoizing)
-        and ``seconds`` (predicted with this module's measured rates); plus ``"choice"``, the faster.
-        A strided ``g`` costs its stride-1 convolution's (:meth:`unit_stride`)."""
+        and ``seconds`` (predicted with this module's rates and, for the lifted GEMMs, the machine's GEMM
+        ``rates``); plus ``"choice"``, the faster.  A strided ``g`` costs its stride-1 convolution's
+        (:meth:`unit_stride`)."""
         g = FFTEngine.unit_stride(g)
         T = fft_transform_size(g)
         n, c, o, grp = g.num, g.in_channels, g.out_channels, g.group
@@ -230,12 +233,17 @@ class FFTEngine(ConvEngine):
             inverse = (n * o * rows_y * _transform_flops(size, size) + n * c * rows_x * _transform_flops(size, size)
                        + o * cg * taps * _transform_flops(size, size))  # upper bound (inverses are pruned too)
             product = 3 * 8.0 * F * n * rows_y * taps * cg * o
-            rate = GEMM_FLOPS_PER_S if lifted else PRODUCT_FLOPS_PER_S
+            if lifted:  # per frequency and group: forward, data and weight GEMMs of these shapes
+                rows, inner, og = n * rows_y, taps * cg, o // grp
+                product_s = 4 * F * grp * (gemm_seconds(rows, inner, og, rates) + gemm_seconds(rows, og, inner, rates)
+                                           + gemm_seconds(og, rows, inner, rates))
+            else:
+                product_s = product / PRODUCT_FLOPS_PER_S
             out["lifted" if lifted else "full"] = {
                 "transform_flops": forward + inverse, "product_flops": product,
                 "memo_bytes": float(F * csize * (n * c * (rows_y * taps if lifted else 1) + o * cg * taps
                                                  + n * o * rows_y)),  # lifted: the input is kept lowered
-                "seconds": CALL_OVERHEAD_S + (forward + inverse) / FFT_FLOPS_PER_S + product / rate}
+                "seconds": CALL_OVERHEAD_S + (forward + inverse) / FFT_FLOPS_PER_S + product_s}
         out["choice"] = min(("full", "lifted"), key=lambda k: out[k]["seconds"] if k in out else math.inf)
         return out
 
@@ -451,11 +459,14 @@ class FFTEngine(ConvEngine):
             taps = [(j, max(0, p0 - j * d0), min(out0, in0 + p0 - j * d0)) for j in range(k0)]
 
             def body(_part: int, f0: int, f1: int) -> None:
-                cols = np.matmul(ds[f0:f1], ks[f0:f1]).reshape(f1 - f0, G, out0, n, k0, cg)
-                for j, lo, hi in taps:
+                f = f1 - f0
+                d = ds[f0:f1].reshape(f, G, out0, n, -1)
+                kk = ks[f0:f1].reshape(f, G, -1, k0, cg)
+                for j, lo, hi in taps:  # one product per tap, added where its rows land (contiguous)
                     if lo < hi:
                         r = lo + j * d0 - p0
-                        acc[f0:f1, :, r:r + hi - lo] += cols[:, :, lo:hi, :, j]
+                        part = np.matmul(d[:, :, lo:hi].reshape(f, G, (hi - lo) * n, -1), kk[:, :, :, j])
+                        acc[f0:f1, :, r:r + hi - lo] += part.reshape(f, G, hi - lo, n, cg)
 
             work = 8.0 * G * out0 * n * ds.shape[-1] * ks.shape[-1]
             with blas_threads(1):

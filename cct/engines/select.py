@@ -45,6 +45,7 @@ by geometry, dtype and the same.
 """
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -81,6 +82,8 @@ FFT_WINDOW = 2.0
 # ... and measuring lowering vs fft runs at most this many (predicted) seconds of images per round
 ENGINE_AUTOTUNE_SECONDS = 0.25
 ENGINE_AUTOTUNE_ROUNDS = 3
+# ... both FFT layouts (all axes transformed, or the first lifted) measured when predicted within this factor
+FFT_LAYOUT_WINDOW = 1.5
 CONV_ENGINE_CHOICES = ("lowering", "fft", "auto")
 _lowering: int | str = "auto"
 _lowering_source = "default"
@@ -255,7 +258,8 @@ class SelectedEngine(ConvEngine):
         key = (geometry, dtype, xp if xp is not None else np)
         if key == self._key and self.inner is not None:
             return False
-        name, reason = choose_conv_engine(geometry, dtype, xp, self.choice, self.source, self.lowering)
+        choice, reason = choose_conv_engine(geometry, dtype, xp, self.choice, self.source, self.lowering)
+        name, _, layout = choice.partition(" ")  # "fft lifted" / "fft full": a measured FFT layout
         changed = self.inner is None or self.inner.name != name or reason != self.reason
         if self.inner is None or self.inner.name != name:
             if name == "lowering":
@@ -266,6 +270,8 @@ class SelectedEngine(ConvEngine):
                                             if forced else "auto")
             else:
                 self.inner = create_conv_engine(name)
+        if name == "fft":  # the measured layout, or (None) the engine's own choice
+            self.inner.requested_lift = (layout == "lifted") if layout else None
         self.reason = reason
         changed = self.inner.configure(geometry, dtype, xp) or changed
         self.geometry, self._key = geometry, key
@@ -310,7 +316,7 @@ def predicted_fft_seconds(g: ConvGeometry, dtype: Any = np.float32) -> float:
     """The FFT engine's predicted forward+backward seconds for ``g`` (its own model; nothing measured)."""
     from cct.engines.fft import FFTEngine
 
-    est = FFTEngine.estimate(g, np.dtype(dtype).itemsize)
+    est = FFTEngine.estimate(g, np.dtype(dtype).itemsize, machine_rates())
     return float(est[est["choice"]]["seconds"])
 
 
@@ -355,9 +361,9 @@ def choose_conv_engine(g: ConvGeometry, dtype: Any = np.float32, xp: Any = None,
             return "fft", f"engine by cost model (lowering predicted {t_low * 1e3:.3g} ms)"
         return "lowering", f"engine by cost model (fft predicted {t_fft * 1e3:.3g} ms)"
     measured = autotune_conv_engine(g, dtype, lowering, max(t_low, t_fft))
-    name = "fft" if measured["lowering"] - measured["fft"] >= PREFER_TYPE1_SECONDS else "lowering"
-    return name, (f"engine autotuned: fft {measured['fft'] * 1e3:.3g} ms, "
-                  f"lowering {measured['lowering'] * 1e3:.3g} ms")
+    fft = min((k for k in measured if k.startswith("fft")), key=measured.__getitem__)
+    name = fft if measured["lowering"] - measured[fft] >= PREFER_TYPE1_SECONDS else "lowering"
+    return name, "engine autotuned: " + ", ".join(f"{k} {t * 1e3:.3g} ms" for k, t in measured.items())
 
 
 def _partitions(g: ConvGeometry) -> int:
@@ -581,11 +587,12 @@ def _largest_buffer(g: ConvGeometry, strategy: int) -> int:
 
 
 def _measure_engines(engines: dict[Any, ConvEngine], g: ConvGeometry, dtype: Any, rounds: int,
-                     settle: float = 0.0) -> dict[Any, float]:
+                     settle: float = 0.0, decided: float = math.inf) -> dict[Any, float]:
     """Best seconds of one training step of ``g`` — forward, then backward (data and weights) — for each
     engine: every operand new each step (memoized FFT spectra dropped first: only the reuse within a step
     counts), after one warm-up step each (plans, workspaces, thread pools) and ``settle`` seconds' pause,
-    ``rounds`` rounds interleaved so that machine noise hits all alike."""
+    ``rounds`` rounds interleaved so that machine noise hits all alike — fewer once the fastest engine is
+    ``decided`` times faster than the next (a clear call)."""
     rng = np.random.default_rng(0)
     x = rng.standard_normal((g.num, g.in_channels) + g.in_shape).astype(dtype)
     w = (0.1 * rng.standard_normal((g.out_channels, g.in_channels // g.group) + g.kernel)).astype(dtype)
@@ -609,6 +616,9 @@ def _measure_engines(engines: dict[Any, ConvEngine], g: ConvGeometry, dtype: Any
             t = time.perf_counter()
             step(eng)
             best[name] = min(best[name], time.perf_counter() - t)
+        times = sorted(best.values())
+        if len(times) > 1 and times[1] >= decided * times[0]:
+            break
     return best
 
 
@@ -650,7 +660,9 @@ def autotune(g: ConvGeometry, dtype: Any = np.float32, candidates: Any = None,
 def autotune_conv_engine(g: ConvGeometry, dtype: Any = np.float32, lowering: int | str = "auto",
                          predicted: float | None = None) -> dict[str, float]:
     """Seconds of one forward + backward (data and weights) of the whole layer ``g`` with the lowering engine
-    (``lowering``, or the strategy ``auto`` picks) and with the FFT engine: ``{"lowering": s, "fft": s}``.
+    (``lowering``, or the strategy ``auto`` picks) and with the FFT engine in its layouts whose predictions
+    are within ``FFT_LAYOUT_WINDOW`` of each other (else the predicted one): ``{"lowering": s, "fft full": s,
+    "fft lifted": s}``.
 
     Measured as a training iteration runs them (:func:`_measure_engines`: every operand new each step,
     ``ENGINE_AUTOTUNE_ROUNDS`` rounds interleaved after a warm-up and a short pause — the FFT and BLAS thread
@@ -667,13 +679,19 @@ def autotune_conv_engine(g: ConvGeometry, dtype: Any = np.float32, lowering: int
         strategy = int(lowering) if strategy_fallback(int(lowering), g) is None else 1
     key = f"{geometry_key(g, dtype)}-lowering{strategy}"
     cached = _read_cache().get("conv_engine", {}).get(key)
-    if cached and {"lowering", "fft"} <= set(cached):
-        return {k: float(cached[k]) for k in ("lowering", "fft")}
+    if cached and "lowering" in cached and any(k.startswith("fft ") for k in cached):
+        return {k: float(t) for k, t in cached.items()}
     if predicted is None:
         predicted = max(_lowering_prediction(g, strategy), predicted_fft_seconds(g, dtype))
     n = max(1, min(g.num, int(g.num * ENGINE_AUTOTUNE_SECONDS / max(predicted, 1e-9))))
-    engines = {"lowering": LoweringEngine(strategy, workspace=Workspace()), "fft": FFTEngine()}
-    best = _measure_engines(engines, replace(g, num=n), dtype, ENGINE_AUTOTUNE_ROUNDS, settle=0.1)
+    est = FFTEngine.estimate(g, np.dtype(dtype).itemsize, machine_rates())
+    layouts = [k for k in ("full", "lifted") if k in est]
+    if len(layouts) == 2 and max(est[k]["seconds"] for k in layouts) > FFT_LAYOUT_WINDOW * min(
+            est[k]["seconds"] for k in layouts):
+        layouts = [est["choice"]]  # a clear call: only the predicted layout
+    engines: dict[str, ConvEngine] = {"lowering": LoweringEngine(strategy, workspace=Workspace())}
+    engines.update({f"fft {k}": FFTEngine(lift=k == "lifted") for k in layouts})
+    best = _measure_engines(engines, replace(g, num=n), dtype, ENGINE_AUTOTUNE_ROUNDS, settle=0.1, decided=2.0)
     result = {name: t * g.num / n for name, t in best.items()}
     _write_cache({"conv_engine": {key: result}})
     return result

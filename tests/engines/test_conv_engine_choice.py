@@ -95,6 +95,20 @@ def test_auto_takes_the_measured_faster_engine(monkeypatch, fft_ms, lowering_ms,
     assert reason == f"engine autotuned: fft {fft_ms:.3g} ms, lowering {lowering_ms:.3g} ms"
 
 
+def test_auto_runs_the_measured_fft_layout(monkeypatch):
+    monkeypatch.setattr(select, "autotune_conv_engine",
+                        lambda *a: {"lowering": 0.1, "fft full": 0.06, "fft lifted": 0.05})
+    assert select.choose_conv_engine(BIG_7)[0] == "fft lifted"
+    eng = select.SelectedEngine("auto")
+    eng.configure(BIG_7)
+    assert eng.name == "fft" and eng.inner.lifted and "fft lifted 50 ms" in eng.describe()
+    monkeypatch.setattr(select, "autotune_conv_engine",
+                        lambda *a: {"lowering": 0.1, "fft full": 0.04, "fft lifted": 0.05})
+    eng = select.SelectedEngine("auto")
+    eng.configure(BIG_7)
+    assert eng.name == "fft" and not eng.inner.lifted
+
+
 def test_autotune_off_decides_by_the_models(monkeypatch):
     _no_measuring(monkeypatch)
     select.set_autotune(False)
@@ -105,7 +119,7 @@ def test_autotune_off_decides_by_the_models(monkeypatch):
 def test_autotune_measures_once_and_caches(monkeypatch):
     g = ConvGeometry(1, 4, 4, 1, (10, 10, 10), (5, 5, 5), (1, 1, 1), (0, 0, 0), (1, 1, 1))
     first = select.autotune_conv_engine(g)
-    assert set(first) == {"lowering", "fft"} and all(t > 0 for t in first.values())
+    assert "lowering" in first and {"fft full", "fft lifted"} & set(first) and all(t > 0 for t in first.values())
     cache = json.loads(select.cache_path().read_text())["conv_engine"]
     assert len(cache) == 1 and next(iter(cache)).startswith(select.geometry_key(g, np.float32))
 
