@@ -27,6 +27,11 @@ def set_device(device_id: int) -> None:
     _state["device"] = int(device_id)
 
 
+def device() -> int:
+    """The CUDA device id of GPU mode (``set_device``)."""
+    return _state["device"]
+
+
 def solver_count() -> int:
     return _state["solver_count"]
 

@@ -54,7 +54,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cct import log
+from cct import log, mode
 from cct.blob import Blob, BlobVec, RowView
 from cct.device import backend
 from cct.device.device import Device, copy_into, parse_devices
@@ -171,9 +171,19 @@ def batch_shares(batch: int, devices: Sequence[Device], weights: Sequence[float]
     return shares
 
 
+def gpu_mode_device(device_id: int) -> Device:
+    """The device of Caffe's GPU mode (``set_mode_gpu`` + ``set_device``, ``-gpu N``)."""
+    return Device("gpu", device_id)
+
+
 def executor_for(net: NetCore) -> LayerExecutor:
-    """The executor for a newly built net under the current setting (the plain one when there is none)."""
+    """The executor for a newly built net under the current setting (the plain one when there is none).
+    Without a device setting, Caffe's GPU mode runs every batch-separable layer on that GPU (the net's blobs
+    stay on the host: each layer's inputs are copied in and its outputs out; losses and data layers run on
+    the host)."""
     setting = device_setting()
+    if setting is None and mode.mode() == mode.GPU:
+        setting = DeviceSetting((gpu_mode_device(mode.device()),), (1.0,), "GPU mode", "GPU mode")
     return LayerExecutor() if setting is None else DeviceSplitExecutor(net, setting)
 
 

@@ -252,3 +252,29 @@ def test_shares_run_concurrently_on_their_rows(tmp_path):
     np.testing.assert_array_equal(out, 2 * x)
     assert sorted(s[1] for s in _seen) == [(2, 3), (3, 3)]
     assert len({s[0] for s in _seen}) == 2 and all(s[2] for s in _seen)
+
+
+def test_gpu_mode_runs_the_layers_on_its_device(monkeypatch):
+    """Caffe's GPU mode (set_mode_gpu, -gpu N) without a device setting: every batch-separable layer runs on
+    that device (here a stand-in that does not hold host memory), with the plain run's numbers."""
+    from cct import mode
+
+    name = "lenet" if "lenet" in NETS else (NETS[0] if NETS else None)
+    if name is None:
+        pytest.skip("no reference nets")
+    plain = _snapshot(_run_reference(name, cct.TRAIN))
+    asked = []
+
+    def stand_in(device_id: int) -> Device:
+        asked.append(device_id)
+        return Elsewhere("cpu", 0, 1)
+
+    monkeypatch.setattr(devices, "gpu_mode_device", stand_in)
+    monkeypatch.setitem(mode._state, "mode", mode.GPU)
+    monkeypatch.setitem(mode._state, "device", 3)
+    net = _run_reference(name, cct.TRAIN)
+    assert asked == [3] and isinstance(net.executor, DeviceSplitExecutor)
+    assert "conv1" in _split_layers(net)
+    _assert_same(_snapshot(net), plain, f"{name} GPU mode")
+    monkeypatch.setitem(mode._state, "mode", mode.CPU)
+    assert not isinstance(_run_reference(name, cct.TRAIN).executor, DeviceSplitExecutor)
