@@ -51,6 +51,7 @@ import numpy as np
 
 from cct.device import get_array_module
 from cct.engines import ConvEngine, ConvGeometry
+from cct.engines.gemm import gemm_threads
 from cct.parallel.partition import batch_ranges, partitions_for, run_partitions
 
 _DEFAULT_MAX_MB = 128.0
@@ -321,7 +322,10 @@ class LoweringEngine(ConvEngine):
             for n0, n1 in chunks[part]:
                 body(ws, part, n0, n1)
 
-        run_partitions([(c[0][0], c[-1][1]) for c in chunks], run_part)
+        L = self._lay()
+        images = max(n1 - n0 for c in chunks for n0, n1 in c)
+        with gemm_threads(2.0 * L.M * L.K * L.cols * images):  # per GEMM (a group of a chunk)
+            run_partitions([(c[0][0], c[-1][1]) for c in chunks], run_part)
         return len(chunks)
 
     # ---- weights in the GEMM layout ------------------------------------------------------------

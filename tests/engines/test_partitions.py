@@ -100,3 +100,31 @@ def test_partitioned_layers_equal_unpartitioned(text, num_tops):
     parts = _forward_backward(text, num_tops, x)
     for a, b in zip(whole, parts):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)  # weight grads: partial sums in float32
+
+
+def test_small_gemms_run_on_one_blas_thread(monkeypatch):
+    """InnerProduct and the lowering engine run GEMMs below SMALL_GEMM_FLOPS on one BLAS thread (robust on a
+    busy machine), bigger ones with the current setting."""
+    from threadpoolctl import threadpool_info
+
+    from cct.engines import gemm
+
+    seen = []
+    real = np.matmul
+
+    def spy(*a, **k):
+        seen.append(max(i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"))
+        return real(*a, **k)
+
+    x = np.random.default_rng(0).standard_normal((4, 3, 6, 6)).astype(np.float32)
+    with partition.blas_threads(2):
+        for flops_limit, expected in ((1e12, 1), (0.0, 2)):
+            monkeypatch.setattr(gemm, "SMALL_GEMM_FLOPS", flops_limit)
+            for text in ('type: "InnerProduct" inner_product_param { num_output: 5 }',
+                         'type: "Convolution" convolution_param { num_output: 2 kernel_size: 3 }'):
+                run = setup_layer(text, [x])
+                monkeypatch.setattr(np, "matmul", spy)
+                seen.clear()
+                run.forward()
+                monkeypatch.setattr(np, "matmul", real)
+                assert seen and set(seen) == {expected}, (text, seen)
