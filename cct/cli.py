@@ -155,8 +155,6 @@ def train(flags: Flags) -> int:
         log.info("Using GPUs %s", ", ".join(str(g) for g in gpus))
         for g in gpus:
             log.info("GPU %d: %s", g, _device_name(g))
-        if len(gpus) > 1:
-            raise CctError(f"-gpu {gpu}: training on several GPUs at once is not supported yet; give one id")
         param.device_id = gpus[0]
         mode.set_device(gpus[0])
         mode.set_mode_gpu()
@@ -166,6 +164,20 @@ def train(flags: Flags) -> int:
     elif flags.weights:
         param.ClearField("weights")
         param.weights.append(flags.weights)
+    if len(gpus) > 1:  # Caffe's NCCL::Run: one solver replica per GPU, gradients averaged every iteration
+        from cct.device import Device
+        from cct.parallel.data_parallel import DataParallel
+
+        with handler:
+            parallel = DataParallel(param, [Device("gpu", g) for g in gpus], source=flags.solver)
+            parallel.root.set_action_function(handler.get_action)
+            if flags.snapshot:
+                log.info("Resuming from %s", flags.snapshot)
+                parallel.restore(flags.snapshot)
+            log.info("Starting Optimization")
+            parallel.solve()
+        log.info("Optimization Done.")
+        return 0
     with handler:
         solver = create_solver(param, source=flags.solver)
         solver.set_action_function(handler.get_action)

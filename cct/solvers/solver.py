@@ -12,6 +12,10 @@ One iteration of :meth:`Solver.step` is, in order: zero the param diffs → Test
 lines → ``on_gradients_ready`` callbacks → :meth:`apply_update` (the update rule; increments ``iter``)
 → snapshot on ``iter % snapshot == 0`` or a SNAPSHOT request → stop on a STOP request.
 
+A solver built while ``cct.mode.solver_rank() != 0`` is a non-root replica of data-parallel training
+(:mod:`cct.parallel.data_parallel`; ``is_root`` is False): as Caffe's, it builds no test nets and never
+tests, displays or snapshots — it only trains.
+
 The update rule, history, solverstate layout and restore are the subclasses' (:mod:`cct.solvers.sgd`).
 The lines logged are Caffe's, character for character (``tools/extra/parse_log.py`` reads them).
 """
@@ -122,7 +126,8 @@ class Solver(abc.ABC):
     ``Solver(solver_file)`` or ``Solver(solver_parameter)``.  Members as pycaffe: ``net`` (train net),
     ``test_nets``, ``iter``, ``param`` (the live SolverParameter: ``solver.param.base_lr = …`` takes
     effect at the next update), ``step(n)``, ``solve(resume_file=None)``, ``restore(file)``,
-    ``snapshot()``, ``share_weights(net)``, ``add_callback(...)``, ``apply_update()``.
+    ``snapshot()``, ``share_weights(net)``, ``add_callback(...)``, ``apply_update()``.  ``is_root``: built
+    as solver rank 0 (the only one that tests, displays and snapshots).
     """
 
     type: ClassVar[str] = ""
@@ -153,6 +158,7 @@ class Solver(abc.ABC):
         from cct.mode import solver_rank
         from cct.rng import set_random_seed
 
+        self.is_root = solver_rank() == 0
         log.info("Initializing solver from parameters: \n%s", _text(param))
         self.param = param
         if param.average_loss < 1:
@@ -164,7 +170,7 @@ class Solver(abc.ABC):
         if param.random_seed >= 0:
             set_random_seed(param.random_seed + solver_rank())
         self.net = self._init_train_net()
-        self.test_nets = self._init_test_nets()
+        self.test_nets = self._init_test_nets() if self.is_root else []
         log.info("Solver scaffolding done.")
         self.iter = 0
         self.current_step = 0
@@ -315,12 +321,13 @@ class Solver(abc.ABC):
         while self.iter < stop_iter:
             self.net.clear_param_diffs()
             if p.test_interval and self.iter % p.test_interval == 0 and (self.iter > 0 or p.test_initialization):
-                self.test_all()
+                if self.is_root:
+                    self.test_all()
                 if self.requested_early_exit:
                     break
             for cb in self.callbacks:
                 cb.on_start()
-            display = bool(p.display) and self.iter % p.display == 0
+            display = self.is_root and bool(p.display) and self.iter % p.display == 0
             self.net.debug_info = display and p.debug_info
             loss = f32(0)
             for _ in range(p.iter_size):
@@ -333,7 +340,7 @@ class Solver(abc.ABC):
                 cb.on_gradients_ready()
             self.apply_update()
             request = self.get_requested_action()
-            if (p.snapshot and self.iter % p.snapshot == 0) or request == SolverAction.SNAPSHOT:
+            if self.is_root and ((p.snapshot and self.iter % p.snapshot == 0) or request == SolverAction.SNAPSHOT):
                 self.snapshot()
             if request == SolverAction.STOP:
                 self.requested_early_exit = True
@@ -375,7 +382,7 @@ class Solver(abc.ABC):
             self.restore(resume_file)
         start_iter = self.iter
         self.step(p.max_iter - self.iter)
-        if p.snapshot_after_train and (not p.snapshot or self.iter % p.snapshot != 0):
+        if self.is_root and p.snapshot_after_train and (not p.snapshot or self.iter % p.snapshot != 0):
             self.snapshot()
         if self.requested_early_exit:
             log.info("Optimization stopped early.")
