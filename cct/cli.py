@@ -164,28 +164,21 @@ def train(flags: Flags) -> int:
     elif flags.weights:
         param.ClearField("weights")
         param.weights.append(flags.weights)
-    if len(gpus) > 1:  # Caffe's NCCL::Run: one solver replica per GPU, gradients averaged every iteration
-        from cct.device import Device
-        from cct.parallel.data_parallel import DataParallel
-
-        with handler:
-            parallel = DataParallel(param, [Device("gpu", g) for g in gpus], source=flags.solver)
-            parallel.root.set_action_function(handler.get_action)
-            if flags.snapshot:
-                log.info("Resuming from %s", flags.snapshot)
-                parallel.restore(flags.snapshot)
-            log.info("Starting Optimization")
-            parallel.solve()
-        log.info("Optimization Done.")
-        return 0
     with handler:
-        solver = create_solver(param, source=flags.solver)
-        solver.set_action_function(handler.get_action)
+        if len(gpus) > 1:  # Caffe's NCCL::Run: one solver replica per GPU, gradients averaged every iteration
+            from cct.device import Device
+            from cct.parallel.data_parallel import DataParallel
+
+            trainer: Any = DataParallel(param, [Device("gpu", g) for g in gpus], source=flags.solver)
+            root = trainer.root
+        else:
+            trainer = root = create_solver(param, source=flags.solver)
+        root.set_action_function(handler.get_action)
         if flags.snapshot:
             log.info("Resuming from %s", flags.snapshot)
-            solver.restore(flags.snapshot)
+            trainer.restore(flags.snapshot)
         log.info("Starting Optimization")
-        solver.solve()
+        trainer.solve()
     log.info("Optimization Done.")
     return 0
 
