@@ -18,7 +18,7 @@ from cct.parallel import data_parallel
 from cct.parallel.data_parallel import DataParallel
 from cct.proto import caffe_pb2 as pb
 from cct.solvers import SolverAction, create_solver
-from tests.solvers.helpers import captured_log, key_lines, messages, split_numbers
+from tests.solvers.helpers import captured_log, key_lines, messages, set_fields, split_numbers
 
 CPU1 = Device("cpu", 0, 1)
 RECORDS = 32
@@ -79,12 +79,7 @@ def solver_param(source: str, batch: int, net: str = IP_NET, **fields) -> pb.Sol
     p.momentum = 0.9
     p.weight_decay = 0.01
     p.snapshot_after_train = False
-    for k, v in fields.items():
-        if isinstance(v, list):
-            getattr(p, k).extend(v)
-        else:
-            setattr(p, k, v)
-    return p
+    return set_fields(p, **fields)
 
 
 def weights(solver) -> list[np.ndarray]:

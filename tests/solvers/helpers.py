@@ -8,6 +8,7 @@ import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from google.protobuf import text_format
@@ -110,14 +111,19 @@ def tiny_solver_param(**fields) -> pb.SolverParameter:
     p.max_iter = 10
     p.random_seed = 7
     p.snapshot_after_train = False
+    return set_fields(p, **fields)
+
+
+def set_fields(message: Any, **fields: Any) -> Any:
+    """``message`` with ``fields`` set (lists extend repeated fields, messages are copied); returns it."""
     for k, v in fields.items():
         if isinstance(v, (list, tuple)):
-            getattr(p, k).extend(v)
+            getattr(message, k).extend(v)
         elif hasattr(v, "DESCRIPTOR"):
-            getattr(p, k).CopyFrom(v)
+            getattr(message, k).CopyFrom(v)
         else:
-            setattr(p, k, v)
-    return p
+            setattr(message, k, v)
+    return message
 
 
 def feed(net, seed: int = 0) -> None:

@@ -7,17 +7,11 @@ import pytest
 from cct.errors import CctError
 from cct.proto import caffe_pb2 as pb
 from cct.solvers import SGDSolver, lr_policy
-from tests.solvers.helpers import captured_log, messages, tiny_solver_param
+from tests.solvers.helpers import captured_log, messages, set_fields, tiny_solver_param
 
 
 def _param(**fields) -> pb.SolverParameter:
-    p = pb.SolverParameter(base_lr=0.01, gamma=0.9, power=0.75, stepsize=5, max_iter=40)
-    for k, v in fields.items():
-        if isinstance(v, list):
-            getattr(p, k).extend(v)
-        else:
-            setattr(p, k, v)
-    return p
+    return set_fields(pb.SolverParameter(base_lr=0.01, gamma=0.9, power=0.75, stepsize=5, max_iter=40), **fields)
 
 
 def _reference(p: pb.SolverParameter, it: int, step: int) -> tuple[float, int]:
