@@ -222,9 +222,11 @@ class SelectedEngine(ConvEngine):
     geometry at the layer's reshape by the ``conv_engine`` setting the layer was created with:
 
     * ``lowering`` — the lowering engine (with the ``lowering`` setting);
-    * ``fft`` — the FFT engine; a layer it cannot compute (stride > 1, arrays on a GPU) is an error;
-    * ``auto`` — :func:`choose_conv_engine`: the faster of the two, measured, on layers where the FFT engine
-      applies and may save time; otherwise the lowering engine, with the reason in :meth:`describe`.
+    * ``fft`` — the FFT engine (strided layers too, as their stride-1 convolution); a layer it cannot
+      compute (arrays on a GPU, no spatial axes) is an error;
+    * ``auto`` — :func:`choose_conv_engine`: the fastest measured of the lowering engine and the FFT
+      engine's layouts on stride-1 layers where the FFT engine may save time; otherwise the lowering engine,
+      with the reason in :meth:`describe`.
 
     Every engine call goes to :attr:`inner`; other attributes (``strategy``, ``reuses``, ...) are read from
     it too.  :attr:`reason` says why this engine runs ("" when the setting named it)."""
