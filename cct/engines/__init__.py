@@ -113,19 +113,20 @@ class ConvEngine(ABC):
         """``y[...] = conv(x, w) (+ b broadcast over the channel axis)``; returns ``y``."""
 
     @abstractmethod
+    def backward(self, x: Any, dy: Any, w: Any, dx: Any | None, dw: Any | None) -> None:
+        """Both gradients of one convolution: ``dx[...] = conv_transpose(dy, w)`` (overwrites) and ``dw +=
+        correlation of x with dy`` (accumulates), either may be None (its operands then too); engines share
+        work between them."""
+
     def backward_data(self, dy: Any, w: Any, dx: Any) -> Any:
         """``dx[...] = conv_transpose(dy, w)`` (overwrites ``dx``); returns ``dx``."""
+        self.backward(None, dy, w, dx, None)
+        return dx
 
-    @abstractmethod
     def backward_weights(self, x: Any, dy: Any, dw: Any) -> Any:
         """``dw += correlation of x with dy`` (accumulates); returns ``dw``."""
-
-    def backward(self, x: Any, dy: Any, w: Any, dx: Any | None, dw: Any | None) -> None:
-        """Both gradients of one convolution (either may be None); engines may share work between them."""
-        if dw is not None:
-            self.backward_weights(x, dy, dw)
-        if dx is not None:
-            self.backward_data(dy, w, dx)
+        self.backward(x, dy, None, None, dw)
+        return dw
 
     def forward_and_backward_weights(self, x: Any, w: Any, y: Any | None, dy: Any, dw: Any | None) -> None:
         """``y[...] = conv(x, w)`` and ``dw += corr(x, dy)`` (either may be None): Deconvolution's backward,

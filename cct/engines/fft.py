@@ -416,14 +416,6 @@ class FFTEngine(ConvEngine):
             y += b.reshape((1, -1) + (1,) * g.num_spatial_axes)
         return y
 
-    def backward_data(self, dy: Any, w: Any, dx: Any) -> Any:
-        self.backward(None, dy, w, dx, None)
-        return dx
-
-    def backward_weights(self, x: Any, dy: Any, dw: Any) -> Any:
-        self.backward(x, dy, None, None, dw)
-        return dw
-
     def backward(self, x: Any, dy: Any, w: Any, dx: Any | None, dw: Any | None) -> None:
         """``dx = conv_transpose(dy, w)`` and ``dw += corr(x, dy)``, sharing the transform of ``dy``."""
         if dx is None and dw is None:

@@ -520,14 +520,6 @@ class LoweringEngine(ConvEngine):
                   lambda ws, part, n0, n1: self._forward_chunk(ws, x[n0:n1], wm, b, y[n0:n1]))
         return y
 
-    def backward_data(self, dy: Any, w: Any, dx: Any) -> Any:
-        self.backward(None, dy, w, dx, None)
-        return dx
-
-    def backward_weights(self, x: Any, dy: Any, dw: Any) -> Any:
-        self.backward(x, dy, None, None, dw)
-        return dw
-
     def _weight_accumulators(self, space: Workspace, dw: Any | None, parts: int) -> list[Any]:
         """Per partition, where it accumulates dW_m (transposed, (G, K, M)): a workspace buffer."""
         L = self._lay()

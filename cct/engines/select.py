@@ -292,12 +292,6 @@ class SelectedEngine(ConvEngine):
     def forward(self, x: Any, w: Any, b: Any | None, y: Any) -> Any:
         return self._engine().forward(x, w, b, y)
 
-    def backward_data(self, dy: Any, w: Any, dx: Any) -> Any:
-        return self._engine().backward_data(dy, w, dx)
-
-    def backward_weights(self, x: Any, dy: Any, dw: Any) -> Any:
-        return self._engine().backward_weights(x, dy, dw)
-
     def backward(self, x: Any, dy: Any, w: Any, dx: Any | None, dw: Any | None) -> None:
         self._engine().backward(x, dy, w, dx, dw)
 
