@@ -198,6 +198,23 @@ class BaseConvolution(Layer):
             log.info("%s layer %s: %s [d/o = %d/%d; predicted fwd+bwd ms %s]", self.type, self.name,
                      self.engine.describe(), geometry.in_channels, geometry.out_channels, predicted)
 
+    def backward(self, top: list[Blob], propagate_down: Sequence[bool], bottom: list[Blob]) -> None:
+        w = self.blobs[0]
+        want_w = self.param_propagate_down[0]
+        want_b = self.bias_term and self.param_propagate_down[1]
+        for i, (y, x) in enumerate(zip(top, bottom)):
+            dy = self._top_view(y.diff)
+            if want_b:
+                self.engine.backward_bias(dy, self.blobs[1].diff)
+            dx = self._bottom_view(x.diff) if propagate_down[i] else None
+            if want_w or dx is not None:
+                self._gradients(self._bottom_view(x.data), dy, w.data, dx, w.diff if want_w else None)
+
+    def _gradients(self, x: Any, dy: Any, w: Any, dx: Any | None, dw: Any | None) -> None:
+        """``dx[...] =`` the bottom gradient (when ``dx``) and ``dw +=`` the weight gradient (when ``dw``) of
+        one bottom ``x`` (viewed ``(num, C, *in)``) from its top gradient ``dy``."""
+        raise NotImplementedError
+
     def _output_spatial(self, in_spatial: tuple[int, ...]) -> tuple[int, ...]:
         raise NotImplementedError
 
@@ -237,17 +254,8 @@ class Convolution(BaseConvolution):
         for x, y in zip(bottom, top):
             self.engine.forward(self._bottom_view(x.data), w, b, self._top_view(y.data))
 
-    def backward(self, top: list[Blob], propagate_down: Sequence[bool], bottom: list[Blob]) -> None:
-        w = self.blobs[0]
-        want_w = self.param_propagate_down[0]
-        want_b = self.bias_term and self.param_propagate_down[1]
-        for i, (y, x) in enumerate(zip(top, bottom)):
-            dy = self._top_view(y.diff)
-            if want_b:
-                self.engine.backward_bias(dy, self.blobs[1].diff)
-            dx = self._bottom_view(x.diff) if propagate_down[i] else None
-            if want_w or dx is not None:
-                self.engine.backward(self._bottom_view(x.data), dy, w.data, dx, w.diff if want_w else None)
+    def _gradients(self, x: Any, dy: Any, w: Any, dx: Any | None, dw: Any | None) -> None:
+        self.engine.backward(x, dy, w, dx, dw)
 
 
 class Deconvolution(BaseConvolution):
@@ -287,18 +295,9 @@ class Deconvolution(BaseConvolution):
             if self.bias_term:
                 yv += self._bias_view()
 
-    def backward(self, top: list[Blob], propagate_down: Sequence[bool], bottom: list[Blob]) -> None:
-        w = self.blobs[0]
-        want_w = self.param_propagate_down[0]
-        want_b = self.bias_term and self.param_propagate_down[1]
-        for i, (y, x) in enumerate(zip(top, bottom)):
-            dy = self._top_view(y.diff)
-            if want_b:
-                self.engine.backward_bias(dy, self.blobs[1].diff)
-            dx = self._bottom_view(x.diff) if propagate_down[i] else None
-            if want_w or dx is not None:
-                self.engine.forward_and_backward_weights(dy, w.data, dx, self._bottom_view(x.data),
-                                                         w.diff if want_w else None)
+    def _gradients(self, x: Any, dy: Any, w: Any, dx: Any | None, dw: Any | None) -> None:
+        # the transposed convolution's gradients: its input gradient is the convolution of dy
+        self.engine.forward_and_backward_weights(dy, w, dx, x, dw)
 
 
 def _conv_engine(param: pb.LayerParameter) -> ConvEngine:
