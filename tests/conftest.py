@@ -1,16 +1,20 @@
-"""Every test runs with its own engine cache dir and restores the process-wide engine settings
-(the command line and some tests change them)."""
+"""Every test runs with its own engine cache dir, restores the process-wide engine settings (the command
+line and some tests change them) and leaves no device split behind (``set_devices`` and ``CCT_DEVICES`` are
+process wide)."""
 from __future__ import annotations
 
 import pytest
 
 from cct.engines import select
-from cct.parallel import partition
+from cct.parallel import devices, partition
 
 
 @pytest.fixture(autouse=True)
 def _isolated_engine_settings(tmp_path, monkeypatch):
     monkeypatch.setenv("CCT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("CCT_DEVICES", raising=False)
+    monkeypatch.delenv("CCT_SPLIT", raising=False)
+    devices.set_devices(None)
     saved = (select.lowering_setting(), select.autotune_setting(), partition.partitions_setting(),
              select.conv_engine_setting())
     yield
@@ -19,3 +23,4 @@ def _isolated_engine_settings(tmp_path, monkeypatch):
     select.set_autotune(autotune)
     partition.set_partitions(parts, psrc)
     select.set_conv_engine(engine, esrc)
+    devices.set_devices(None)

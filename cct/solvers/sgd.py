@@ -132,6 +132,14 @@ class SGDSolver(Solver):
         d = p.diff
         d += t
 
+    def _scaled_by_root(self, i: int, rate: np.float32, g: Any, h: Any, t: Any) -> None:
+        """``g[...] = local_rate · g / (sqrt(h) + delta)`` (AdaGrad's and RMSProp's step; ``t`` is scratch)."""
+        xp = _xp(g)
+        xp.sqrt(h, out=t)
+        t += f32(self.param.delta)
+        xp.divide(g, t, out=t)
+        xp.multiply(t, self._local_rate(i, rate), out=g)
+
     def _local_rate(self, i: int, rate: np.float32) -> np.float32:
         return f32(rate) * f32(self.net.params_lr[i])
 
@@ -240,10 +248,7 @@ class AdaGradSolver(SGDSolver):
         xp = _xp(g)
         xp.multiply(g, g, out=t)
         h += t
-        xp.sqrt(h, out=t)
-        t += f32(self.param.delta)
-        xp.divide(g, t, out=t)
-        xp.multiply(t, self._local_rate(i, rate), out=g)
+        self._scaled_by_root(i, rate, g, h, t)
 
 
 @register_solver
@@ -275,10 +280,7 @@ class RMSPropSolver(SGDSolver):
         t *= f32(1) - decay
         h *= decay
         h += t
-        xp.sqrt(h, out=t)
-        t += f32(self.param.delta)
-        xp.divide(g, t, out=t)
-        xp.multiply(t, self._local_rate(i, rate), out=g)
+        self._scaled_by_root(i, rate, g, h, t)
 
 
 @register_solver
