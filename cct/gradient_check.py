@@ -3,7 +3,8 @@
 The objective is ``f = Σ_i <r_i, top_i>`` with fixed random projections ``r_i``: the analytic gradient is
 what ``backward`` writes with ``top_i.diff = r_i``; the numerical one is the central difference of ``f``
 for every element of every checked bottom and parameter blob.  Checks run in float64 by default (as
-Caffe's tests run in double), so tolerances can be tight: ``|a - n| <= atol + rtol * max(|a|, |n|)``.
+Caffe's tests run in double); analytic and numerical gradients are compared by the project's one rule
+(:mod:`cct.compare.tolerance`: 1e-4 relative to the larger of the element and the scale of its blob).
 
 Kinks (ReLU at 0, max ties, abs at 0): an element whose one-sided differences disagree strongly is a
 point of non-differentiability and is skipped; so is any element within ``kink_range`` of ``kink``.
@@ -18,6 +19,7 @@ import numpy as np
 from google.protobuf import text_format
 
 from cct.blob import Blob, default_dtype
+from cct.compare.tolerance import allowance, compare_arrays
 from cct.layers.base import Layer
 from cct.layers.registry import create_layer
 from cct.proto import caffe_pb2 as pb
@@ -125,6 +127,7 @@ def check_gradient(layer: Layer | str, bottoms: Sequence[np.ndarray], *, num_top
         if flat.size > max_elements:
             idx = np.sort(rng.choice(flat.size, max_elements, replace=False))
         grad = analytic[name].reshape(-1)
+        checked, numerics = [], []
         for k in idx:
             x0 = flat[k]
             if kink is not None and abs(x0 - kink) < kink_range:
@@ -142,13 +145,19 @@ def check_gradient(layer: Layer | str, bottoms: Sequence[np.ndarray], *, num_top
             if abs(d_plus - d_minus) > 0.1 * scale and abs(d_plus - d_minus) > 100 * step * scale:
                 report.kinks += 1
                 continue
-            numeric = (f[0] - f[1]) / (2 * step)
-            a = float(grad[k])
-            report.checked += 1
-            if abs(a - numeric) > atol + rtol * max(abs(a), abs(numeric)):
-                if len(report.failures) < 20:
-                    report.failures.append(f"{name}[{np.unravel_index(k, values.shape)}]: "
-                                           f"analytic {a:.8g} numeric {numeric:.8g}")
+            checked.append(k)
+            numerics.append((f[0] - f[1]) / (2 * step))
+        report.checked += len(checked)
+        if not checked:
+            return
+        ours, numeric = grad[checked].astype(np.float64), np.array(numerics)
+        c = compare_arrays(ours, numeric, rtol, atol)
+        if not c.ok:
+            outside = np.flatnonzero(np.abs(ours - numeric) > allowance(numeric, rtol, atol))
+            for j in outside[:20 - len(report.failures)]:
+                report.failures.append(f"{name}[{np.unravel_index(checked[j], values.shape)}]: "
+                                       f"analytic {ours[j]:.8g} numeric {numeric[j]:.8g} "
+                                       f"(blob scale {c.scale:.4g})")
 
     for i in checks:
         def write_bottom(flat, i=i):

@@ -57,6 +57,7 @@ def fmt(x: float) -> str:
     return "%g" % float(x)
 
 
+debug = logger.debug  # Caffe's DLOG(INFO): printed by debug builds only, so not by default
 info = logger.info
 warning = logger.warning
 error = logger.error

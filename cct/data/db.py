@@ -119,7 +119,7 @@ class LmdbReader:
         key, value = self._cursor.item()
         key = bytes(key)
         if not self._cursor.next():
-            log.info("Restarting data prefetching from start.")
+            log.debug("Restarting data prefetching from start.")  # DLOG in Caffe: silent in release builds
             self._cursor.first()
         return key, value
 

@@ -74,7 +74,9 @@ class _FunctionCallback:
 
 
 class _CpuTimer:
-    """Caffe's CPU ``Timer``: whole milliseconds (so a fast iteration reads ``0s``)."""
+    """The display interval's timer.  Caffe's CPU timer counts whole milliseconds, so an interval under 1 ms
+    reads 0 s and Caffe prints "(1 iter/s, 0s/1 iters)"; this one keeps microseconds, so the rate (iterations
+    over the lapse, as Caffe computes it) always agrees with the lapse printed beside it."""
 
     def __init__(self) -> None:
         self._start = time.perf_counter()
@@ -82,11 +84,8 @@ class _CpuTimer:
     def start(self) -> None:
         self._start = time.perf_counter()
 
-    def milliseconds(self) -> int:
-        return int((time.perf_counter() - self._start) * 1000.0)
-
     def seconds(self) -> np.float32:
-        return f32(self.milliseconds() / 1000.0)
+        return f32(max(time.perf_counter() - self._start, 1e-6))
 
 
 # ------------------------------------------------------------------------------------------------

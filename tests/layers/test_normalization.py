@@ -247,7 +247,7 @@ def test_batchnorm_block_matches_caffe():
     for j in range(2):
         assert_close(sc_run.layer.blobs[j].diff, tr[f"param_diff/scale_b/{j}"], f"scale_b param diff {j}")
     bn_run.layer.backward_layer(bn_run.top, [True], bn_run.bottom)
-    assert_close(bn_run.bottom[0].diff, tr["diff/conv_b"], "diff into bn_b", atol=1e-4)
+    assert_close(bn_run.bottom[0].diff, tr["diff/conv_b"], "diff into bn_b")
 
 
 def test_mvn_matches_caffe():

@@ -248,4 +248,4 @@ def test_matches_caffe(name, proto, split):
     run.layer.backward_layer(run.top, [True], run.bottom)
     assert_close(run.bottom[0].diff, ref[f"diff/data_data_0_split_{split}"], f"{name} bottom diff")
     for j, blob in enumerate(run.layer.blobs):
-        assert_close(blob.diff, ref[f"param_diff/{name}/{j}"], f"{name} param diff {j}", atol=1e-4)
+        assert_close(blob.diff, ref[f"param_diff/{name}/{j}"], f"{name} param diff {j}")

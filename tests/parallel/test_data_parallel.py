@@ -10,6 +10,7 @@ import pytest
 from google.protobuf import text_format
 
 from cct import cli, mode
+from cct.compare.tolerance import assert_close as assert_arrays_close
 from cct.data.datum import array_to_datum
 from cct.data.db import LmdbWriter
 from cct.device import Device, cupy_available
@@ -88,8 +89,8 @@ def weights(solver) -> list[np.ndarray]:
 
 def assert_close(ours: list[np.ndarray], theirs: list[np.ndarray], rtol: float = 1e-5) -> None:
     assert len(ours) == len(theirs)
-    for a, b in zip(ours, theirs):
-        assert np.linalg.norm(a - b) <= rtol * np.linalg.norm(b), (a, b)
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        assert_arrays_close(a, b, f"param {i}", rtol=rtol, reference="one solver")
 
 
 def assert_replicas_identical(dp: DataParallel) -> None:

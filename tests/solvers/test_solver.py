@@ -3,6 +3,7 @@ callbacks, requested actions, atomic snapshots and the pycaffe members."""
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -121,6 +122,21 @@ def test_display_smoothing_tests_and_final_lines():
     assert msgs[-5] == "Iteration 6, Testing net (#0)"
     assert "    Train net output #0: loss = " in "\n".join(msgs)
     assert any(m.startswith("Iteration 2, lr = 0.1") for m in msgs)
+
+
+def test_display_rate_agrees_with_its_lapse_on_fast_iterations():
+    """A tiny net runs an iteration in well under a millisecond: the rate is iterations / lapse, and the lapse
+    is never printed as 0 s next to a finite rate (Caffe's whole-millisecond timer would print
+    "(1 iter/s, 0s/1 iters)")."""
+    s = _solver(display=1, max_iter=5)
+    with captured_log() as buf:
+        s.solve()
+    shown = [re.search(r"\(([-\d.e+]+) iter/s, ([-\d.e+]+)s/(\d+) iters\)", m)
+             for m in messages(buf.getvalue()) if "iter/s" in m]
+    assert len(shown) == 5
+    for m in shown[1:]:  # iteration 0's line has no interval before it
+        rate, lapse, n = float(m.group(1)), float(m.group(2)), int(m.group(3))
+        assert lapse > 0 and rate == pytest.approx(n / lapse, rel=1e-3)
 
 
 def test_no_initial_test_when_disabled():
