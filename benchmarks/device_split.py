@@ -23,10 +23,10 @@ os.environ.setdefault("GLOG_minloglevel", "1")
 
 import cct  # noqa: E402
 from cct.device import parse_devices  # noqa: E402
-from cct.device.device import cpu_model  # noqa: E402
+from cct.device.query import cpu_model  # noqa: E402
+from cct.exec.device_split import DeviceSetting, DeviceSplitExecutor, batch_shares  # noqa: E402
 from cct.net import LayerExecutor  # noqa: E402
-from cct.parallel.devices import DeviceSetting, DeviceSplitExecutor, batch_shares  # noqa: E402
-from cct.parallel.partition import cpu_cores  # noqa: E402
+from cct.runtime.partition import cpu_cores  # noqa: E402
 
 MODEL = Path(__file__).resolve().parents[1] / "models" / "caffenet" / "train.prototxt"
 

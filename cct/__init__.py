@@ -6,6 +6,7 @@ layer; the same command line (``cct train -solver s.prototxt``) and log lines.
 from cct import io, layers, log
 from cct.classifier import Classifier
 from cct.detector import Detector
+from cct.exec.device_split import set_devices
 from cct.layers.base import Layer
 from cct.layers.registry import layer_type_list
 from cct.log import init_log
@@ -21,7 +22,6 @@ from cct.mode import (
     solver_rank,
 )
 from cct.net_spec import NetSpec, params, to_proto
-from cct.parallel.devices import set_devices
 from cct.proto import caffe_pb2
 from cct.pycaffe import TEST, TRAIN, Net
 from cct.rng import set_random_seed

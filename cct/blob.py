@@ -6,7 +6,7 @@ the blob's shape, so pycaffe code such as ``net.blobs['data'].data[...] = x`` wr
 Buffers are allocated lazily (zero-filled) on first access.  Two blobs can share data or diff memory
 (Split tops, Flatten/Reshape, weight sharing, in-place layers use the very same Blob object).
 A :class:`RowView` (``Blob.view_rows(parent, start, stop)``) is a sub-batch: rows of a parent blob along
-axis 0, in the parent's memory (the device split of :mod:`cct.parallel.devices` runs layers on them).
+axis 0, in the parent's memory (the device split of :mod:`cct.exec.device_split` runs layers on them).
 """
 from __future__ import annotations
 

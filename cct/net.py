@@ -28,7 +28,7 @@ from cct.proto import caffe_pb2 as pb
 
 class LayerExecutor:
     """How the net's loops run one layer.  This one, the plain executor, calls the layer on the whole batch
-    where its blobs live; others (the device split, :mod:`cct.parallel.devices`) subclass it and leave the
+    where its blobs live; others (the device split, :mod:`cct.exec.device_split`) subclass it and leave the
     loops, callbacks and debug output as they are."""
 
     def forward_layer(self, net: NetCore, i: int) -> float:
@@ -41,7 +41,7 @@ class LayerExecutor:
 class NetCore:
     """Caffe's ``Net``: layers, blobs, parameters and the forward/backward loops."""
 
-    executor: LayerExecutor = LayerExecutor()  # set per net at construction (cct.parallel.devices.executor_for)
+    executor: LayerExecutor = LayerExecutor()  # set per net at construction (cct.exec.device_split.executor_for)
 
     # ---- construction --------------------------------------------------------------------------
     def _init_net(self, param: pb.NetParameter, source: str = "<net>") -> None:
@@ -164,7 +164,7 @@ class NetCore:
             log.info("This network produces output %s", n)
         self._blob_name_to_idx = blob_name_to_idx
         self._share_weights()
-        from cct.parallel.devices import executor_for
+        from cct.exec.device_split import executor_for
 
         self.executor = executor_for(self)
         log.info("Network initialization done.")

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from cct.engines import select
-from cct.parallel import devices, partition
+from cct.exec import device_split as devices
+from cct.runtime import partition
 
 
 @pytest.fixture(autouse=True)

@@ -9,7 +9,7 @@ once.  What a device offers:
   place that imports cupy); :meth:`holds` tells whether an array already lives there;
 * memory helpers — :meth:`allocate`, :meth:`to_device`, :meth:`copy_in` (from anywhere), :meth:`to_host`;
 * :meth:`context` — run code with the device's limits: a CPU device sets the BLAS thread count (process
-  wide, threadpoolctl via :func:`cct.parallel.partition.blas_threads`) and scipy.fft's workers (per thread);
+  wide, threadpoolctl via :func:`cct.runtime.partition.blas_threads`) and scipy.fft's workers (per thread);
   a GPU device makes itself cupy's current device.  :meth:`thread_context` is the per-thread part only, for
   code running concurrently with other devices under one process-wide BLAS setting;
 * :meth:`peak_gflops` — single-precision GEMM speed: for a CPU measured by a short sgemm probe (about
@@ -24,7 +24,6 @@ a GPU id this machine does not have) is one :class:`~cct.errors.CctError` line n
 from __future__ import annotations
 
 import contextlib
-import platform
 import re
 import threading
 import time
@@ -38,6 +37,7 @@ import numpy as np
 
 from cct.cache import cache_dir, read_json, update_json
 from cct.device import backend
+from cct.device.query import cpu_model, machine_key
 from cct.errors import CctError
 
 CACHE_FILE = "devices.json"
@@ -148,7 +148,7 @@ class Device:
             with self.thread_context():
                 yield
             return
-        from cct.parallel.partition import blas_threads
+        from cct.runtime.partition import blas_threads
 
         with blas_threads(self.threads), self.thread_context():
             yield
@@ -199,7 +199,7 @@ _ITEM = re.compile(r"(cpu|gpu)(?::(\d+))?")
 def parse_devices(text: str, source: str = "-devices") -> list[Device]:
     """``"cpu:1,cpu:1"`` → two one-thread CPU devices.  Items: ``cpu`` (all usable cores), ``cpu:T``,
     ``gpu`` (= ``gpu:0``), ``gpu:N``.  Errors name ``source`` (the flag or variable) and the item."""
-    from cct.parallel.partition import cpu_cores
+    from cct.runtime.partition import cpu_cores
 
     text = str(text).strip()
     if not text:
@@ -235,34 +235,6 @@ def parse_devices(text: str, source: str = "-devices") -> list[Device]:
 # Peak FLOPS: probes and their cache
 # ------------------------------------------------------------------------------------------------
 
-def cpu_model() -> str:
-    """The CPU's model name (from /proc/cpuinfo where there is one)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
-
-
-def machine_key() -> str:
-    """What a cached speed is valid for: host, CPU model, usable cores and the BLAS library."""
-    from cct.parallel.partition import cpu_cores
-
-    blas = "unknown BLAS"
-    try:
-        from threadpoolctl import threadpool_info
-
-        pools = [p for p in threadpool_info() if p.get("user_api") == "blas"]
-        if pools:
-            blas = f"{pools[0].get('internal_api')} {pools[0].get('version')}"
-    except ImportError:  # pragma: no cover - threadpoolctl is a dependency
-        pass
-    return f"{platform.node()}|{cpu_model()}|{cpu_cores()} cores|{blas}"
-
-
 def cache_file() -> Path:
     return cache_dir() / CACHE_FILE
 
@@ -292,7 +264,7 @@ def _best_gflops(n: int, run: Any, sync: Any = lambda: None) -> float:
 
 def _probe_cpu(threads: int) -> float:
     """sgemm GFLOP/s with ``threads`` BLAS threads (n = 768, or 1024 from 4 threads on)."""
-    from cct.parallel.partition import blas_threads
+    from cct.runtime.partition import blas_threads
 
     n = 1024 if threads >= 4 else 768
     rng = np.random.default_rng(0)

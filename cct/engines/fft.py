@@ -63,7 +63,7 @@ from cct.engines import ConvEngine, ConvGeometry
 from cct.engines.cost_model import DEFAULT_RATES, MachineRates, gemm_seconds
 from cct.engines.fft_plan import FFTPlan, fft_workers, positions, transform_size
 from cct.errors import CctError
-from cct.parallel.partition import batch_ranges, blas_threads, partitions_for, run_partitions
+from cct.runtime.partition import batch_ranges, blas_threads, partitions_for, run_partitions
 
 __all__ = ["FFTEngine", "fft_transform_size"]
 
@@ -116,7 +116,7 @@ def _fingerprint(a: Any) -> tuple[Any, ...]:
 
 def _batched_matmul(a: Any, b: Any) -> Any:
     """``a @ b`` over the leading (frequency, group) axes: the frequencies split into batch partitions
-    (:mod:`cct.parallel.partition`, one thread per core; measured 1.2-1.9x faster than one thread on this
+    (:mod:`cct.runtime.partition`, one thread per core; measured 1.2-1.9x faster than one thread on this
     machine when it is otherwise idle) and single-threaded BLAS everywhere — each matrix is small, and a
     multi-threaded BLAS call per matrix pays a thread barrier each time: with the second core busy (a shared
     machine) each barrier can cost a scheduler time slice, measured up to 30 s for the 480 products of one

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import scipy.fft as sfft
 
-from cct.parallel.partition import cpu_cores
+from cct.runtime.partition import cpu_cores
 
 __all__ = ["FFTPlan", "fft_workers", "positions", "transform_size"]
 

@@ -25,7 +25,7 @@ times the rows it uses), so a strategy whose lifted axes have a stride > 1, type
 and types 2/3 on a 1x1 kernel fall back to type 1; :func:`strategy_fallback` gives the reason, which
 :attr:`LoweringEngine.reason` keeps.  Deconvolution runs the same engine with roles swapped.
 
-The batch is split into partitions (:mod:`cct.parallel.partition`) run concurrently, each with its own
+The batch is split into partitions (:mod:`cct.runtime.partition`) run concurrently, each with its own
 slice of the workspace; within a partition, images are processed in chunks whose lowered matrices fit
 ``max_lowered_bytes`` (env ``CCT_LOWERING_MAX_MB``, default 128 MiB in all: chunks of some thousand GEMM
 columns already run at full speed, and smaller buffers stay closer to the caches).
@@ -52,7 +52,7 @@ import numpy as np
 from cct.device import get_array_module
 from cct.engines import ConvEngine, ConvGeometry
 from cct.engines.gemm import gemm_threads
-from cct.parallel.partition import batch_ranges, partitions_for, run_partitions
+from cct.runtime.partition import batch_ranges, partitions_for, run_partitions
 
 _DEFAULT_MAX_MB = 128.0
 # type 1 forward: one GEMM per image straight into the output when an image has at least this many columns
@@ -292,7 +292,7 @@ class LoweringEngine(ConvEngine):
 
     def _chunks(self, n: int, itemsize: int) -> list[list[tuple[int, int]]]:
         """Per partition, the image ranges processed one after the other (lowered matrices within budget)."""
-        from cct.parallel.partition import in_partition, partitions_setting
+        from cct.runtime.partition import in_partition, partitions_setting
 
         key = (n, itemsize, partitions_setting()[0], in_partition())
         memo = self._chunk_memo.get(key)

@@ -12,7 +12,7 @@ value is an error when the setting is first used):
   on those and on strided layers, and says why in the layer's log line;
 * ``CCT_LOWERING`` = ``1`` | ``2`` | ``3`` | ``auto`` (default): force a lowering (a layer where it does not
   apply falls back to type 1 and says why) or choose per layer;
-* ``CCT_PARTITIONS`` = ``N`` | ``auto`` (default): batch partitions (:mod:`cct.parallel.partition`);
+* ``CCT_PARTITIONS`` = ``N`` | ``auto`` (default): batch partitions (:mod:`cct.runtime.partition`);
 * ``CCT_AUTOTUNE`` = ``auto`` (default) | ``1`` | ``0``: whether ``auto`` measures the candidates on the
   layer's geometry (forward + backward, at its first reshape; cached) — where the models leave a close call,
   for every layer, or never (the models alone).
@@ -59,7 +59,7 @@ from cct.cache import cache_dir, read_json, update_json
 from cct.engines import ConvEngine, ConvGeometry, create_conv_engine
 from cct.engines.cost_model import DEFAULT_RATES, MachineRates, estimate_seconds, layer_costs
 from cct.errors import CctError
-from cct.parallel.partition import cpu_cores, partitions_setting, set_partitions
+from cct.runtime.partition import cpu_cores, partitions_setting, set_partitions
 
 CACHE_FILE = "autotune.json"
 # auto keeps type 1 unless another lowering is predicted to save at least this much (any layer) ...
@@ -363,7 +363,7 @@ def choose_conv_engine(g: ConvGeometry, dtype: Any = np.float32, xp: Any = None,
 
 
 def _partitions(g: ConvGeometry) -> int:
-    from cct.parallel.partition import partitions_for
+    from cct.runtime.partition import partitions_for
 
     return partitions_for(g.num, 2.0 * g.out_channels * (g.in_channels // g.group) * g.kernel_count * g.out_count)
 
@@ -489,7 +489,7 @@ def _best_time(fn: Any, repeat: int = 3) -> float:
 
 def _concurrent(parts: int, make: Any) -> Any:
     """A callable running ``make(part)()`` in every batch partition at once (as a layer's partitions run)."""
-    from cct.parallel.partition import run_partitions
+    from cct.runtime.partition import run_partitions
 
     bodies = [make(p) for p in range(parts)]
     ranges = [(p, p + 1) for p in range(parts)]
@@ -501,7 +501,7 @@ def calibrate(save: bool = True) -> MachineRates:
     second), and cache them: the GEMM peak and its half-speed shapes, and the lowering engine's own
     lowering, col2im, lifting + unlifting and transposing on a probe layer larger than the caches."""
     from cct.engines.lowering import LoweringEngine, Workspace
-    from cct.parallel.partition import partitions_for
+    from cct.runtime.partition import partitions_for
 
     parts = partitions_for(1 << 10)
     rng = np.random.default_rng(0)

@@ -43,7 +43,7 @@ class Layer:
     # False for layers that must not run in place (AbsVal, Split, Flatten, Reshape, ...).
     allow_in_place: ClassVar[bool] = True
     # True where forward/backward treat each item along axis 0 independently (every bottom and top is
-    # batch-major, no randomness, no whole-batch statistics): the device split (cct.parallel.devices) may then
+    # batch-major, no randomness, no whole-batch statistics): the device split (cct.exec.device_split) may then
     # run the layer on sub-batches.  A subclass whose answer depends on its parameters uses a property.
     batch_separable: ClassVar[bool] = False
 

@@ -9,8 +9,8 @@ from cct.device import get_array_module
 from cct.errors import CctError, ParamError
 from cct.layers.base import Layer
 from cct.layers.registry import register
-from cct.parallel.partition import partitions_for, run_batch
 from cct.proto import caffe_pb2 as pb
+from cct.runtime.partition import partitions_for, run_batch
 
 _F = "lrn_param"
 
@@ -93,7 +93,7 @@ class LRN(Layer):
         return self._window_sum(tmp, 3, out, part)
 
     def _split(self, n: int, body: Any, x: Any) -> None:
-        """Run ``body(part, n0, n1)`` over the batch partitions (cct.parallel.partition)."""
+        """Run ``body(part, n0, n1)`` over the batch partitions (cct.runtime.partition)."""
         run_batch(n, body, parts=partitions_for(n, x[0].size * (self.size + 6) if n else 0))
 
     @property

@@ -18,9 +18,9 @@ from cct.errors import CctError, ParamError
 from cct.fillers import constant_filler, fill
 from cct.layers.base import Layer
 from cct.layers.registry import register
-from cct.parallel.partition import run_batch
 from cct.proto import caffe_pb2 as pb
 from cct.rng import get_rng
+from cct.runtime.partition import run_batch
 
 
 class NeuronLayer(Layer):
@@ -89,7 +89,7 @@ class ReLULayer(NeuronLayer):
         if x.ndim == 0:
             self._forward_part(x, y)
             return
-        # batch partitions (cct.parallel.partition): element-wise, so any split gives the same result
+        # batch partitions (cct.runtime.partition): element-wise, so any split gives the same result
         run_batch(x.shape[0], lambda p, a, b: self._forward_part(x[a:b], y[a:b]), work=x.size / max(x.shape[0], 1))
 
     def _forward_part(self, x: Any, y: Any) -> None:

@@ -17,9 +17,9 @@ from cct.device import get_array_module
 from cct.errors import CctError, ParamError
 from cct.layers.base import Layer
 from cct.layers.registry import register
-from cct.parallel.partition import batch_ranges, partitions_for, run_partitions
 from cct.proto import caffe_pb2 as pb
 from cct.rng import get_rng
+from cct.runtime.partition import batch_ranges, partitions_for, run_partitions
 
 FLT_MAX = 3.4028234663852886e38
 FLT_MIN = 1.1754943508222875e-38
@@ -463,7 +463,7 @@ class Pooling(Layer):
         for t in top:
             t.reshape(x.shape[:2] + pl.out_shape)
 
-    # Batch partitions (cct.parallel.partition): each partition pools its images with its own Pooler (own
+    # Batch partitions (cct.runtime.partition): each partition pools its images with its own Pooler (own
     # buffers and argmax); STOCHASTIC TRAIN draws its random numbers for the whole batch, so it never splits.
     def _ranges(self, x: Blob) -> list[tuple[int, int]]:
         if self.method == STOCHASTIC:

@@ -13,7 +13,7 @@ lines → ``on_gradients_ready`` callbacks → :meth:`apply_update` (the update 
 → snapshot on ``iter % snapshot == 0`` or a SNAPSHOT request → stop on a STOP request.
 
 A solver built while ``cct.mode.solver_rank() != 0`` is a non-root replica of data-parallel training
-(:mod:`cct.parallel.data_parallel`; ``is_root`` is False): as Caffe's, it builds no test nets and never
+(:mod:`cct.distributed.replicas`; ``is_root`` is False): as Caffe's, it builds no test nets and never
 tests, displays or snapshots — it only trains.
 
 The update rule, history, solverstate layout and restore are the subclasses' (:mod:`cct.solvers.sgd`).

@@ -7,11 +7,11 @@ import time
 import numpy as np
 import pytest
 
-from cct.device import Device, cupy_available, parse_devices
+from cct.device import Device, cupy_available, parse_devices, query
 from cct.device import device as device_module
 from cct.device.device import copy_into
 from cct.errors import CctError
-from cct.parallel.partition import cpu_cores
+from cct.runtime.partition import cpu_cores
 
 
 def test_parse_cpu_lists():
@@ -83,7 +83,7 @@ def test_peak_gflops_is_measured_quickly_then_cached(tmp_path, monkeypatch):
     assert d.peak_gflops() == (gflops, "cached")
     data = json.loads((tmp_path / "c" / "devices.json").read_text())
     (key,) = data["peak_gflops"]
-    assert key.endswith("|cpu|threads=1") and device_module.cpu_model() in key
+    assert key.endswith("|cpu|threads=1") and query.cpu_model() in key
     # another thread count is another entry
     monkeypatch.setattr(device_module, "_probe_cpu", lambda threads: 123.0)
     assert Device("cpu", 0, 7).peak_gflops() == (123.0, "measured")

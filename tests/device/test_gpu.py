@@ -1,7 +1,7 @@
 """The gpu:N path (cupy): memory helpers, peak FLOPS and a split with a GPU share equal to the plain run.
 
 These run only where cupy and a CUDA device are present; elsewhere they are skipped (the CPU-only tests
-exercise the same mirror/staging code with a stand-in device: tests/parallel/test_split_executor.py).
+exercise the same mirror/staging code with a stand-in device: tests/exec/test_device_split.py).
 """
 from __future__ import annotations
 

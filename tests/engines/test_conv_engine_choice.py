@@ -200,7 +200,7 @@ def test_forced_fft_on_a_layer_it_cannot_run_is_one_line(tmp_path):
 def test_invalid_environment_is_one_line_from_the_command_line(tmp_path, monkeypatch):
     model = _net(tmp_path, ("dim: 1 dim: 2 dim: 6 dim: 6", ""))
     monkeypatch.setenv("CCT_PARTITIONS", "many")
-    from cct.parallel import partition
+    from cct.runtime import partition
 
     partition._init_from_env()
     rc, out = _run("time", "-model", model, "-iterations", "1")

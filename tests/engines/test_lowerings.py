@@ -11,7 +11,7 @@ import pytest
 
 from cct.engines import ConvGeometry, lowering
 from cct.engines.lowering import LoweringEngine, Workspace, strategy_fallback
-from cct.parallel import partition
+from cct.runtime import partition
 from tests.engines import reference as ref
 
 # (geometry, expected effective strategy for requested 1, 2, 3)

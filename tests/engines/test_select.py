@@ -15,7 +15,7 @@ from cct.engines import ConvGeometry, cost_model, select
 from cct.engines.lowering import LoweringEngine
 from cct.errors import CctError
 from cct.gradient_check import setup_layer
-from cct.parallel import partition
+from cct.runtime import partition
 
 
 def _geo(c: int, o: int, n: int = 32, k: int = 3, stride: int = 1) -> ConvGeometry:

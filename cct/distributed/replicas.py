@@ -45,10 +45,10 @@ from cct import log, mode
 from cct.device import get_array_module
 from cct.device.device import Device, copy_into
 from cct.errors import CctError
-from cct.parallel import devices as device_split
-from cct.parallel import partition
+from cct.exec import device_split
 from cct.proto import caffe_pb2 as pb
 from cct.rng import get_rng
+from cct.runtime import partition
 from cct.solvers.solver import Solver, create_solver
 
 # ------------------------------------------------------------------------------------------------
@@ -66,7 +66,7 @@ class _QuietThreads(logging.Filter):
     quiet afterwards (a shared pool's threads do not: they also work for the root)."""
 
     def __init__(self) -> None:
-        super().__init__("cct.parallel.data_parallel")
+        super().__init__("cct.distributed.replicas")
         self.threads: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
         self._alive_before: set[int] | None = None
 

@@ -6,9 +6,9 @@ import pytest
 import cct
 from cct.device import Device
 from cct.errors import CctError
+from cct.exec import device_split as devices
+from cct.exec.device_split import DeviceSplitExecutor, batch_shares, device_setting, parse_split
 from cct.net import LayerExecutor
-from cct.parallel import devices
-from cct.parallel.devices import DeviceSplitExecutor, batch_shares, device_setting, parse_split
 
 CPU1 = Device("cpu", 0, 1)
 TWO = [CPU1, CPU1]

@@ -1,4 +1,4 @@
-"""Caffe's data parallelism (``cct.parallel.data_parallel``) on one-thread CPU devices standing in for GPUs:
+"""Caffe's data parallelism (``cct.distributed.replicas``) on one-thread CPU devices standing in for GPUs:
 N replicas of batch B train as one solver of batch N·B over the same records, only the root tests,
 displays and snapshots, the replicas stay identical, and a failure anywhere is one error, not a hang."""
 from __future__ import annotations
@@ -10,13 +10,14 @@ import pytest
 from google.protobuf import text_format
 
 from cct import cli, mode
+from cct.cli import train as train_command
 from cct.compare.tolerance import assert_close as assert_arrays_close
 from cct.data.datum import array_to_datum
 from cct.data.db import LmdbWriter
-from cct.device import Device, cupy_available
+from cct.device import Device, backend, cupy_available
+from cct.distributed import replicas as data_parallel
+from cct.distributed.replicas import DataParallel
 from cct.errors import CctError
-from cct.parallel import data_parallel
-from cct.parallel.data_parallel import DataParallel
 from cct.proto import caffe_pb2 as pb
 from cct.solvers import SolverAction, create_solver
 from tests.solvers.helpers import captured_log, key_lines, messages, set_fields, split_numbers
@@ -302,8 +303,8 @@ def test_cli_several_gpus_trains_data_parallel(source, tmp_path, monkeypatch):
             super().__init__(param, [CPU1] * len(devices), **kw)
             built.append(self)
 
-    monkeypatch.setattr(cli, "parse_gpus", lambda value: [0, 1] if value else [])
-    monkeypatch.setattr(cli, "_device_name", lambda g: "Stand-in")
+    monkeypatch.setattr(train_command, "parse_gpus", lambda value: [0, 1] if value else [])
+    monkeypatch.setattr(backend, "gpu_name", lambda g: "Stand-in")
     monkeypatch.setattr(mode, "set_mode_gpu", lambda: None)
     monkeypatch.setattr(data_parallel, "DataParallel", OnCpus)
     monkeypatch.chdir(tmp_path)

@@ -1,5 +1,6 @@
-"""Parallel execution facilities: batch partitions across threads (:mod:`cct.parallel.partition`)."""
-from cct.parallel.partition import (
+"""The runtime leaf: cores this process may use, BLAS thread budgets, and CcT's batch partitions
+(:mod:`cct.runtime.partition`).  Everything else builds on it; it imports nothing of cct's but errors."""
+from cct.runtime.partition import (
     batch_ranges,
     cpu_cores,
     partitions_for,

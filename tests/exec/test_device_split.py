@@ -19,10 +19,11 @@ import pytest
 
 import cct
 from cct.device import Device
+from cct.exec import device_split as devices
+from cct.exec.device_split import DeviceSplitExecutor
 from cct.layers.base import Layer
 from cct.layers.registry import register
-from cct.parallel import devices, partition
-from cct.parallel.devices import DeviceSplitExecutor
+from cct.runtime import partition
 from tests.reference import REFERENCE, reference_dir
 
 NETS = sorted(p.name for p in (REFERENCE / "nets").iterdir()) if (REFERENCE / "nets").exists() else []

@@ -60,8 +60,8 @@ from cct.device import backend
 from cct.device.device import Device, copy_into, parse_devices
 from cct.errors import CctError
 from cct.net import LayerExecutor, NetCore
-from cct.parallel import partition
 from cct.proto import caffe_pb2 as pb
+from cct.runtime import partition
 
 SUM_TOLERANCE = 1e-6
 # On CPU devices only, a layer with parameters runs split only where every device's share uses each weight at

@@ -8,8 +8,8 @@ import pytest
 
 import cct.layers  # noqa: F401  (registers the layers)
 from cct.gradient_check import setup_layer
-from cct.parallel import partition
 from cct.rng import set_random_seed
+from cct.runtime import partition
 
 
 def test_batch_ranges_cover_the_batch():

@@ -1,0 +1,1 @@
+"""Measuring nets: Caffe's per-layer ``time`` loop (:mod:`cct.bench.timing`)."""

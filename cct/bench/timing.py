@@ -1,0 +1,57 @@
+"""Caffe's ``caffe time`` measurement: every layer's forward, then every layer's backward (whether or not the
+net needs it there, as Caffe's loop does), timed one layer at a time for a number of iterations."""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass
+class NetTiming:
+    """Summed wall-clock times of ``iterations`` passes: per layer (microseconds), per pass and in total."""
+
+    layer_names: list[str]
+    iterations: int = 0
+    forward_us: list[int] = field(default_factory=list)
+    backward_us: list[int] = field(default_factory=list)
+    forward_total_us: int = 0
+    backward_total_us: int = 0
+    iteration_ms: list[float] = field(default_factory=list)
+    total_ms: int = 0
+
+
+def _us(t0: float) -> int:
+    return int((time.perf_counter() - t0) * 1e6)
+
+
+def time_layers(net, iterations: int, synchronize: Callable[[], None] = lambda: None,
+                on_iteration: Callable[[int, float], None] | None = None) -> NetTiming:
+    """Time ``iterations`` forward/backward passes of ``net`` layer by layer (Caffe's timers: whole
+    microseconds per layer).  ``synchronize`` waits for a device's queued work after each layer;
+    ``on_iteration(j, ms)`` is called after pass ``j`` (1-based) with its wall-clock milliseconds."""
+    n_layers = len(net.layers)
+    result = NetTiming(list(net._layer_names), iterations, [0] * n_layers, [0] * n_layers)
+    runner = net.executor
+    total_start = time.perf_counter()
+    for j in range(iterations):
+        iter_start = time.perf_counter()
+        for i in range(n_layers):
+            t0 = time.perf_counter()
+            runner.forward_layer(net, i)
+            synchronize()
+            result.forward_us[i] += _us(t0)
+        result.forward_total_us += _us(iter_start)
+        backward_start = time.perf_counter()
+        for i in range(n_layers - 1, -1, -1):
+            t0 = time.perf_counter()
+            runner.backward_layer(net, i)
+            synchronize()
+            result.backward_us[i] += _us(t0)
+        result.backward_total_us += _us(backward_start)
+        ms = (time.perf_counter() - iter_start) * 1e3
+        result.iteration_ms.append(ms)
+        if on_iteration is not None:
+            on_iteration(j + 1, ms)
+    result.total_ms = int((time.perf_counter() - total_start) * 1e3)
+    return result

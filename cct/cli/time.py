@@ -1,0 +1,60 @@
+"""``cct time``: benchmark model execution time (Caffe's ``caffe time``): per-layer forward and backward times
+averaged over ``-iterations`` (whole microseconds per layer, whole milliseconds per iteration and in total),
+and the engine every convolution runs."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from cct import log
+from cct.cli.common import parse_gpus, phase, stages, use_single_device
+from cct.errors import CctError
+from cct.flags import Flags
+
+SUMMARY = "benchmark model execution time"
+FLAGS: list = []
+
+
+def _synchronize() -> Callable[[], None]:
+    from cct import mode
+    from cct.device import cupy, cupy_available
+
+    if cupy_available and mode.mode() == mode.GPU:
+        return lambda: cupy.cuda.Device().synchronize()
+    return lambda: None
+
+
+def main(flags: Flags) -> int:
+    from cct.bench.timing import time_layers
+    from cct.engines.select import describe_layer_engine
+    from cct.pycaffe import Net
+
+    if not flags.model:
+        raise CctError("Need a model definition to time.")
+    net_phase = phase(flags.phase)
+    use_single_device(parse_gpus(flags.gpu))
+    net = Net(flags.model, net_phase, level=flags.level, stages=stages(flags.stage))
+    log.info("Performing Forward")
+    log.info("Initial loss: %s", log.fmt(np.float32(net.forward_prefilled())))
+    log.info("Performing Backward")
+    net.backward_all()
+    for name, layer in zip(net._layer_names, net.layers):
+        engine = describe_layer_engine(layer)
+        if engine:
+            log.info("%10s\tengine: %s", name, engine)
+    n = flags.iterations
+    log.info("*** Benchmark begins ***")
+    log.info("Testing for %d iterations.", n)
+    t = time_layers(net, n, _synchronize(),
+                    lambda j, ms: log.info("Iteration: %d forward-backward time: %d ms.", j, int(ms)))
+    log.info("Average time per layer: ")
+    for i, name in enumerate(t.layer_names):
+        log.info("%10s\tforward: %s ms.", name, log.fmt(t.forward_us[i] / 1000 / n))
+        log.info("%10s\tbackward: %s ms.", name, log.fmt(t.backward_us[i] / 1000 / n))
+    log.info("Average Forward pass: %s ms.", log.fmt(t.forward_total_us / 1000 / n))
+    log.info("Average Backward pass: %s ms.", log.fmt(t.backward_total_us / 1000 / n))
+    log.info("Average Forward-Backward: %s ms.", log.fmt(np.float32(t.total_ms) / np.float32(n)))
+    log.info("Total Time: %d ms.", t.total_ms)
+    log.info("*** Benchmark ends ***")
+    return 0

@@ -1,0 +1,77 @@
+"""What this machine is: CPU model and cores, the BLAS libraries loaded (with their kernel and threads), CUDA
+device properties.  ``cct device_query`` prints them; benchmarks record them beside their figures; cached
+speeds are keyed by them (:func:`machine_key`)."""
+from __future__ import annotations
+
+import platform
+from dataclasses import dataclass
+from typing import Any
+
+from cct.device import backend
+from cct.runtime.partition import cpu_cores
+
+
+def cpu_model() -> str:
+    """The CPU's model name (from /proc/cpuinfo where there is one)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+@dataclass(frozen=True)
+class BlasLibrary:
+    """One BLAS library loaded in the process (threadpoolctl's view of it)."""
+
+    api: str           # "openblas", "mkl", ...
+    version: str
+    kernel: str        # the core type its kernels were chosen for ("Haswell", "SkylakeX", "Zen"), "" unknown
+    threads: int
+    path: str
+
+    def describe(self) -> str:
+        kernel = f", {self.kernel} kernel" if self.kernel else ""
+        return f"{self.api} {self.version}{kernel}, {self.threads} threads"
+
+
+def blas_libraries() -> list[BlasLibrary]:
+    """The BLAS libraries loaded now (numpy's and scipy's may be two copies of OpenBLAS)."""
+    from threadpoolctl import threadpool_info
+
+    return [BlasLibrary(str(p.get("internal_api", "")), str(p.get("version", "")),
+                        str(p.get("architecture") or ""), int(p.get("num_threads") or 0), str(p.get("filepath", "")))
+            for p in threadpool_info() if p.get("user_api") == "blas"]
+
+
+def machine_key() -> str:
+    """What a cached speed is valid for: host, CPU model, usable cores and the BLAS library."""
+    libs = blas_libraries()
+    blas = f"{libs[0].api} {libs[0].version}" if libs else "unknown BLAS"
+    return f"{platform.node()}|{cpu_model()}|{cpu_cores()} cores|{blas}"
+
+
+def cuda_properties(index: int) -> list[tuple[str, Any]]:
+    """Caffe's ``device_query`` rows for CUDA device ``index`` (needs cupy)."""
+    p = backend.cupy.cuda.runtime.getDeviceProperties(index)
+
+    def yes_no(v: Any) -> str:
+        return "Yes" if v else "No"
+
+    return [
+        ("Device id", index), ("Major revision number", p["major"]), ("Minor revision number", p["minor"]),
+        ("Name", backend.gpu_name(index)), ("Total global memory", p["totalGlobalMem"]),
+        ("Total shared memory per block", p["sharedMemPerBlock"]),
+        ("Total registers per block", p["regsPerBlock"]), ("Warp size", p["warpSize"]),
+        ("Maximum memory pitch", p["memPitch"]), ("Maximum threads per block", p["maxThreadsPerBlock"]),
+        ("Maximum dimension of block", ", ".join(str(d) for d in p["maxThreadsDim"])),
+        ("Maximum dimension of grid", ", ".join(str(d) for d in p["maxGridSize"])),
+        ("Clock rate", p["clockRate"]), ("Total constant memory", p["totalConstMem"]),
+        ("Texture alignment", p["textureAlignment"]),
+        ("Concurrent copy and execution", yes_no(p.get("deviceOverlap", p.get("asyncEngineCount", 0)))),
+        ("Number of multiprocessors", p["multiProcessorCount"]),
+        ("Kernel execution timeout", yes_no(p.get("kernelExecTimeoutEnabled", 0))),
+    ]
