@@ -12,6 +12,13 @@ and the three products of back-propagation: ``forward`` (x → y), ``backward_da
 convolution) and ``backward_weights`` (x, dy → dw).  Deconvolution uses the same engine with the roles of
 ``forward`` and ``backward_data`` swapped (its geometry is that of the convolution it is the transpose of).
 
+**Cost contract.**  Every engine class predicts its cost on a geometry without running it:
+``Engine.estimates(geometry, dtype, rates, xp) -> [Estimate]``, one per variant it offers (the lowering
+engine's three lowerings, the FFT engine's two layouts) — forward seconds, backward (data + weights) seconds
+and the workspace it holds.  :func:`estimate_convolution` collects them for every engine with this machine's
+calibrated rates: the per-layer engine choice, the memory-budget planner of volume inference and the
+parallelism planner all price convolutions through it.
+
 Engines are looked up by name with :func:`create_conv_engine`: ``lowering`` (CcT's three lowerings,
 :mod:`cct.engines.lowering`) and ``fft`` (ZNN's FFT convolution, :mod:`cct.engines.fft`).  A layer's creator
 function gets a :class:`cct.engines.select.SelectedEngine`, which runs one of them per geometry as the
@@ -26,7 +33,8 @@ from typing import Any
 
 from cct.errors import CctError
 
-__all__ = ["ConvEngine", "ConvGeometry", "conv_engine_names", "create_conv_engine"]
+__all__ = ["ConvEngine", "ConvGeometry", "Estimate", "conv_engine_names", "create_conv_engine",
+           "estimate_convolution"]
 
 
 @dataclass(frozen=True)
@@ -79,6 +87,25 @@ class ConvGeometry:
         return all(k == 1 and s == 1 and p == 0 for k, s, p in zip(self.kernel, self.stride, self.pad))
 
 
+@dataclass(frozen=True)
+class Estimate:
+    """An engine's predicted cost of one convolution geometry (whole batch), nothing measured.
+
+    ``variant``: what would run (``"lowering 2"``, ``"fft lifted"``); ``workspace_bytes``: the scratch memory
+    the engine holds for it (lowered matrices and GEMM results per chunk, or kept spectra)."""
+
+    engine: str
+    variant: str
+    forward_seconds: float
+    backward_seconds: float
+    workspace_bytes: int
+
+    @property
+    def seconds(self) -> float:
+        """Forward + backward (data and weights): one training step of the layer."""
+        return self.forward_seconds + self.backward_seconds
+
+
 class ConvEngine(ABC):
     """The arithmetic of a convolution.  ``configure`` is called from the layer's reshape whenever the
     geometry may have changed; the other methods write into the given output arrays."""
@@ -107,6 +134,13 @@ class ConvEngine(ABC):
     def batch_partitions(self) -> int:
         """Into how many batch partitions a call on the configured geometry is split (run concurrently)."""
         return 1
+
+    @classmethod
+    def estimates(cls, g: ConvGeometry, dtype: Any = "float32", rates: Any = None, xp: Any = None) -> list[Estimate]:
+        """The predicted cost of each variant of this engine that can run ``g`` on arrays of ``xp`` (numpy
+        when None) — empty when none can; ``rates``: the machine's (:class:`cct.engines.cost_model.MachineRates`,
+        default: calibrated or the defaults)."""
+        return []
 
     @abstractmethod
     def forward(self, x: Any, w: Any, b: Any | None, y: Any) -> Any:
@@ -155,10 +189,27 @@ def conv_engine_names() -> list[str]:
     return sorted(_CONV_ENGINES)
 
 
-def create_conv_engine(name: str) -> ConvEngine:
-    """A new engine instance by name (each layer owns its engine and its buffers)."""
+def conv_engine_class(name: str) -> type[ConvEngine]:
+    """The engine class registered as ``name``."""
     target = _CONV_ENGINES.get(name)
     if target is None:
         raise CctError(f"unknown convolution engine '{name}' (known: {', '.join(conv_engine_names())})")
     module, cls = target.split(":")
-    return getattr(importlib.import_module(module), cls)()
+    return getattr(importlib.import_module(module), cls)
+
+
+def create_conv_engine(name: str) -> ConvEngine:
+    """A new engine instance by name (each layer owns its engine and its buffers)."""
+    return conv_engine_class(name)()
+
+
+def estimate_convolution(g: ConvGeometry, dtype: Any = "float32", xp: Any = None,
+                         rates: Any = None) -> dict[str, Estimate]:
+    """Every variant of every engine that can run ``g``, keyed by variant (``"lowering 1"`` … ``"fft full"``),
+    priced with ``rates`` (default: this machine's calibrated rates where measured, else the defaults)."""
+    if rates is None:
+        from cct.engines.select import machine_rates
+
+        rates = machine_rates()
+    return {e.variant: e for name in conv_engine_names()
+            for e in conv_engine_class(name).estimates(g, dtype, rates, xp)}

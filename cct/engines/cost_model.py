@@ -102,22 +102,28 @@ def gemm_seconds(rows: float, inner: float, cols: float, rates: MachineRates = D
     return 2.0 * rows * inner * cols / (rates.gemm_flops * max(eff, 1e-6))
 
 
-def estimate_seconds(cost: LoweringCost, rates: MachineRates = DEFAULT_RATES, parts: int = 1) -> float:
-    """Predicted time of one forward + backward with ``rates``; ``parts`` batch partitions split the
-    batch columns of the GEMMs (each runs ``1/parts`` of them on ``1/parts`` of the machine)."""
+def pass_seconds(cost: LoweringCost, rates: MachineRates = DEFAULT_RATES, parts: int = 1) -> tuple[float, float]:
+    """Predicted (forward, backward) seconds with ``rates``: the forward GEMM, lowering and lifting, then the
+    data and weight GEMMs, the weight gradient's lowering, the unlifting and col2im.  ``parts`` batch
+    partitions split the batch columns of the GEMMs (each runs ``1/parts`` of them on ``1/parts`` of the
+    machine, all at once)."""
+    gemms = [0.0, 0.0, 0.0]
     if cost.gemm_shapes:
         p = max(1, parts)
-        gemm = 0.0
-        # forward and data GEMMs have the batch in their output columns, the weight GEMM in its inner
-        # dimension; each partition runs 1/p of it at 1/p of the machine's rate, all at once
+        # forward and data GEMMs have the batch in their output columns, the weight GEMM in its inner dimension
         for i, (rows, inner, cols) in enumerate(cost.gemm_shapes):
             k, c = (inner / p, cols) if i == 2 else (inner, cols / p)
-            gemm += cost.groups * p * gemm_seconds(rows, k, c, rates)
+            gemms[i] = cost.groups * p * gemm_seconds(rows, k, c, rates)
     else:
-        gemm = cost.gemm_flops / rates.gemm_flops
-    return (gemm + cost.lowered_elems / rates.lower_elems
-            + cost.lifted_elems / rates.lift_elems + cost.col2im_elems / rates.col2im_elems
-            + cost.transpose_elems / rates.transpose_elems)
+        gemms = [cost.gemm_flops / 3 / rates.gemm_flops] * 3
+    moves = (cost.lowered_elems / rates.lower_elems + cost.lifted_elems / rates.lift_elems
+             + cost.transpose_elems / rates.transpose_elems) / 2  # each is half forward, half backward
+    return gemms[0] + moves, gemms[1] + gemms[2] + moves + cost.col2im_elems / rates.col2im_elems
+
+
+def estimate_seconds(cost: LoweringCost, rates: MachineRates = DEFAULT_RATES, parts: int = 1) -> float:
+    """Predicted time of one forward + backward (:func:`pass_seconds`, summed)."""
+    return sum(pass_seconds(cost, rates, parts))
 
 
 def channel_ratio(g: ConvGeometry) -> float:

@@ -59,7 +59,7 @@ from typing import Any
 import numpy as np
 
 from cct.device import get_array_module
-from cct.engines import ConvEngine, ConvGeometry
+from cct.engines import ConvEngine, ConvGeometry, Estimate
 from cct.engines.cost_model import DEFAULT_RATES, MachineRates, gemm_seconds
 from cct.engines.fft_plan import FFTPlan, fft_workers, positions, transform_size
 from cct.errors import CctError
@@ -239,12 +239,36 @@ class FFTEngine(ConvEngine):
                                            + gemm_seconds(og, rows, inner, rates))
             else:
                 product_s = product / PRODUCT_FLOPS_PER_S
+            transforms_s = (forward + inverse) / FFT_FLOPS_PER_S
+            # the forward pass: the input and kernel transforms, the output's inverse, one of the three products
+            forward_transforms = (n * c * rows_x * _transform_flops(size, g.in_shape[rest])
+                                  + o * cg * taps * _transform_flops(size, g.extent[rest])
+                                  + n * o * rows_y * _transform_flops(size, size)) / FFT_FLOPS_PER_S
             out["lifted" if lifted else "full"] = {
+                "forward_share": (forward_transforms + product_s / 3) / max(transforms_s + product_s, 1e-30),
                 "transform_flops": forward + inverse, "product_flops": product,
                 "memo_bytes": float(F * csize * (n * c * (rows_y * taps if lifted else 1) + o * cg * taps
                                                  + n * o * rows_y)),  # lifted: the input is kept lowered
                 "seconds": CALL_OVERHEAD_S + (forward + inverse) / FFT_FLOPS_PER_S + product_s}
         out["choice"] = min(("full", "lifted"), key=lambda k: out[k]["seconds"] if k in out else math.inf)
+        return out
+
+    @classmethod
+    def estimates(cls, g: ConvGeometry, dtype: Any = "float32", rates: Any = None, xp: Any = None) -> list[Estimate]:
+        """Both layouts (where they apply) as :meth:`estimate` predicts them, on the CPU only: the forward is
+        the input and kernel transforms, one product and the output's inverse; the workspace the spectra kept
+        between passes (memoizing)."""
+        if (xp is not None and xp is not np) or not cls.supports(g)[0]:
+            return []
+        itemsize = np.dtype(dtype).itemsize
+        est = cls.estimate(g, itemsize, rates or DEFAULT_RATES)
+        out = []
+        for layout in ("full", "lifted"):
+            if layout in est:
+                e = est[layout]
+                total = e["seconds"] - CALL_OVERHEAD_S
+                forward = CALL_OVERHEAD_S / 2 + total * e["forward_share"]
+                out.append(Estimate("fft", f"fft {layout}", forward, e["seconds"] - forward, int(e["memo_bytes"])))
         return out
 
     def configure(self, geometry: ConvGeometry, dtype: Any = None, xp: Any = None) -> bool:

@@ -50,7 +50,8 @@ from typing import Any
 import numpy as np
 
 from cct.device import get_array_module
-from cct.engines import ConvEngine, ConvGeometry
+from cct.engines import ConvEngine, ConvGeometry, Estimate
+from cct.engines.cost_model import DEFAULT_RATES, layer_costs, pass_seconds
 from cct.engines.gemm import gemm_threads
 from cct.runtime.partition import batch_ranges, partitions_for, run_partitions
 
@@ -88,6 +89,10 @@ def strategy_fallback(strategy: int, g: ConvGeometry) -> str | None:
     if any(s != 1 for s in g.stride[:f]):
         return "stride " + "x".join(str(s) for s in g.stride[:f])
     return None
+
+
+def _max_lowered_bytes() -> int:
+    return int(float(os.environ.get("CCT_LOWERING_MAX_MB", _DEFAULT_MAX_MB)) * 2**20)
 
 
 class Workspace:
@@ -186,9 +191,7 @@ class LoweringEngine(ConvEngine):
     def __init__(self, strategy: int | str = 1, max_lowered_bytes: int | None = None, source: str = "forced",
                  workspace: Workspace | None = None):
         super().__init__()
-        if max_lowered_bytes is None:
-            max_lowered_bytes = int(float(os.environ.get("CCT_LOWERING_MAX_MB", _DEFAULT_MAX_MB)) * 2**20)
-        self.max_lowered_bytes = max_lowered_bytes
+        self.max_lowered_bytes = _max_lowered_bytes() if max_lowered_bytes is None else max_lowered_bytes
         self.requested: int | str = strategy
         self.source = source
         self.strategy = 1
@@ -199,6 +202,30 @@ class LoweringEngine(ConvEngine):
         self._shared: dict[tuple[str, str], Workspace] = {}  # strong references keep shared workspaces alive
         self._current: Workspace | None = None
         self._chunk_memo: dict[tuple[int, int, Any], list[list[tuple[int, int]]]] = {}
+
+    # ---- cost ----------------------------------------------------------------------------------
+    @classmethod
+    def estimates(cls, g: ConvGeometry, dtype: Any = "float32", rates: Any = None, xp: Any = None) -> list[Estimate]:
+        """Each applicable lowering's predicted forward and backward seconds (:mod:`cct.engines.cost_model`
+        with the layer's batch partitions) and workspace: per partition, the lowered matrix and the GEMM
+        result of one chunk of images (chunks keep the lowered matrices within ``max_lowered_bytes``)."""
+        itemsize = np.dtype(dtype).itemsize
+        rates = rates or DEFAULT_RATES
+        parts = partitions_for(g.num, 2.0 * g.out_channels * (g.in_channels // g.group) * g.kernel_count
+                               * g.out_count)
+        budget = max(1, _max_lowered_bytes() // parts)
+        out = []
+        for s in (1, 2, 3):
+            if strategy_fallback(s, g) is not None:
+                continue
+            lay = _Layout(g, s)
+            lowered, result = lay.C * lay.KL * lay.cols, lay.KF * lay.O * lay.cols
+            per_image = max(lowered, result) * itemsize
+            images = max(1, min(-(-g.num // parts), budget // max(per_image, 1)))
+            forward, backward = pass_seconds(layer_costs(g, s, itemsize), rates, parts)
+            out.append(Estimate("lowering", f"lowering {s}", forward, backward,
+                                int(parts * images * (lowered + result) * itemsize)))
+        return out
 
     # ---- configuration -------------------------------------------------------------------------
     def configure(self, geometry: ConvGeometry, dtype: Any = None, xp: Any = None) -> bool:

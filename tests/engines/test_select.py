@@ -213,3 +213,22 @@ def test_autotune_measures_one_chunk_of_the_layer(monkeypatch):
     sizes.clear()
     select.autotune(replace(g, in_channels=4), np.float32, [1, 2])
     assert sizes[1:] == [64, 64]
+
+
+def test_every_engine_prices_a_geometry_through_one_contract():
+    from cct.engines import ConvGeometry, estimate_convolution
+
+    g = ConvGeometry(4, 16, 32, 1, (12, 12), (3, 3), (1, 1), (1, 1), (1, 1))
+    est = estimate_convolution(g)
+    assert set(est) == {"lowering 1", "lowering 2", "lowering 3", "fft full", "fft lifted"}
+    for variant, e in est.items():
+        assert e.variant == variant and e.engine == variant.split()[0]
+        assert 0 < e.forward_seconds < e.seconds and e.workspace_bytes > 0
+    strided = ConvGeometry(4, 16, 32, 1, (12, 12), (3, 3), (2, 2), (1, 1), (1, 1))
+    assert set(estimate_convolution(strided)) == {"lowering 1", "fft full", "fft lifted"}
+    pointwise = ConvGeometry(4, 16, 32, 1, (12, 12), (1, 1), (1, 1), (0, 0), (1, 1))
+    assert "lowering 2" not in estimate_convolution(pointwise)
+    # more images cost more, in time and (up to the chunk budget) in lowering workspace
+    big = estimate_convolution(ConvGeometry(16, 16, 32, 1, (12, 12), (3, 3), (1, 1), (1, 1), (1, 1)))
+    assert big["lowering 1"].seconds > est["lowering 1"].seconds
+    assert big["lowering 1"].workspace_bytes > est["lowering 1"].workspace_bytes
