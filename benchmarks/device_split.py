@@ -24,8 +24,8 @@ os.environ.setdefault("GLOG_minloglevel", "1")
 import cct  # noqa: E402
 from cct.device import parse_devices  # noqa: E402
 from cct.device.query import cpu_model  # noqa: E402
-from cct.exec.device_split import DeviceSetting, DeviceSplitExecutor, batch_shares  # noqa: E402
-from cct.net import LayerExecutor  # noqa: E402
+from cct.exec.device_split import DeviceSetting, DeviceSplitRunner, batch_shares  # noqa: E402
+from cct.exec.serial import SerialExecutor  # noqa: E402
 from cct.runtime.partition import cpu_cores  # noqa: E402
 
 MODEL = Path(__file__).resolve().parents[1] / "models" / "caffenet" / "train.prototxt"
@@ -33,7 +33,7 @@ MODEL = Path(__file__).resolve().parents[1] / "models" / "caffenet" / "train.pro
 
 def one_iteration(net, executor) -> float:
     """Wall time of one forward + backward with ``executor``."""
-    net.executor = executor
+    net.set_executor(executor)
     t = time.perf_counter()
     net.forward_prefilled()
     net.clear_param_diffs()
@@ -85,10 +85,10 @@ def main() -> None:
     net.blobs["data"].data[...] = rng.standard_normal(net.blobs["data"].shape).astype(np.float32)
     net.blobs["label"].data[...] = rng.integers(0, 1000, b)
 
-    def split(fractions, devs=devices) -> DeviceSplitExecutor:
-        return DeviceSplitExecutor(net, DeviceSetting(tuple(devs), fractions, "--devices", "share"))
+    def split(fractions, devs=devices) -> SerialExecutor:
+        return SerialExecutor(DeviceSplitRunner(DeviceSetting(tuple(devs), fractions, "--devices", "share")))
 
-    configs: dict = {"plain": LayerExecutor(), "alone0": split(None, devices[:1]),
+    configs: dict = {"plain": SerialExecutor(), "alone0": split(None, devices[:1]),
                      "alone1": split(None, devices[1:]), "auto": split(None)}
     auto_shares = batch_shares(b, devices, [g for g, _ in peaks], "auto")
     points = []

@@ -1,5 +1,13 @@
-"""Caffe's global mode state: CPU/GPU mode, device id, solver count/rank (pycaffe's module functions)."""
+"""Caffe's global mode state: CPU/GPU mode, device id, solver count/rank (pycaffe's module functions).
+
+Solver count and rank are process wide (``set_solver_count``/``set_solver_rank``: pycaffe's functions, an
+MPI rank), except inside :func:`replica`, which sets them for the calling thread's context only — how
+data-parallel replicas are built side by side in one process (Caffe keeps them per thread too)."""
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
 
 from cct.device import cupy_available
 from cct.errors import CctError
@@ -32,8 +40,23 @@ def device() -> int:
     return _state["device"]
 
 
+_replica: ContextVar[tuple[int, int] | None] = ContextVar("cct_solver_replica", default=None)
+
+
+@contextlib.contextmanager
+def replica(rank: int, count: int) -> Iterator[None]:
+    """Within the block (this thread's context only), ``solver_rank() == rank`` and ``solver_count() ==
+    count``: what a solver, its nets and their data layers read while being built as one replica of many."""
+    token = _replica.set((int(rank), int(count)))
+    try:
+        yield
+    finally:
+        _replica.reset(token)
+
+
 def solver_count() -> int:
-    return _state["solver_count"]
+    r = _replica.get()
+    return r[1] if r is not None else _state["solver_count"]
 
 
 def set_solver_count(n: int) -> None:
@@ -41,7 +64,8 @@ def set_solver_count(n: int) -> None:
 
 
 def solver_rank() -> int:
-    return _state["solver_rank"]
+    r = _replica.get()
+    return r[0] if r is not None else _state["solver_rank"]
 
 
 def set_solver_rank(r: int) -> None:

@@ -3,8 +3,9 @@
 Construction order: upgrade (on read) → filter by NetState → insert Split layers → create, wire and set
 up each layer (in-place tops, "(automatic)" loss tops, loss weights) → decide which layers need backward
 (propagate_down, force_backward, what feeds a loss) → share parameters by ParamSpec name → net outputs
-(blobs nobody consumed, in sorted-name order).  The forward/backward loops are the plain layer-by-layer
-executor; other executors wrap these methods without touching layer code.
+(blobs nobody consumed, in sorted-name order).  Passes are run by the net's executor
+(:mod:`cct.exec`), which whoever builds the net gives it (:meth:`NetCore.set_executor`; the plain serial
+loop when nobody does): the net knows nothing of devices, threads or schedules.
 
 pycaffe's Python-side conveniences (``forward(**inputs)``, ``forward_all`` …) live in
 :mod:`cct.pycaffe` and are mixed into the public :class:`cct.Net`.
@@ -20,36 +21,27 @@ import numpy as np
 from cct import log
 from cct.blob import Blob, blob_to_proto, proto_shape, shape_equals_legacy
 from cct.errors import CctError
+from cct.exec import Executor
+from cct.exec.serial import SerialExecutor
 from cct.graph import GraphError, filter_net, insert_splits
 from cct.layers.base import Layer
 from cct.layers.registry import create_layer
 from cct.proto import caffe_pb2 as pb
 
 
-class LayerExecutor:
-    """How the net's loops run one layer.  This one, the plain executor, calls the layer on the whole batch
-    where its blobs live; others (the device split, :mod:`cct.exec.device_split`) subclass it and leave the
-    loops, callbacks and debug output as they are."""
-
-    def forward_layer(self, net: NetCore, i: int) -> float:
-        return net.layers[i].forward_layer(net.bottom_vecs[i], net.top_vecs[i])
-
-    def backward_layer(self, net: NetCore, i: int) -> None:
-        net.layers[i].backward_layer(net.top_vecs[i], net.bottom_need_backward[i], net.bottom_vecs[i])
-
-
 class NetCore:
-    """Caffe's ``Net``: layers, blobs, parameters and the forward/backward loops."""
+    """Caffe's ``Net``: layers, blobs, parameters; passes run by an injected executor."""
 
-    executor: LayerExecutor = LayerExecutor()  # set per net at construction (cct.exec.device_split.executor_for)
+    executor: Executor
 
     # ---- construction --------------------------------------------------------------------------
-    def _init_net(self, param: pb.NetParameter, source: str = "<net>") -> None:
+    def _init_net(self, param: pb.NetParameter, source: str = "<net>", executor: Executor | None = None) -> None:
+        """Build the net from ``param``; ``executor`` runs its passes (default: the plain serial loop)."""
         self._source = source
-        self._before_forward: list[Callable[[int], None]] = []
-        self._after_forward: list[Callable[[int], None]] = []
-        self._before_backward: list[Callable[[int], None]] = []
-        self._after_backward: list[Callable[[int], None]] = []
+        self.before_forward_hooks: list[Callable[[int], None]] = []
+        self.after_forward_hooks: list[Callable[[int], None]] = []
+        self.before_backward_hooks: list[Callable[[int], None]] = []
+        self.after_backward_hooks: list[Callable[[int], None]] = []
         self.phase = param.state.phase
         try:
             filtered = filter_net(param)
@@ -164,10 +156,13 @@ class NetCore:
             log.info("This network produces output %s", n)
         self._blob_name_to_idx = blob_name_to_idx
         self._share_weights()
-        from cct.exec.device_split import executor_for
-
-        self.executor = executor_for(self)
+        self.set_executor(executor if executor is not None else SerialExecutor())
         log.info("Network initialization done.")
+
+    def set_executor(self, executor: Executor) -> None:
+        """Run this net's passes with ``executor`` (an executor serves one net)."""
+        executor.attach(self)
+        self.executor = executor
 
     def _fail(self, lp: pb.LayerParameter, message: str):
         from cct.io.prototxt import find_layer_line
@@ -318,30 +313,13 @@ class NetCore:
         """Run layers ``start..end`` (inclusive); return the summed weighted loss."""
         if not (0 <= start and end < len(self.layers)):
             raise CctError(f"forward range {start}..{end} outside 0..{len(self.layers) - 1}")
-        loss = 0.0
-        for i in range(start, end + 1):
-            for cb in self._before_forward:
-                cb(i)
-            loss += self.executor.forward_layer(self, i)
-            if self.debug_info:
-                self._forward_debug_info(i)
-            for cb in self._after_forward:
-                cb(i)
-        return loss
+        return self.executor.forward(self, start, end)
 
     def backward_from_to(self, start: int, end: int) -> None:
         """Back-propagate through layers ``start`` down to ``end`` (inclusive, start >= end)."""
         if not (end >= 0 and start < len(self.layers)):
             raise CctError(f"backward range {start}..{end} outside 0..{len(self.layers) - 1}")
-        for i in range(start, end - 1, -1):
-            for cb in self._before_backward:
-                cb(i)
-            if self._layer_need_backward[i]:
-                self.executor.backward_layer(self, i)
-                if self.debug_info:
-                    self._backward_debug_info(i)
-            for cb in self._after_backward:
-                cb(i)
+        self.executor.backward(self, start, end)
 
     def forward_prefilled(self) -> float:
         """Caffe's ``Net::Forward(&loss)``: all layers; returns the loss."""
@@ -536,7 +514,8 @@ class NetCore:
         return self._top_vecs
 
     # ---- debug info (Caffe's debug_info: true) -----------------------------------------------------
-    def _forward_debug_info(self, i: int) -> None:
+    def forward_debug_info(self, i: int) -> None:
+        """Caffe's ``[Forward]`` debug lines of layer ``i`` (executors call it when ``debug_info`` is on)."""
         for top_id, blob in zip(self._top_id_vecs[i], self._top_vecs[i]):
             log.info("    [Forward] Layer %s, top blob %s data: %s", self._layer_names[i],
                      self._blob_names[top_id], log.fmt(_mean_abs(blob.data)))
@@ -544,7 +523,8 @@ class NetCore:
             log.info("    [Forward] Layer %s, param blob %d data: %s", self._layer_names[i], k,
                      log.fmt(_mean_abs(self._params[pid].data)))
 
-    def _backward_debug_info(self, i: int) -> None:
+    def backward_debug_info(self, i: int) -> None:
+        """Caffe's ``[Backward]`` debug lines of layer ``i``."""
         for b, (blob_id, blob) in enumerate(zip(self._bottom_id_vecs[i], self._bottom_vecs[i])):
             if self._bottom_need_backward[i][b]:
                 log.info("    [Backward] Layer %s, bottom blob %s diff: %s", self._layer_names[i],

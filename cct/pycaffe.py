@@ -14,6 +14,7 @@ import numpy as np
 
 from cct import log
 from cct.errors import CctError
+from cct.exec import Executor, executor_from_settings
 from cct.net import NetCore, net_state
 from cct.proto import caffe_pb2 as pb
 
@@ -29,10 +30,14 @@ class Net(NetCore):
         Net(network_file, phase, level=0, stages=None, weights=None)
         Net(network_file, weights_file, phase)          # deprecated positional form
         Net(net_parameter, phase)                        # a caffe_pb2.NetParameter
+
+    cct's own keyword ``executor`` (a :class:`cct.exec.Executor`) runs the net's passes; by default the one
+    the settings ask for (:func:`cct.exec.executor_from_settings`: a device split, Caffe's GPU mode, or the
+    plain serial loop).
     """
 
     def __init__(self, network_file: Any, *args: Any, phase: int | None = None, level: int = 0,
-                 stages: Sequence[str] | None = None, weights: str | None = None):
+                 stages: Sequence[str] | None = None, weights: str | None = None, executor: Executor | None = None):
         if args and isinstance(args[0], (str, os.PathLike)):  # Net(file, weights, phase)
             log.warning("DEPRECATION WARNING - deprecated use of Python interface")
             log.warning("Use this instead (with the named \"weights\" parameter):")
@@ -60,17 +65,19 @@ class Net(NetCore):
             source = os.fspath(network_file)
             param = read_net_param(source)
         param.state.CopyFrom(net_state(phase, level, stages, param.state))
-        self._init_net(param, source)
+        self._init_net(param, source, executor if executor is not None else executor_from_settings())
         if weights is not None:
             self.copy_from(weights)
 
     @classmethod
-    def from_param(cls, param: pb.NetParameter, source: str = "<NetParameter>") -> Net:
-        """Build from a NetParameter whose ``state`` is already set (solver use)."""
+    def from_param(cls, param: pb.NetParameter, source: str = "<NetParameter>",
+                   executor: Executor | None = None) -> Net:
+        """Build from a NetParameter whose ``state`` is already set (solver use); ``executor`` as in the
+        constructor."""
         net = cls.__new__(cls)
         p = pb.NetParameter()
         p.CopyFrom(param)
-        net._init_net(p, source)
+        net._init_net(p, source, executor if executor is not None else executor_from_settings())
         return net
 
     # ---- dict views --------------------------------------------------------------------------
@@ -237,13 +244,13 @@ class Net(NetCore):
         self._copy_from_hdf5(filename)
 
     def before_forward(self, callback) -> None:
-        self._before_forward.append(callback)
+        self.before_forward_hooks.append(callback)
 
     def after_forward(self, callback) -> None:
-        self._after_forward.append(callback)
+        self.after_forward_hooks.append(callback)
 
     def before_backward(self, callback) -> None:
-        self._before_backward.append(callback)
+        self.before_backward_hooks.append(callback)
 
     def after_backward(self, callback) -> None:
-        self._after_backward.append(callback)
+        self.after_backward_hooks.append(callback)

@@ -1,5 +1,7 @@
-"""Caffe's ``caffe time`` measurement: every layer's forward, then every layer's backward (whether or not the
-net needs it there, as Caffe's loop does), timed one layer at a time for a number of iterations."""
+"""Caffe's ``caffe time`` measurement: every layer's forward, then every layer's backward, timed one layer at a
+time for a number of iterations.  Each layer runs through the net's executor as a one-layer pass (so a device
+split or another executor is what is timed); a layer that needs no backward takes none, as Caffe's layers
+then do nothing."""
 from __future__ import annotations
 
 import time
@@ -32,20 +34,20 @@ def time_layers(net, iterations: int, synchronize: Callable[[], None] = lambda: 
     ``on_iteration(j, ms)`` is called after pass ``j`` (1-based) with its wall-clock milliseconds."""
     n_layers = len(net.layers)
     result = NetTiming(list(net._layer_names), iterations, [0] * n_layers, [0] * n_layers)
-    runner = net.executor
+    executor = net.executor
     total_start = time.perf_counter()
     for j in range(iterations):
         iter_start = time.perf_counter()
         for i in range(n_layers):
             t0 = time.perf_counter()
-            runner.forward_layer(net, i)
+            executor.forward(net, i, i)
             synchronize()
             result.forward_us[i] += _us(t0)
         result.forward_total_us += _us(iter_start)
         backward_start = time.perf_counter()
         for i in range(n_layers - 1, -1, -1):
             t0 = time.perf_counter()
-            runner.backward_layer(net, i)
+            executor.backward(net, i, i)
             synchronize()
             result.backward_us[i] += _us(t0)
         result.backward_total_us += _us(backward_start)

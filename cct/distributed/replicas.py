@@ -4,11 +4,12 @@ one solver replica per device, each training on its own batches, all holding the
 Semantics (Caffe 1.0), for N devices (``solver_count`` = N):
 
 * Replica r (solver rank r; rank 0 is the *root*) is a full solver built from the same SolverParameter
-  while ``cct.mode`` says ``solver_count() == N``, ``solver_rank() == r``, and with the device split of
-  the single device r (``cct.set_devices([device_r])``): its TRAIN Data/HDF5Data layers take every N-th
-  record starting at r, and it seeds ``random_seed + r``.  Only the root builds test nets, tests,
-  displays (its own loss, not averaged) and snapshots (interval, signals, final); the others train
-  silently (their INFO log lines are dropped, as Caffe's ``LOG_IF(INFO, Caffe::root_solver())``).
+  inside ``cct.mode.replica(r, N)`` (``solver_count() == N``, ``solver_rank() == r`` for the building
+  thread only) and with an executor that runs its nets on device r (``executor_factory``): its TRAIN
+  Data/HDF5Data layers take every N-th record starting at r, and it seeds ``random_seed + r``.  Only the
+  root builds test nets, tests, displays (its own loss, not averaged) and snapshots (interval, signals,
+  final); the others train silently (their INFO log lines are dropped, as Caffe's
+  ``LOG_IF(INFO, Caffe::root_solver())``).
 * Before the first iteration every replica takes the root's parameters (after the root loaded
   ``weights`` or restored a snapshot): Caffe's broadcast.  Non-root replicas do not load ``weights``.
 * Every iteration each replica runs forward/backward on its own batch; at ``on_gradients_ready`` the
@@ -37,7 +38,7 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -45,7 +46,8 @@ from cct import log, mode
 from cct.device import get_array_module
 from cct.device.device import Device, copy_into
 from cct.errors import CctError
-from cct.exec import device_split
+from cct.exec import Executor
+from cct.exec.device_split import split_executor
 from cct.proto import caffe_pb2 as pb
 from cct.rng import get_rng
 from cct.runtime import partition
@@ -102,25 +104,9 @@ def _quiet_filter() -> _QuietThreads:
     return _QUIET
 
 
-@contextlib.contextmanager
-def replica_context(rank: int, count: int, device: Device) -> Iterator[None]:
-    """Build nets as solver ``rank`` of ``count`` on ``device``: sets ``cct.mode``'s solver count/rank and
-    ``cct.set_devices([device])`` (both process wide, read when a solver/net is built), restored after."""
-    saved_count, saved_rank = mode.solver_count(), mode.solver_rank()
-    saved = device_split._explicit  # set_devices's own setting (None: the environment's, if any)
-    mode.set_solver_count(count)
-    mode.set_solver_rank(rank)
-    device_split.set_devices([device])
-    try:
-        yield
-    finally:
-        mode.set_solver_count(saved_count)
-        mode.set_solver_rank(saved_rank)
-        if saved is None:
-            device_split.set_devices(None)
-        else:
-            device_split.set_devices(list(saved.devices), saved.fractions or "auto",
-                                     sources=(saved.source, saved.split_source))
+def _on_device(device: Device) -> Callable[[], Executor]:
+    """The executor factory of a replica's nets: every layer on ``device`` (a split over one device)."""
+    return lambda: split_executor([device])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -250,8 +236,8 @@ class DataParallel:
         if not self.devices:
             raise CctError(f"{source or 'data parallelism'}: no devices to train on")
         n = len(self.devices)
-        with replica_context(0, n, self.devices[0]):
-            root = create_solver(param, source=source)
+        with mode.replica(0, n):
+            root = create_solver(param, source=source, executor_factory=_on_device(self.devices[0]))
         self.solvers: list[Solver] = [root]
         worker_param = pb.SolverParameter()
         worker_param.CopyFrom(root.param)
@@ -260,8 +246,9 @@ class DataParallel:
         stream = get_rng().bit_generator.state  # the root's random stream goes on as if it were alone
         try:
             for rank in range(1, n):
-                with replica_context(rank, n, self.devices[rank]), quiet.quiet():
-                    self.solvers.append(create_solver(worker_param, source=source))
+                with mode.replica(rank, n), quiet.quiet():
+                    self.solvers.append(create_solver(worker_param, source=source,
+                                                      executor_factory=_on_device(self.devices[rank])))
         finally:
             get_rng().bit_generator.state = stream
         self._sync = _Sync(self.solvers, timeout)

@@ -1,5 +1,6 @@
 """Each batch split across devices in proportion to their speed: CcT's hybrid CPU/GPU execution (its
-"ParallelizedBridge"), as an executor of the net's layer loop — no layer is rewritten.
+"ParallelizedBridge"), as the layer runner of the serial executor (:mod:`cct.exec.serial`) — no layer is
+rewritten.
 
 **Settings** (apply to nets built afterwards): ``cct.set_devices("cpu:1,cpu:1", split="auto")`` in Python,
 ``-devices LIST -split auto|f1,f2,...`` on the command line, or the environment ``CCT_DEVICES`` /
@@ -52,16 +53,19 @@ import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cct import log, mode
 from cct.blob import Blob, BlobVec, RowView
 from cct.device import backend
 from cct.device.device import Device, copy_into, parse_devices
 from cct.errors import CctError
-from cct.net import LayerExecutor, NetCore
+from cct.exec.serial import LayerRunner
 from cct.proto import caffe_pb2 as pb
 from cct.runtime import partition
+
+if TYPE_CHECKING:  # pragma: no cover
+    from cct.net import NetCore
 
 SUM_TOLERANCE = 1e-6
 # On CPU devices only, a layer with parameters runs split only where every device's share uses each weight at
@@ -176,15 +180,22 @@ def gpu_mode_device(device_id: int) -> Device:
     return Device("gpu", device_id)
 
 
-def executor_for(net: NetCore) -> LayerExecutor:
-    """The executor for a newly built net under the current setting (the plain one when there is none).
-    Without a device setting, Caffe's GPU mode runs every batch-separable layer on that GPU (the net's blobs
-    stay on the host: each layer's inputs are copied in and its outputs out; losses and data layers run on
-    the host)."""
+def runner_from_settings() -> LayerRunner:
+    """The layer runner the current settings ask for: the device split of the device setting, else of
+    Caffe's GPU mode (every batch-separable layer on that GPU; the net's blobs stay on the host, each layer's
+    inputs copied in and its outputs out; losses and data layers on the host), else the plain runner."""
     setting = device_setting()
     if setting is None and mode.mode() == mode.GPU:
         setting = DeviceSetting((gpu_mode_device(mode.device()),), (1.0,), "GPU mode", "GPU mode")
-    return LayerExecutor() if setting is None else DeviceSplitExecutor(net, setting)
+    return LayerRunner() if setting is None else DeviceSplitRunner(setting)
+
+
+def split_executor(devices: Sequence[Device], split: str | Sequence[float] | None = "auto") -> Any:
+    """A serial executor whose layers run split across ``devices`` (what a data-parallel replica or a test
+    gives the nets it builds)."""
+    from cct.exec.serial import SerialExecutor
+
+    return SerialExecutor(DeviceSplitRunner(make_setting(list(devices), split, ("devices", "split"))))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -223,22 +234,22 @@ class _Split:
     parts: list[_Part]
 
 
-class DeviceSplitExecutor(LayerExecutor):
+class DeviceSplitRunner(LayerRunner):
     """Runs batch-separable layers on every device's share of the batch, the others on the whole batch
     (see the module docstring)."""
 
-    def __init__(self, net: NetCore, setting: DeviceSetting):
+    def __init__(self, setting: DeviceSetting):
         self.devices = list(setting.devices)
         self.setting = setting
         if setting.fractions is None:
             peaks = [d.peak_gflops()[0] for d in self.devices]
             self.weights = peaks
             self.how = "by peak FLOPS"
-            detail = f" ({', '.join(f'{p:.4g}' for p in peaks)} GFLOP/s)"
+            self._detail = f" ({', '.join(f'{p:.4g}' for p in peaks)} GFLOP/s)"
         else:
             self.weights = list(setting.fractions)
             self.how = f"by {setting.split_source}"
-            detail = ""
+            self._detail = ""
         self._splits: dict[int, _Split] = {}
         self._clones: dict[tuple[int, int], Any] = {}
         self._split_at_forward: dict[int, _Split | None] = {}
@@ -254,6 +265,9 @@ class DeviceSplitExecutor(LayerExecutor):
             log.warning("CPU devices %s run with %d BLAS thread(s) each while they compute concurrently (the "
                         "BLAS thread count is process wide)", ", ".join(d.name for d in self.devices
                                                                        if not d.is_gpu), self._blas)
+
+    def attach(self, net: NetCore) -> None:
+        """Log the split of the net's batch (and check every device gets a share of it)."""
         batch = self._net_batch(net)
         if batch is None:
             log.info("no batch-separable layer: every layer runs on the whole batch on %s", self.devices[0])
@@ -263,7 +277,10 @@ class DeviceSplitExecutor(LayerExecutor):
         except CctError as e:
             raise CctError(f"{getattr(net, '_source', 'net')}: {e}") from None
         log.info("each batch of %d: %s, %s%s", batch,
-                 ", ".join(f"{d} gets {b}" for d, b in zip(self.devices, shares)), self.how, detail)
+                 ", ".join(f"{d} gets {b}" for d, b in zip(self.devices, shares)), self.how, self._detail)
+
+    def describe(self) -> str:
+        return "split across " + ",".join(d.name for d in self.devices) + f" {self.how}"
 
     # ---- shares ------------------------------------------------------------------------------
     def shares(self, batch: int) -> list[int]:
@@ -409,7 +426,7 @@ class DeviceSplitExecutor(LayerExecutor):
                     b.share_data(p)
                     b.share_diff(p)
             elif b.shares_diff_with(p) or b.shape != p.shape or not b.shares_data_with(p):
-                blobs[j] = DeviceSplitExecutor._param_for(part.device, p)
+                blobs[j] = DeviceSplitRunner._param_for(part.device, p)
 
     # ---- running -------------------------------------------------------------------------------
     def _concurrently(self, parts: list[_Part], body: Callable[[_Part], None]) -> None:

@@ -131,7 +131,8 @@ class Solver(abc.ABC):
 
     type: ClassVar[str] = ""
 
-    def __init__(self, param: str | os.PathLike[str] | pb.SolverParameter, *, source: str | None = None):
+    def __init__(self, param: str | os.PathLike[str] | pb.SolverParameter, *, source: str | None = None,
+                 executor_factory: Callable[[], Any] | None = None):
         if isinstance(param, pb.SolverParameter):
             p = pb.SolverParameter()
             p.CopyFrom(param)
@@ -150,6 +151,7 @@ class Solver(abc.ABC):
         self.smoothed_loss = f32(0)
         self._iterations_last = 0
         self._iteration_timer = _CpuTimer()
+        self._executor_factory = executor_factory
         self._init(p)
 
     # ---- construction ------------------------------------------------------------------------
@@ -208,7 +210,7 @@ class Solver(abc.ABC):
         if extra_state is not None:
             state.MergeFrom(extra_state)
         net_param.state.CopyFrom(state)
-        return Net.from_param(net_param, source)
+        return Net.from_param(net_param, source, self._executor_factory() if self._executor_factory else None)
 
     def _init_train_net(self):
         from cct.io.prototxt import read_net_param
@@ -532,15 +534,17 @@ def solver_class(type_name: str, source: str = "solver") -> type[Solver]:
     return cls
 
 
-def create_solver(param: pb.SolverParameter | str | os.PathLike[str], source: str | None = None) -> Solver:
+def create_solver(param: pb.SolverParameter | str | os.PathLike[str], source: str | None = None,
+                  executor_factory: Callable[[], Any] | None = None) -> Solver:
     """The solver ``param.type`` names (Caffe's ``SolverRegistry::CreateSolver``).  ``source`` names
-    where ``param`` came from in error messages."""
+    where ``param`` came from in error messages; ``executor_factory()`` gives each net it builds its executor
+    (default: :func:`cct.exec.executor_from_settings`)."""
     if isinstance(param, (str, os.PathLike)):
         source = os.fspath(param)
         param = read_solver_file(param)
     else:
         source = source or "<SolverParameter>"
-    return solver_class(param.type, source)(param, source=source)
+    return solver_class(param.type, source)(param, source=source, executor_factory=executor_factory)
 
 
 def get_solver(solver_file: str | os.PathLike[str]) -> Solver:

@@ -20,7 +20,7 @@ import pytest
 import cct
 from cct.device import Device
 from cct.exec import device_split as devices
-from cct.exec.device_split import DeviceSplitExecutor
+from cct.exec.device_split import DeviceSplitRunner
 from cct.layers.base import Layer
 from cct.layers.registry import register
 from cct.runtime import partition
@@ -88,8 +88,8 @@ def _assert_same(ours: dict, plain: dict, what: str) -> None:
 
 
 def _split_layers(net) -> list[str]:
-    ex = net.executor
-    assert isinstance(ex, DeviceSplitExecutor)
+    ex = net.executor.runner
+    assert isinstance(ex, DeviceSplitRunner)
     return [net._layer_names[i] for i, s in ex._split_at_forward.items() if s is not None]
 
 
@@ -274,8 +274,8 @@ def test_gpu_mode_runs_the_layers_on_its_device(monkeypatch):
     monkeypatch.setitem(mode._state, "mode", mode.GPU)
     monkeypatch.setitem(mode._state, "device", 3)
     net = _run_reference(name, cct.TRAIN)
-    assert asked == [3] and isinstance(net.executor, DeviceSplitExecutor)
+    assert asked == [3] and isinstance(net.executor.runner, DeviceSplitRunner)
     assert "conv1" in _split_layers(net)
     _assert_same(_snapshot(net), plain, f"{name} GPU mode")
     monkeypatch.setitem(mode._state, "mode", mode.CPU)
-    assert not isinstance(_run_reference(name, cct.TRAIN).executor, DeviceSplitExecutor)
+    assert not isinstance(_run_reference(name, cct.TRAIN).executor.runner, DeviceSplitRunner)

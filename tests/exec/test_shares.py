@@ -7,8 +7,8 @@ import cct
 from cct.device import Device
 from cct.errors import CctError
 from cct.exec import device_split as devices
-from cct.exec.device_split import DeviceSplitExecutor, batch_shares, device_setting, parse_split
-from cct.net import LayerExecutor
+from cct.exec.device_split import DeviceSplitRunner, batch_shares, device_setting, parse_split
+from cct.exec.serial import LayerRunner
 
 CPU1 = Device("cpu", 0, 1)
 TWO = [CPU1, CPU1]
@@ -84,11 +84,11 @@ def _net(tmp_path):
 def test_nets_built_afterwards_get_the_split(tmp_path, monkeypatch):
     from tests.solvers.helpers import captured_log
 
-    assert type(_net(tmp_path).executor) is LayerExecutor
+    assert type(_net(tmp_path).executor.runner) is LayerRunner
     cct.set_devices("cpu:1,cpu:1", split=[0.75, 0.25])
     with captured_log() as log:
         net = _net(tmp_path)
-    assert isinstance(net.executor, DeviceSplitExecutor)
+    assert isinstance(net.executor.runner, DeviceSplitRunner)
     assert "each batch of 4: cpu:1 gets 3, cpu:1 gets 1, by split" in log.getvalue()
     monkeypatch.setenv("CCT_CACHE_DIR", str(tmp_path / "cache"))
     cct.set_devices("cpu:1,cpu:1")
@@ -99,4 +99,4 @@ def test_nets_built_afterwards_get_the_split(tmp_path, monkeypatch):
     with pytest.raises(CctError, match=r"cpu:1 \(device 2 of 2\) gets 0 of a batch of 4"):
         _net(tmp_path)
     devices.set_devices(None)
-    assert type(_net(tmp_path).executor) is LayerExecutor
+    assert type(_net(tmp_path).executor.runner) is LayerRunner

@@ -1,0 +1,67 @@
+"""Caffe's executor: the layers one after the other (``Net::ForwardFromTo`` / ``BackwardFromTo``), each run
+by a :class:`LayerRunner`, with the net's per-layer callbacks and its ``debug_info`` lines around it."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from cct.exec import Executor
+
+if TYPE_CHECKING:  # pragma: no cover
+    from cct.net import NetCore
+
+
+class LayerRunner:
+    """How one layer runs.  This one calls the layer on the whole batch where its blobs live; the device
+    split (:class:`cct.exec.device_split.DeviceSplitRunner`) runs batch-separable layers on device shares."""
+
+    def attach(self, net: NetCore) -> None:
+        """Called once with the net the runner serves (it may plan per layer)."""
+
+    def forward_layer(self, net: NetCore, i: int) -> float:
+        return net.layers[i].forward_layer(net.bottom_vecs[i], net.top_vecs[i])
+
+    def backward_layer(self, net: NetCore, i: int) -> None:
+        net.layers[i].backward_layer(net.top_vecs[i], net.bottom_need_backward[i], net.bottom_vecs[i])
+
+    def describe(self) -> str:
+        return "whole batch"
+
+
+class SerialExecutor(Executor):
+    """Layer after layer, each through ``runner`` (default: the plain :class:`LayerRunner`)."""
+
+    def __init__(self, runner: LayerRunner | None = None):
+        self.runner = runner if runner is not None else LayerRunner()
+
+    def attach(self, net: NetCore) -> None:
+        super().attach(net)
+        self.runner.attach(net)
+
+    def forward(self, net: NetCore, start: int, end: int) -> float:
+        loss = 0.0
+        before, after, runner = net.before_forward_hooks, net.after_forward_hooks, self.runner
+        for i in range(start, end + 1):
+            for cb in before:
+                cb(i)
+            loss += runner.forward_layer(net, i)
+            if net.debug_info:
+                net.forward_debug_info(i)
+            for cb in after:
+                cb(i)
+        return loss
+
+    def backward(self, net: NetCore, start: int, end: int) -> None:
+        before, after, runner, need = net.before_backward_hooks, net.after_backward_hooks, self.runner, \
+            net.layer_need_backward
+        for i in range(start, end - 1, -1):
+            for cb in before:
+                cb(i)
+            if need[i]:
+                runner.backward_layer(net, i)
+                if net.debug_info:
+                    net.backward_debug_info(i)
+            for cb in after:
+                cb(i)
+
+    def describe(self) -> str:
+        return f"layer by layer ({self.runner.describe()})"
