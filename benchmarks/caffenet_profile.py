@@ -23,8 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("GLOG_minloglevel", "1")
 
 import cct  # noqa: E402
+from cct.config import settings  # noqa: E402
+from cct.engines.choice import describe_layer_engine  # noqa: E402
 from cct.engines.lowering import shared_workspace_bytes  # noqa: E402
-from cct.engines.select import apply_engine_flags, describe_layer_engine  # noqa: E402
 
 MODEL = Path(__file__).resolve().parents[1] / "models" / "caffenet" / "train.prototxt"
 
@@ -36,7 +37,8 @@ def main() -> None:
     ap.add_argument("--lowering", default=None)
     ap.add_argument("--partitions", default=None)
     args = ap.parse_args()
-    apply_engine_flags(args.lowering, args.partitions)
+    settings.set("lowering", args.lowering, "--lowering")
+    settings.set("partitions", args.partitions, "--partitions")
     print(f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')} "
           f"OPENBLAS_L2_SIZE={os.environ.get('OPENBLAS_L2_SIZE', '(unset)')} batch={args.batch}")
     net = cct.Net(str(MODEL), cct.TRAIN)

@@ -15,7 +15,7 @@ median seconds of one training step of the layer — forward, then backward (dat
   transformed, or the first axis lifted); the input, weights and output gradient change before every step,
   as in training, so every transform is recomputed (the memo only serves the passes within a step); both
   layouts' times are shown in parentheses;
-* ``auto``: what ``-conv_engine auto`` runs (:class:`cct.engines.select.SelectedEngine`: the engine chosen
+* ``auto``: what ``-conv_engine auto`` runs (:class:`cct.engines.choice.SelectedEngine`: the engine chosen
   at setup by the cost models and a short measurement, in a fresh cache directory; the setup time with a
   cold and a warm cache is printed at the end), with the engine it chose;
 * ``torch``: ``torch.nn.functional.conv3d`` forward + autograd backward, if torch imports, with the same
@@ -50,10 +50,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("GLOG_minloglevel", "1")
 
 from cct.engines import ConvGeometry  # noqa: E402
+from cct.engines.choice import SelectedEngine  # noqa: E402
 from cct.engines.fft import FFTEngine  # noqa: E402
 from cct.engines.fft_plan import fft_workers  # noqa: E402
 from cct.engines.lowering import LoweringEngine, strategy_fallback  # noqa: E402
-from cct.engines.select import SelectedEngine  # noqa: E402
 
 
 def _timed(fn: Callable[[], Any]) -> float:

@@ -5,7 +5,7 @@ Run:   python benchmarks/lowering_sweep.py [--n 27] [--k 5] [--batch 16] [--prod
        e.g. AVX-512, where the environment pins it; the script prints the values it ran with.)
 Fixed input n×n, kernel k×k (pad k//2, stride 1), batch B and d·o = product; for each ratio d/o the median
 seconds of forward + backward (data and weights) of lowering 1, 2, 3 (forced) and of ``auto`` (its pick —
-cost model, or measured where the model sees a close call: ``cct.engines.select`` — run as its own engine),
+cost model, or measured where the model sees a close call: ``cct.engines.choice`` — run as its own engine),
 all measured alternately; then whether auto's pick is within 5% of the fastest at each point (judged by the
 forced time of the lowering it picked: the same code path, so the comparison is not at the mercy of one noisy
 sample).  Partitions follow CCT_PARTITIONS (default auto).  Prints the load average: the machine may be

@@ -15,7 +15,10 @@ _lock = threading.Lock()
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("CCT_CACHE_DIR")
+    """The ``cache_dir`` setting (``CCT_CACHE_DIR``), else ``$XDG_CACHE_HOME/cct``, else ``~/.cache/cct``."""
+    from cct.config import settings
+
+    base = settings.get("cache_dir")
     if not base:
         xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         base = os.path.join(xdg, "cct")

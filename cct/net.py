@@ -21,7 +21,7 @@ import numpy as np
 from cct import log
 from cct.blob import Blob, blob_to_proto, proto_shape, shape_equals_legacy
 from cct.errors import CctError
-from cct.exec import Executor
+from cct.exec.base import Executor
 from cct.exec.serial import SerialExecutor
 from cct.graph import GraphError, filter_net, insert_splits
 from cct.layers.base import Layer

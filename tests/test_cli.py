@@ -280,6 +280,6 @@ def test_time_prints_the_engine_of_each_conv_layer(tmp_path):
                      'convolution_param { num_output: 4 kernel_size: 3 } }\n')
     rc, out = run("time", "-model", str(model), "-iterations", "1", "-lowering", "3", "-partitions", "1")
     assert rc == 0
-    assert re.search(r"\s+c\tengine: lowering 3 \(forced by flag\)", out)
+    assert re.search(r"\s+c\tengine: lowering 3 \(forced by -lowering\)", out)
     rc, _ = run("time", "-model", str(model), "-lowering", "7")
     assert rc == 1

@@ -16,7 +16,6 @@ non-zero exit status; an unexpected exception is one line too, with a hint to se
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -88,12 +87,14 @@ def _fatal(message: str) -> None:
 
 
 def apply_settings(flags: Flags) -> None:
-    """cct's engine and device knobs from the command line (every command)."""
-    from cct.engines.select import apply_engine_flags
-    from cct.exec.device_split import apply_device_flags
+    """cct's knobs from the command line (every command), then every setting checked: a bad flag or
+    environment variable is one line before any work."""
+    from cct.config import settings
+    from cct.exec.device_split import device_setting
 
-    apply_engine_flags(flags.lowering or None, flags.partitions or None, flags.conv_engine or None)
-    apply_device_flags(flags.devices or None, flags.split or None)
+    settings.apply_flags(flags)
+    settings.validate()
+    device_setting()  # devices and split checked against each other
 
 
 def run(argv: Sequence[str]) -> int:
@@ -119,6 +120,15 @@ def run(argv: Sequence[str]) -> int:
     return command(flags)
 
 
+def _tracebacks() -> bool:
+    from cct.config import settings
+
+    try:
+        return bool(settings.get("traceback"))
+    except CctError:
+        return False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``cct`` console script: run a command; every failure becomes one line and a non-zero status."""
     argv = sys.argv[1:] if argv is None else argv
@@ -131,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _fatal("Interrupted.")
         return 130
     except Exception as e:  # noqa: BLE001 - the one place that turns any failure into one line
-        if os.environ.get("CCT_TRACEBACK", "") not in ("", "0"):
+        if _tracebacks():
             import traceback
 
             traceback.print_exc()

@@ -46,7 +46,7 @@ def _log_cpu() -> None:
     import os
 
     from cct.device.query import blas_libraries, cpu_model
-    from cct.runtime.partition import cpu_cores
+    from cct.runtime.threads import cpu_cores
 
     log.info("CPU:                           %s", cpu_model())
     log.info("CPU cores:                     %s (usable by this process: %s)", os.cpu_count(), cpu_cores())

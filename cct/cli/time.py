@@ -27,7 +27,7 @@ def _synchronize() -> Callable[[], None]:
 
 def main(flags: Flags) -> int:
     from cct.bench.timing import time_layers
-    from cct.engines.select import describe_layer_engine
+    from cct.engines.choice import describe_layer_engine
     from cct.pycaffe import Net
 
     if not flags.model:

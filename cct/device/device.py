@@ -9,7 +9,7 @@ once.  What a device offers:
   place that imports cupy); :meth:`holds` tells whether an array already lives there;
 * memory helpers — :meth:`allocate`, :meth:`to_device`, :meth:`copy_in` (from anywhere), :meth:`to_host`;
 * :meth:`context` — run code with the device's limits: a CPU device sets the BLAS thread count (process
-  wide, threadpoolctl via :func:`cct.runtime.partition.blas_threads`) and scipy.fft's workers (per thread);
+  wide, threadpoolctl via :func:`cct.runtime.threads.blas_threads`) and scipy.fft's workers (per thread);
   a GPU device makes itself cupy's current device.  :meth:`thread_context` is the per-thread part only, for
   code running concurrently with other devices under one process-wide BLAS setting;
 * :meth:`peak_gflops` — single-precision GEMM speed: for a CPU measured by a short sgemm probe (about
@@ -148,7 +148,7 @@ class Device:
             with self.thread_context():
                 yield
             return
-        from cct.runtime.partition import blas_threads
+        from cct.runtime.threads import blas_threads
 
         with blas_threads(self.threads), self.thread_context():
             yield
@@ -199,7 +199,7 @@ _ITEM = re.compile(r"(cpu|gpu)(?::(\d+))?")
 def parse_devices(text: str, source: str = "-devices") -> list[Device]:
     """``"cpu:1,cpu:1"`` → two one-thread CPU devices.  Items: ``cpu`` (all usable cores), ``cpu:T``,
     ``gpu`` (= ``gpu:0``), ``gpu:N``.  Errors name ``source`` (the flag or variable) and the item."""
-    from cct.runtime.partition import cpu_cores
+    from cct.runtime.threads import cpu_cores
 
     text = str(text).strip()
     if not text:
@@ -264,7 +264,7 @@ def _best_gflops(n: int, run: Any, sync: Any = lambda: None) -> float:
 
 def _probe_cpu(threads: int) -> float:
     """sgemm GFLOP/s with ``threads`` BLAS threads (n = 768, or 1024 from 4 threads on)."""
-    from cct.runtime.partition import blas_threads
+    from cct.runtime.threads import blas_threads
 
     n = 1024 if threads >= 4 else 768
     rng = np.random.default_rng(0)

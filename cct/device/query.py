@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cct.device import backend
-from cct.runtime.partition import cpu_cores
+from cct.runtime.threads import cpu_cores
 
 
 def cpu_model() -> str:

@@ -46,11 +46,10 @@ from cct import log, mode
 from cct.device import get_array_module
 from cct.device.device import Device, copy_into
 from cct.errors import CctError
-from cct.exec import Executor
+from cct.exec.base import Executor
 from cct.exec.device_split import split_executor
 from cct.proto import caffe_pb2 as pb
 from cct.rng import get_rng
-from cct.runtime import partition
 from cct.solvers.solver import Solver, create_solver
 
 # ------------------------------------------------------------------------------------------------
@@ -285,29 +284,27 @@ class DataParallel:
         sync.begin()
         threads = [threading.Thread(target=self._run_replica, args=(rank,), daemon=True,
                                     name=f"cct-solver-rank-{rank}") for rank in range(1, len(self.solvers))]
-        cpu_threads = [max(1, d.threads) for d in self.devices if not d.is_gpu]
-        blas = partition.blas_threads(min(cpu_threads)) if cpu_threads else contextlib.nullcontext()
-        with blas:  # once for all replicas: their per-layer settings then change nothing (process wide)
+        # each replica's layers ask for their device's BLAS threads; the budget keeps concurrent requests apart
+        for t in threads:
+            t.start()
+        solved = False
+        try:
+            root.solve(resume_file)
+            solved = True
+            if root.iter < root.param.max_iter:
+                # stopped early: the others are on their way to the next exchange; meet them there
+                sync.finished = True
+                sync.wait(0, "the end of training")
+        except _Stopped:
+            pass
+        except Exception as e:  # noqa: BLE001 - reported as one error below, after the others stopped
+            sync.fail(0, e)
+        finally:
+            if not solved:
+                sync.fail(0, None)  # also on KeyboardInterrupt: stop the others before it propagates
             for t in threads:
-                t.start()
-            solved = False
-            try:
-                root.solve(resume_file)
-                solved = True
-                if root.iter < root.param.max_iter:
-                    # stopped early: the others are on their way to the next exchange; meet them there
-                    sync.finished = True
-                    sync.wait(0, "the end of training")
-            except _Stopped:
-                pass
-            except Exception as e:  # noqa: BLE001 - reported as one error below, after the others stopped
-                sync.fail(0, e)
-            finally:
-                if not solved:
-                    sync.fail(0, None)  # also on KeyboardInterrupt: stop the others before it propagates
-                for t in threads:
-                    t.join()
-                sync.active = False
+                t.join()
+            sync.active = False
         if sync.errors:
             rank, error = sync.errors[0]
             raise CctError(self._describe(rank, error)) from error

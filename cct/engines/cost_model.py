@@ -13,7 +13,7 @@ cheaply (type 3); type 2 sits between.  The backward passes are the adjoints of 
 same data movement again, plus two GEMMs.  :func:`layer_costs` generalises the table to the engine's
 geometry (groups, stride and dilation along lowered axes, padding, N-D; lifted axes have stride 1, see
 :func:`cct.engines.lowering.strategy_fallback`) and :func:`estimate_seconds` turns the counts into time with
-machine rates (:class:`MachineRates`: defaults, or measured by :func:`cct.engines.select.calibrate`).
+machine rates (:class:`MachineRates`: defaults, or measured by :func:`cct.engines.autotune.calibrate`).
 
 GEMM speed depends on shape: a GEMM with few output rows, a short inner dimension or few output columns runs
 far below the machine's peak (the paper's d/o extremes: type 3 at small d has inner dimension d, type 1 at
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from cct.engines import ConvGeometry
+from cct.engines.base import ConvGeometry
 
 
 def _prod(values: tuple[int, ...]) -> int:

@@ -52,18 +52,19 @@ Numbers: float32 runs in complex64, float64 in complex128; results equal the low
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
+from cct.config import settings
 from cct.device import get_array_module
-from cct.engines import ConvEngine, ConvGeometry, Estimate
+from cct.engines.base import ConvEngine, ConvGeometry, Estimate
 from cct.engines.cost_model import DEFAULT_RATES, MachineRates, gemm_seconds
 from cct.engines.fft_plan import FFTPlan, fft_workers, positions, transform_size
 from cct.errors import CctError
-from cct.runtime.partition import batch_ranges, blas_threads, partitions_for, run_partitions
+from cct.runtime.partition import batch_ranges, partitions_for, run_partitions
+from cct.runtime.threads import blas_threads
 
 __all__ = ["FFTEngine", "fft_transform_size"]
 
@@ -166,14 +167,9 @@ class FFTEngine(ConvEngine):
     def __init__(self, memoize: bool | None = None, pruned: bool = True, lift: bool | None = None,
                  workers: int | None = None):
         super().__init__()
-        if memoize is None:
-            memoize = os.environ.get("CCT_FFT_MEMOIZE", "1").strip() not in ("0", "false", "no", "off")
-        self.memoize = bool(memoize)
-        budget = os.environ.get("CCT_FFT_MEMO_MB", str(DEFAULT_MEMO_MB))
-        try:
-            self.memo_budget = int(float(budget) * 2**20)
-        except ValueError:
-            raise CctError(f"CCT_FFT_MEMO_MB must be a number of MiB (got {budget!r})") from None
+        self.memoize = bool(settings.get("fft_memoize") if memoize is None else memoize)
+        budget = settings.get("fft_memo_mb")
+        self.memo_budget = int((DEFAULT_MEMO_MB if budget is None else budget) * 2**20)
         self._memo_on = self.memoize  # memoize, and the layer's spectra fit the budget
         self._memo_note = ""
         self.pruned = bool(pruned)

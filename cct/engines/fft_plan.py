@@ -22,7 +22,6 @@ pruned inverse to a 7³ result 11-25 ms vs 56-112 ms.  Pruning is therefore the 
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,32 +29,17 @@ from typing import Any
 import numpy as np
 import scipy.fft as sfft
 
-from cct.runtime.partition import cpu_cores
+from cct.config import settings
+from cct.runtime.threads import cpu_cores, thread_budget
 
 __all__ = ["FFTPlan", "fft_workers", "positions", "transform_size"]
 
-_blas_controller: Any = None
-
-
 def fft_workers() -> int:
-    """Threads for ``scipy.fft``: ``CCT_FFT_WORKERS`` if set, else the current BLAS thread count (so a
-    batch partition running with ``cores/p`` BLAS threads also runs its FFTs with that many), bounded by
-    the cores this process may use."""
-    env = os.environ.get("CCT_FFT_WORKERS")
-    cores = cpu_cores()
-    if env:
-        return max(1, min(int(env), cores))
-    global _blas_controller
-    try:
-        if _blas_controller is None:
-            from threadpoolctl import ThreadpoolController
-
-            _blas_controller = ThreadpoolController().select(user_api="blas")
-        counts = [lib.num_threads for lib in _blas_controller.lib_controllers]
-        n = max(counts) if counts else cores
-    except Exception:  # noqa: BLE001 - threadpoolctl is advisory; fall back to the core count
-        n = cores
-    return max(1, min(n, cores))
+    """Threads for ``scipy.fft``: the ``fft_workers`` setting (``CCT_FFT_WORKERS``) if set, else the calling
+    thread's budget (:func:`cct.runtime.threads.thread_budget`: a batch partition running with ``cores/p``
+    BLAS threads runs its FFTs with that many), bounded by the cores this process may use."""
+    n = settings.get("fft_workers")
+    return max(1, min(n, cpu_cores())) if n is not None else thread_budget()
 
 
 def transform_size(n: int, real: bool = False) -> int:

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from cct.device import get_array_module
-from cct.runtime.partition import blas_threads
+from cct.runtime.threads import blas_threads
 
 # GEMMs below this many flops run on one BLAS thread.  Idle, a second thread saves at most ~0.05 ms on them
 # (64x200x500, 12.8 MFLOP: 0.19 vs 0.14 ms on the project's 2-core machine); with the other core busy, the

@@ -27,8 +27,9 @@ and types 2/3 on a 1x1 kernel fall back to type 1; :func:`strategy_fallback` giv
 
 The batch is split into partitions (:mod:`cct.runtime.partition`) run concurrently, each with its own
 slice of the workspace; within a partition, images are processed in chunks whose lowered matrices fit
-``max_lowered_bytes`` (env ``CCT_LOWERING_MAX_MB``, default 128 MiB in all: chunks of some thousand GEMM
-columns already run at full speed, and smaller buffers stay closer to the caches).
+``max_lowered_bytes`` (the setting ``lowering_max_mb``, ``CCT_LOWERING_MAX_MB``, default 128 MiB in all:
+chunks of some thousand GEMM columns already run at full speed, and smaller buffers stay closer to the
+caches).
 
 Workspace: the lowered matrix, the padded input, the GEMM result / unlifted gradient and the lifting buffer
 live in a :class:`Workspace` (per partition, named flat buffers grown on demand) that every lowering engine
@@ -42,18 +43,18 @@ The shared workspace lives as long as an engine that used it (weak registry); an
 from __future__ import annotations
 
 import itertools
-import os
 import threading
 import weakref
 from typing import Any
 
 import numpy as np
 
+from cct.config import settings
 from cct.device import get_array_module
-from cct.engines import ConvEngine, ConvGeometry, Estimate
+from cct.engines.base import ConvEngine, ConvGeometry, Estimate
 from cct.engines.cost_model import DEFAULT_RATES, layer_costs, pass_seconds
 from cct.engines.gemm import gemm_threads
-from cct.runtime.partition import batch_ranges, partitions_for, run_partitions
+from cct.runtime.partition import batch_ranges, in_partition, partitions_for, run_partitions
 
 _DEFAULT_MAX_MB = 128.0
 # type 1 forward: one GEMM per image straight into the output when an image has at least this many columns
@@ -92,7 +93,8 @@ def strategy_fallback(strategy: int, g: ConvGeometry) -> str | None:
 
 
 def _max_lowered_bytes() -> int:
-    return int(float(os.environ.get("CCT_LOWERING_MAX_MB", _DEFAULT_MAX_MB)) * 2**20)
+    mb = settings.get("lowering_max_mb")
+    return int((_DEFAULT_MAX_MB if mb is None else mb) * 2**20)
 
 
 class Workspace:
@@ -180,20 +182,21 @@ class _Layout:
 class LoweringEngine(ConvEngine):
     """CcT lowering (type 1, 2 or 3; see the module docstring), batch-wide, partitioned, N-D, numpy/cupy.
 
-    ``strategy``: 1, 2, 3 (forced, falling back to 1 where it does not apply) or ``"auto"`` (chosen per
-    geometry by :func:`cct.engines.select.choose_strategy`: cost model, measured autotune for big layers).
-    After :meth:`configure`, :attr:`strategy` is the lowering that runs and :attr:`reason` says why.
+    ``strategy``: 1, 2 or 3 (falling back to 1 where it does not apply); the choice per layer is the policy's
+    (:mod:`cct.engines.choice`), which asks for one with :meth:`request` before :meth:`configure`.  After
+    :meth:`configure`, :attr:`strategy` is the lowering that runs and :attr:`reason` says why.
     ``workspace``: private buffers (default: the thread's :func:`shared_workspace`).
     """
 
     name = "lowering"
 
-    def __init__(self, strategy: int | str = 1, max_lowered_bytes: int | None = None, source: str = "forced",
+    def __init__(self, strategy: int = 1, max_lowered_bytes: int | None = None, source: str = "forced",
                  workspace: Workspace | None = None):
         super().__init__()
         self.max_lowered_bytes = _max_lowered_bytes() if max_lowered_bytes is None else max_lowered_bytes
-        self.requested: int | str = strategy
+        self.requested = 1
         self.source = source
+        self.request(strategy, source)
         self.strategy = 1
         self.reason = "default"
         self.dtype: Any = np.dtype(np.float32)
@@ -228,20 +231,23 @@ class LoweringEngine(ConvEngine):
         return out
 
     # ---- configuration -------------------------------------------------------------------------
+    def request(self, strategy: int, source: str = "forced") -> None:
+        """Run ``strategy`` (1, 2 or 3) from the next :meth:`configure` on; ``source`` says why (logs).  A
+        strategy that does not apply to a geometry falls back to type 1 there, saying why."""
+        if strategy not in (1, 2, 3):
+            raise ValueError(f"lowering strategy must be 1, 2 or 3 (got {strategy!r})")
+        if (strategy, source) != (self.requested, self.source):
+            self.requested, self.source = strategy, source
+            self._layout = None
+
     def configure(self, geometry: ConvGeometry, dtype: Any = None, xp: Any = None) -> bool:
-        """Adopt ``geometry`` (and pick the strategy for it); True when the plan changed.  Any array module."""
+        """Adopt ``geometry`` with the requested strategy; True when the plan changed.  Any array module."""
         dtype = self.dtype if dtype is None else np.dtype(dtype)
         if geometry == self.geometry and dtype == self.dtype and self._layout is not None:
             return False
         self.geometry, self.dtype = geometry, dtype
-        if self.requested == "auto":
-            from cct.engines.select import choose_strategy
-
-            strategy, reason = choose_strategy(geometry, dtype)
-        else:
-            strategy = int(self.requested)
-            why = strategy_fallback(strategy, geometry)
-            strategy, reason = (1, f"fallback: {why}") if why else (strategy, self.source)
+        why = strategy_fallback(self.requested, geometry)
+        strategy, reason = (1, f"fallback: {why}") if why else (self.requested, self.source)
         changed = (strategy, reason) != (self.strategy, self.reason) or self._layout is None
         self.set_strategy(strategy, reason)
         return changed
@@ -319,9 +325,7 @@ class LoweringEngine(ConvEngine):
 
     def _chunks(self, n: int, itemsize: int) -> list[list[tuple[int, int]]]:
         """Per partition, the image ranges processed one after the other (lowered matrices within budget)."""
-        from cct.runtime.partition import in_partition, partitions_setting
-
-        key = (n, itemsize, partitions_setting()[0], in_partition())
+        key = (n, itemsize, settings.get("partitions"), in_partition())
         memo = self._chunk_memo.get(key)
         if memo is not None:
             return memo
@@ -335,6 +339,38 @@ class LoweringEngine(ConvEngine):
             out.append([(a, min(a + step, n1)) for a in range(n0, n1, step)] or [(n0, n1)])
         self._chunk_memo[key] = out
         return out
+
+    def chunk_images(self) -> int:
+        """Images one partition processes at a time on the configured geometry (what one GEMM covers)."""
+        chunks = self._chunks(self._geom().num, self.dtype.itemsize)
+        return min(n1 - n0 for part in chunks for n0, n1 in part[:1])
+
+    def probe(self, x: Any, dy: Any) -> dict[str, Any]:
+        """This engine's own data-movement steps on the configured geometry, each a callable running it once
+        on ``x`` (the input) and ``dy`` (an output gradient) in a private partition of the workspace — what
+        the cost model's rates are calibrated on (:func:`cct.engines.autotune.calibrate`):
+
+        * ``"lower"`` — writing the lowered matrix (types 1 and 2);
+        * ``"col2im"`` — adding a lowered matrix back into an input gradient (types 1 and 2);
+        * ``"transpose"`` — ``dy`` to the GEMM's channel-first layout (and unlifting it, types 2 and 3);
+        * ``"lift"`` — lifting an unlifted gradient back, plus ``"transpose"`` (types 2 and 3)."""
+        ws = self.workspace.part(0)
+        steps: dict[str, Any] = {"transpose": lambda: self._grad_z(ws, dy)}
+        lay = self._lay()
+        if lay.f < self._geom().num_spatial_axes:
+            col, dx = self._lower(ws, x).copy(), np.empty_like(x)
+            steps["lower"] = lambda: self._lower(ws, x)
+            steps["col2im"] = lambda: self._col2im(ws, col, dx)
+        if lay.f:
+            g = self._geom()
+            z = self._grad_z(ws, dy).copy().reshape((lay.G, lay.KF, lay.Og, g.num) + lay.inF + lay.outL)
+            yt = np.empty((lay.G, lay.Og, g.num) + g.out_shape, dtype=z.dtype)
+
+            def lift() -> None:
+                self._lift(z, yt)
+                self._grad_z(ws, dy)
+            steps["lift"] = lift
+        return steps
 
     def _partitions(self, itemsize: int) -> list[tuple[int, int]]:
         """All image ranges of a full batch, in order (for inspection and tests)."""

@@ -2,9 +2,10 @@
 "ParallelizedBridge"), as the layer runner of the serial executor (:mod:`cct.exec.serial`) — no layer is
 rewritten.
 
-**Settings** (apply to nets built afterwards): ``cct.set_devices("cpu:1,cpu:1", split="auto")`` in Python,
-``-devices LIST -split auto|f1,f2,...`` on the command line, or the environment ``CCT_DEVICES`` /
-``CCT_SPLIT`` (used while ``set_devices`` has not been called, or after ``set_devices(None)``).  Devices are
+**Settings** (apply to nets built afterwards; :mod:`cct.config`'s ``devices`` and ``split``):
+``cct.set_devices("cpu:1,cpu:1", split="auto")`` in Python, ``-devices LIST -split auto|f1,f2,...`` on the
+command line, or the environment ``CCT_DEVICES`` / ``CCT_SPLIT`` (used while ``set_devices`` has not been
+called, or after ``set_devices(None)``).  Devices are
 :class:`~cct.device.Device` lists (``cpu``, ``cpu:T``, ``gpu:N``); two one-thread CPU devices are a real
 configuration (how this path runs in CI).
 
@@ -50,19 +51,20 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from cct import log, mode
 from cct.blob import Blob, BlobVec, RowView
+from cct.config import settings
 from cct.device import backend
 from cct.device.device import Device, copy_into, parse_devices
 from cct.errors import CctError
 from cct.exec.serial import LayerRunner
 from cct.proto import caffe_pb2 as pb
 from cct.runtime import partition
+from cct.runtime.threads import blas_threads, cpu_cores
 
 if TYPE_CHECKING:  # pragma: no cover
     from cct.net import NetCore
@@ -88,9 +90,6 @@ class DeviceSetting:
     fractions: tuple[float, ...] | None = None
     source: str = "set_devices"
     split_source: str = "split"
-
-
-_explicit: DeviceSetting | None = None
 
 
 def parse_split(value: str | Sequence[float] | None, devices: Sequence[Device],
@@ -121,15 +120,18 @@ def set_devices(devices: str | Sequence[str | Device] | None, split: str | Seque
     or a list of names/:class:`Device`), ``split="auto"`` (by peak FLOPS) or one fraction per device
     (``"0.75,0.25"`` or ``[0.75, 0.25]``, summing to 1).  ``None``: back to the environment
     (``CCT_DEVICES``/``CCT_SPLIT``; unset → the plain single-device loop).  Errors are one-line CctErrors."""
-    global _explicit
     if devices is None:
-        _explicit = None
+        settings.unset("devices")
+        settings.unset("split")
         return
-    _explicit = make_setting(devices, split, sources)
+    make_setting(devices, split, sources)  # the combination is checked now, at the call
+    settings.set("devices", devices, sources[0])
+    settings.set("split", split if split is not None else "auto", sources[1])
 
 
 def make_setting(devices: str | Sequence[str | Device], split: str | Sequence[float] | None,
                  sources: tuple[str, str]) -> DeviceSetting:
+    """Devices and fractions checked against each other (``sources`` name them in errors)."""
     if isinstance(devices, str):
         devs = parse_devices(devices, sources[0])
     else:
@@ -140,24 +142,16 @@ def make_setting(devices: str | Sequence[str | Device], split: str | Sequence[fl
 
 
 def device_setting() -> DeviceSetting | None:
-    """The setting nets are built with now: ``set_devices``'s, else the environment's, else None."""
-    if _explicit is not None:
-        return _explicit
-    devices = os.environ.get("CCT_DEVICES", "").strip()
-    split = os.environ.get("CCT_SPLIT", "").strip()
-    if not devices:
-        if split:
-            raise CctError(f"CCT_SPLIT={split} needs CCT_DEVICES (the devices to split each batch across)")
+    """The setting nets are built with now (:mod:`cct.config`'s ``devices`` and ``split``), or None."""
+    devices, split = settings.get("devices"), settings.get("split")
+    dsrc, ssrc = settings.source("devices"), settings.source("split")
+    if devices is None:
+        if split is not None:
+            need = {"CCT_SPLIT": "CCT_DEVICES"}.get(ssrc, "-devices" if ssrc.startswith("-") else "set_devices")
+            sep = "=" if ssrc == "CCT_SPLIT" else " "
+            raise CctError(f"{ssrc}{sep}{split} needs {need} (the devices to split each batch across)")
         return None
-    return make_setting(devices, split or "auto", ("CCT_DEVICES", "CCT_SPLIT"))
-
-
-def apply_device_flags(devices: str | None, split: str | None) -> None:
-    """The command line's ``-devices LIST`` and ``-split auto|f1,f2,...`` (empty: leave the setting)."""
-    if split and not devices:
-        raise CctError(f"-split {split} needs -devices (the devices to split each batch across)")
-    if devices:
-        set_devices(devices, split or "auto", sources=("-devices", "-split"))
+    return make_setting(devices, split or "auto", (dsrc, ssrc if split is not None else "split"))
 
 
 def batch_shares(batch: int, devices: Sequence[Device], weights: Sequence[float], how: str) -> list[int]:
@@ -259,7 +253,7 @@ class DeviceSplitRunner(LayerRunner):
         self._blas = cpu_threads[0] if cpu_threads else None
         self._all_cpu = not any(d.is_gpu for d in self.devices)
         # threads of a whole-batch layer: all CPU devices' together (they would be idle), at most the cores
-        self._whole_threads = min(partition.cpu_cores(), sum(d.threads for d in self.devices)) \
+        self._whole_threads = min(cpu_cores(), sum(d.threads for d in self.devices)) \
             if self._all_cpu else None
         if len(cpu_threads) > 1:
             log.warning("CPU devices %s run with %d BLAS thread(s) each while they compute concurrently (the "
@@ -336,8 +330,8 @@ class DeviceSplitRunner(LayerRunner):
             return run()
         threads = self._whole_threads or first.threads
         result: list[Any] = []
-        with partition.blas_threads(threads), first.thread_context():
-            if threads >= partition.cpu_cores():
+        with blas_threads(threads), first.thread_context():
+            if threads >= cpu_cores():
                 return run()
             partition._body(lambda _p, _a, _b: result.append(run()), 0, 0, 0)
         return result[0]
@@ -437,7 +431,7 @@ class DeviceSplitRunner(LayerRunner):
             with parts[k].device.thread_context():
                 body(parts[k])
 
-        blas = partition.blas_threads(self._blas) if self._blas else contextlib.nullcontext()
+        blas = blas_threads(self._blas) if self._blas else contextlib.nullcontext()
         with blas:
             partition.run_concurrently(len(parts), run)
 

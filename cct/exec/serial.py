@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from cct.exec import Executor
+from cct.exec.base import Executor
 
 if TYPE_CHECKING:  # pragma: no cover
     from cct.net import NetCore

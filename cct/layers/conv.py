@@ -4,7 +4,7 @@
 The layer classes own parameters, shapes and blobs; the arithmetic is done by a convolution engine
 (:mod:`cct.engines`), chosen by the creator functions registered here (Caffe's ``GetConvolutionLayer``):
 the batch-wide lowering engine (CcT's lowering type 1, 2 or 3) or the FFT engine, as the process settings
-say (:mod:`cct.engines.select`: ``CCT_CONV_ENGINE`` / ``-conv_engine``, ``CCT_LOWERING`` / ``-lowering``;
+say (:mod:`cct.engines.choice`: ``CCT_CONV_ENGINE`` / ``-conv_engine``, ``CCT_LOWERING`` / ``-lowering``;
 ``auto`` picks per layer from its shapes, by cost model and measurement, at the first reshape and logs the
 choice).  ``convolution_param.engine`` DEFAULT, CAFFE and CUDNN all select it (they compute the same
 numbers).
@@ -17,8 +17,8 @@ from typing import Any, ClassVar
 from cct import log
 from cct.blob import Blob
 from cct.engines import ConvEngine, ConvGeometry
+from cct.engines.choice import engine_for_layer, predicted_engine_seconds
 from cct.engines.lowering import LoweringEngine
-from cct.engines.select import engine_for_layer, predicted_engine_seconds
 from cct.errors import CctError, ParamError
 from cct.fillers import fill
 from cct.layers.base import Layer
@@ -302,7 +302,7 @@ class Deconvolution(BaseConvolution):
 
 def _conv_engine(param: pb.LayerParameter) -> ConvEngine:
     """Engine choice for Convolution/Deconvolution: the process-wide engine and lowering settings (see
-    :mod:`cct.engines.select`).  DEFAULT, CAFFE and CUDNN name the same arithmetic here."""
+    :mod:`cct.engines.choice`).  DEFAULT, CAFFE and CUDNN name the same arithmetic here."""
     engine = param.convolution_param.engine
     if engine not in (pb.ConvolutionParameter.DEFAULT, pb.ConvolutionParameter.CAFFE,
                       pb.ConvolutionParameter.CUDNN):

@@ -476,7 +476,7 @@ class Pooling(Layer):
             self._part_poolers.append(Pooler(self.method, pl.in_shape, self.kernel, self.stride, self.pad,
                                              self.ceil_mode))
         self._last_ranges = ranges
-        self.last_partitions = len(ranges)  # shown by cct.engines.select.describe_layer_engine
+        self.last_partitions = len(ranges)  # shown by cct.engines.choice.describe_layer_engine
         return ranges
 
     def forward(self, bottom: list[Blob], top: list[Blob]) -> None:

@@ -6,6 +6,7 @@ Registering a type twice is an error; an unknown type names the known ones.
 """
 from __future__ import annotations
 
+import importlib
 from typing import Callable, TypeVar, Union
 
 from cct.errors import ParamError
@@ -47,10 +48,18 @@ def create_layer(param: pb.LayerParameter):
 
 _loaded = False
 
+# The modules whose ``@register`` decorators define the layer types, imported on the first lookup (by name:
+# the registry depends on none of them; they depend on it).
+LAYER_MODULES = tuple(f"cct.layers.{m}" for m in (
+    "accuracy", "conv", "eltwise", "embed", "inner_product", "input", "loss", "lrn", "neuron", "normalization",
+    "pooling", "python_layer", "reduction", "scale", "shape", "softmax", "spp")) + tuple(f"cct.data.{m}" for m in (
+        "data_layer", "hdf5_layers", "image_data_layer", "memory_data", "window_data"))
+
 
 def _load_all() -> None:
     """Import every layer module once so their ``@register`` decorators run."""
     global _loaded
     if not _loaded:
         _loaded = True
-        import cct.layers  # noqa: F401  (the package imports all layer modules)
+        for module in LAYER_MODULES:
+            importlib.import_module(module)

@@ -1,14 +1,8 @@
-"""The runtime leaf: cores this process may use, BLAS thread budgets, and CcT's batch partitions
-(:mod:`cct.runtime.partition`).  Everything else builds on it; it imports nothing of cct's but errors."""
-from cct.runtime.partition import (
-    batch_ranges,
-    cpu_cores,
-    partitions_for,
-    partitions_setting,
-    run_batch,
-    run_partitions,
-    set_partitions,
-)
+"""The runtime leaf: the cores this process may use and the BLAS/FFT thread budgets of concurrent threads
+(:mod:`cct.runtime.threads`), and CcT's batch partitions (:mod:`cct.runtime.partition`).  Layers, engines,
+devices and executors build on it; it depends on nothing of cct's but the settings (:mod:`cct.config`)."""
+from cct.runtime.partition import batch_ranges, partitions_for, run_batch, run_partitions
+from cct.runtime.threads import blas_threads, cpu_cores, thread_budget
 
-__all__ = ["batch_ranges", "cpu_cores", "partitions_for", "partitions_setting", "run_batch", "run_partitions",
-           "set_partitions"]
+__all__ = ["batch_ranges", "blas_threads", "cpu_cores", "partitions_for", "run_batch", "run_partitions",
+           "thread_budget"]

@@ -7,8 +7,8 @@ never oversubscribed.  Everything here is a facility that layer and engine bodie
 wrapped or replaced:
 
 * :func:`partitions_for` — how many partitions a layer should use for a batch of ``n`` items doing
-  ``work`` elementary operations per item (the process-wide setting: ``CCT_PARTITIONS=N|auto`` or
-  :func:`set_partitions`; ``auto`` is the cost model below);
+  ``work`` elementary operations per item (the ``partitions`` setting of :mod:`cct.config`:
+  ``-partitions`` / ``CCT_PARTITIONS`` = ``N`` | ``auto``; ``auto`` is the cost model below);
 * :func:`batch_ranges` — the ``p`` contiguous, near-equal ``[n0, n1)`` item ranges;
 * :func:`run_partitions` — call ``fn(part, n0, n1)`` for each range, concurrently when ``p > 1``.
 
@@ -24,73 +24,28 @@ microseconds; below that a layer is not worth splitting), else 1.
 """
 from __future__ import annotations
 
-import contextlib
-import os
-import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
 
-from cct.errors import CctError
+from cct.config import settings
+from cct.runtime.threads import blas_threads, cpu_cores
 
 MIN_WORK_PER_PARTITION = 1 << 20
 
-_setting: int | None = None  # None: auto
-_setting_source = "default"
-_env_error: CctError | None = None  # an invalid CCT_PARTITIONS, raised at use
 _local = threading.local()
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
-_blas: Any = None
-_blas_modules = 0  # len(sys.modules) when _blas was looked up
-
-
-def cpu_cores() -> int:
-    """Cores this process may run on."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
-
-
-def parse_partitions(value: str | int | None) -> int | None:
-    """``"auto"``/None/"" → None (auto); a positive integer → itself; anything else is an error."""
-    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "auto")):
-        return None
-    try:
-        p = int(value)
-    except (TypeError, ValueError):
-        raise CctError(f"partitions must be a positive integer or 'auto' (got {value!r})") from None
-    if p < 1:
-        raise CctError(f"partitions must be a positive integer or 'auto' (got {value!r})")
-    return p
-
-
-def set_partitions(value: str | int | None, source: str = "set_partitions") -> None:
-    """Set the process-wide partition count (``None``/"auto": the cost model)."""
-    global _setting, _setting_source, _env_error
-    _setting = parse_partitions(value)
-    _setting_source = source
-    _env_error = None
-
-
-def partitions_setting() -> tuple[int | None, str]:
-    """(forced count or None for auto, where the setting came from)."""
-    if _env_error is not None:
-        raise _env_error
-    return _setting, _setting_source
 
 
 def partitions_for(n: int, work: float = float("inf")) -> int:
     """Partitions for ``n`` items of ``work`` operations each: the forced count (capped at ``n``) or the
     ``auto`` cost model.  Always 1 inside a partition (no nesting)."""
-    if _env_error is not None:
-        raise _env_error
     if n <= 1 or in_partition():
         return 1
-    if _setting is not None:
-        return max(1, min(_setting, n))
+    forced = settings.get("partitions")
+    if forced is not None:
+        return max(1, min(forced, n))
     cores = cpu_cores()
     if cores <= 1:
         return 1
@@ -119,35 +74,6 @@ def in_partition() -> bool:
 
 def blas_threads_per_partition(parts: int) -> int:
     return max(1, cpu_cores() // max(1, parts))
-
-
-def _blas_libraries() -> list[Any]:
-    """threadpoolctl's controllers of the BLAS libraries loaded: looked up again whenever modules were
-    imported since the last look (an import can load another BLAS: scipy.linalg brings its own OpenBLAS)."""
-    global _blas, _blas_modules
-    if _blas is None or _blas_modules != len(sys.modules):
-        from threadpoolctl import ThreadpoolController
-
-        _blas = list(ThreadpoolController().select(user_api="blas").lib_controllers)
-        _blas_modules = len(sys.modules)
-    return _blas
-
-
-@contextlib.contextmanager
-def blas_threads(n: int) -> Iterator[None]:
-    """Limit the BLAS libraries (process-wide: OpenBLAS has one setting) to ``n`` threads inside the block
-    (a library already there is left alone: a couple of microseconds, not threadpoolctl's limit() set-up)."""
-    changed = []
-    for lib in _blas_libraries():
-        old = lib.get_num_threads()
-        if old != n:
-            lib.set_num_threads(n)
-            changed.append((lib, old))
-    try:
-        yield
-    finally:
-        for lib, old in reversed(changed):
-            lib.set_num_threads(old)
 
 
 def _executor() -> ThreadPoolExecutor:
@@ -211,17 +137,3 @@ def run_batch(n: int, fn: Callable[[int, int, int], None], work: float = float("
     ranges = batch_ranges(n, p)
     run_partitions(ranges, fn)
     return len(ranges)
-
-
-def _init_from_env() -> None:
-    """``CCT_PARTITIONS``; an invalid value is reported when partitions are first asked for (a one-line error
-    from the command line, not a failing import)."""
-    global _env_error
-    value = os.environ.get("CCT_PARTITIONS")
-    try:
-        set_partitions(value, "CCT_PARTITIONS" if value else "default")
-    except CctError as e:
-        _env_error = CctError(f"CCT_PARTITIONS: {e}")
-
-
-_init_from_env()

@@ -11,7 +11,7 @@ from cct.device import Device, cupy_available, parse_devices, query
 from cct.device import device as device_module
 from cct.device.device import copy_into
 from cct.errors import CctError
-from cct.runtime.partition import cpu_cores
+from cct.runtime.threads import cpu_cores
 
 
 def test_parse_cpu_lists():

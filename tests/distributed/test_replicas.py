@@ -4,6 +4,7 @@ displays and snapshots, the replicas stay identical, and a failure anywhere is o
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -348,3 +349,29 @@ def test_a_replica_trains_only_through_data_parallel(source):
     dp.solvers[1].iter = 3
     with pytest.raises(CctError, match="the replicas are at iterations 0, 3"):
         dp.solve()
+
+
+def test_concurrent_replicas_never_run_blas_with_more_threads_than_they_were_given(source, monkeypatch):
+    """Replicas on cpu:1 and cpu:2 compute at the same time in two threads, each asking for its device's BLAS
+    threads around every layer: the process-wide count seen inside any layer never exceeds what that replica
+    was given, and it is back where it was after training (one owner keeps the books: cct.runtime.threads)."""
+    from cct.layers.inner_product import InnerProductLayer
+    from cct.runtime.threads import BUDGET
+
+    seen: list[tuple[int | None, int]] = []
+    real = InnerProductLayer.forward
+
+    def forward(self, bottom, top):
+        for _ in range(3):  # while the other replica's thread runs (sleeping lets it)
+            seen.append((BUDGET.thread_budget(), BUDGET.process_count()))
+            time.sleep(0.0005)
+        return real(self, bottom, top)
+
+    monkeypatch.setattr(InnerProductLayer, "forward", forward)
+    before = BUDGET.process_count()
+    dp = DataParallel(solver_param(source, 4, max_iter=20), [Device("cpu", 0, 1), Device("cpu", 0, 2)])
+    dp.solve()
+    assert len(seen) >= 40
+    assert all(own is not None and count <= own for own, count in seen), seen
+    assert {own for own, _ in seen} == {1, 2}
+    assert BUDGET.process_count() == before

@@ -10,11 +10,13 @@ import pytest
 
 import cct.layers.conv  # noqa: F401  (registers the layers)
 from cct import cli
-from cct.engines import ConvGeometry, select
+from cct.config import settings
+from cct.engines import ConvGeometry, autotune, choice
 from cct.engines.fft import FFTEngine
 from cct.engines.lowering import LoweringEngine
 from cct.errors import CctError
 from cct.gradient_check import setup_layer
+from tests.helpers import use_flags
 from tests.solvers.helpers import captured_log, messages
 
 BIG_7 = ConvGeometry(1, 16, 16, 1, (30, 30, 30), (7, 7, 7), (1, 1, 1), (0, 0, 0), (1, 1, 1))
@@ -27,57 +29,57 @@ def _no_measuring(monkeypatch):
     def fail(*a, **k):
         raise AssertionError("measured")
 
-    monkeypatch.setattr(select, "autotune_conv_engine", fail)
+    monkeypatch.setattr(choice, "autotune_conv_engine", fail)
 
 
 # ---- settings ------------------------------------------------------------------------------------
 def test_setting_values_and_sources():
-    assert select.conv_engine_setting() == ("auto", "default")
+    assert (settings.get("conv_engine"), settings.source("conv_engine")) == ("auto", "default")
     for text, value in (("", "auto"), ("AUTO", "auto"), (" fft ", "fft"), ("lowering", "lowering")):
-        assert select.parse_conv_engine(text) == value
+        settings.set("conv_engine", text)
+        assert settings.get("conv_engine") == value
     with pytest.raises(CctError, match="conv_engine must be lowering, fft or auto"):
-        select.parse_conv_engine("winograd")
-    select.apply_engine_flags(None, None, "fft")
-    assert select.conv_engine_setting() == ("fft", "flag")
-    assert select.engine_for_layer().choice == "fft"
+        settings.set("conv_engine", "winograd")
+    use_flags(None, None, "fft")
+    assert (settings.get("conv_engine"), settings.source("conv_engine")) == ("fft", "-conv_engine")
+    assert choice.engine_for_layer().choice == "fft"
 
 
 def test_invalid_environment_is_an_error_at_use_not_at_import(monkeypatch):
     monkeypatch.setenv("CCT_CONV_ENGINE", "fast")
     monkeypatch.setenv("CCT_LOWERING", "7")
-    select._init_from_env()
     with pytest.raises(CctError, match="CCT_CONV_ENGINE: conv_engine must be"):
-        select.conv_engine_setting()
+        settings.get("conv_engine")
     with pytest.raises(CctError, match="CCT_LOWERING: lowering must be"):
-        select.lowering_setting()
-    select.apply_engine_flags("1", None, "lowering")  # flags override (and clear) both
-    assert select.engine_for_layer().choice == "lowering"
+        settings.get("lowering")
+    use_flags("1", None, "lowering")  # flags override both
+    assert choice.engine_for_layer().choice == "lowering"
 
 
 # ---- the per-layer rules -------------------------------------------------------------------------
 def test_lowering_setting_never_considers_fft(monkeypatch):
     _no_measuring(monkeypatch)
-    assert select.choose_conv_engine(BIG_7, choice="lowering") == ("lowering", "")
+    assert choice.choose_conv_engine(BIG_7, choice="lowering") == ("lowering", "")
 
 
 def test_forced_fft_serves_strided_layers_and_refuses_what_it_cannot(monkeypatch):
     _no_measuring(monkeypatch)
     strided = ConvGeometry(1, 2, 2, 1, (8, 8), (3, 3), (2, 2), (1, 1), (1, 1))
-    assert select.choose_conv_engine(strided, choice="fft") == ("fft", "")
+    assert choice.choose_conv_engine(strided, choice="fft") == ("fft", "")
     no_axes = ConvGeometry(2, 3, 4, 1, (), (), (), (), ())
     with pytest.raises(CctError, match=r"conv_engine fft \(set by flag\) cannot run this layer: no spatial axes"):
-        select.choose_conv_engine(no_axes, choice="fft", source="flag")
+        choice.choose_conv_engine(no_axes, choice="fft", source="flag")
     with pytest.raises(CctError, match="on a GPU"):
-        select.choose_conv_engine(SMALL, xp=object(), choice="fft")
+        choice.choose_conv_engine(SMALL, xp=object(), choice="fft")
 
 
 def test_auto_falls_back_with_a_reason(monkeypatch):
     _no_measuring(monkeypatch)
     strided = ConvGeometry(1, 16, 16, 1, (30, 30, 30), (7, 7, 7), (2, 2, 2), (0, 0, 0), (1, 1, 1))
-    assert select.choose_conv_engine(strided) == ("lowering", "not fft: stride 2 > 1")
-    assert select.choose_conv_engine(BIG_7, xp=object())[1].startswith("not fft: the fft engine runs on the CPU")
+    assert choice.choose_conv_engine(strided) == ("lowering", "not fft: stride 2 > 1")
+    assert choice.choose_conv_engine(BIG_7, xp=object())[1].startswith("not fft: the fft engine runs on the CPU")
     # a small layer: nothing to gain, not measured, Caffe's summation order kept
-    assert select.choose_conv_engine(SMALL) == ("lowering", "")
+    assert choice.choose_conv_engine(SMALL) == ("lowering", "")
 
 
 @pytest.mark.parametrize("fft_ms,lowering_ms,expected", [(40, 100, "fft"), (30, 20, "lowering"),
@@ -89,46 +91,46 @@ def test_auto_takes_the_measured_faster_engine(monkeypatch, fft_ms, lowering_ms,
         seen.append(g)
         return {"fft": fft_ms / 1e3, "lowering": lowering_ms / 1e3}
 
-    monkeypatch.setattr(select, "autotune_conv_engine", measured)
-    name, reason = select.choose_conv_engine(BIG_7)
+    monkeypatch.setattr(choice, "autotune_conv_engine", measured)
+    name, reason = choice.choose_conv_engine(BIG_7)
     assert seen == [BIG_7] and name == expected  # a saving under 1 ms keeps the lowering engine
     assert reason == f"engine autotuned: fft {fft_ms:.3g} ms, lowering {lowering_ms:.3g} ms"
 
 
 def test_auto_runs_the_measured_fft_layout(monkeypatch):
-    monkeypatch.setattr(select, "autotune_conv_engine",
+    monkeypatch.setattr(choice, "autotune_conv_engine",
                         lambda *a: {"lowering": 0.1, "fft full": 0.06, "fft lifted": 0.05})
-    assert select.choose_conv_engine(BIG_7)[0] == "fft lifted"
-    eng = select.SelectedEngine("auto")
+    assert choice.choose_conv_engine(BIG_7)[0] == "fft lifted"
+    eng = choice.SelectedEngine("auto")
     eng.configure(BIG_7)
     assert eng.name == "fft" and eng.inner.lifted and "fft lifted 50 ms" in eng.describe()
-    monkeypatch.setattr(select, "autotune_conv_engine",
+    monkeypatch.setattr(choice, "autotune_conv_engine",
                         lambda *a: {"lowering": 0.1, "fft full": 0.04, "fft lifted": 0.05})
-    eng = select.SelectedEngine("auto")
+    eng = choice.SelectedEngine("auto")
     eng.configure(BIG_7)
     assert eng.name == "fft" and not eng.inner.lifted
 
 
 def test_autotune_off_decides_by_the_models(monkeypatch):
     _no_measuring(monkeypatch)
-    select.set_autotune(False)
-    name, reason = select.choose_conv_engine(BIG_7)
+    settings.set("autotune", False)
+    name, reason = choice.choose_conv_engine(BIG_7)
     assert name == "fft" and reason.startswith("engine by cost model")
 
 
 def test_autotune_measures_once_and_caches(monkeypatch):
     g = ConvGeometry(1, 4, 4, 1, (10, 10, 10), (5, 5, 5), (1, 1, 1), (0, 0, 0), (1, 1, 1))
-    first = select.autotune_conv_engine(g)
+    first = autotune.autotune_conv_engine(g)
     assert "lowering" in first and {"fft full", "fft lifted"} & set(first) and all(t > 0 for t in first.values())
-    cache = json.loads(select.cache_path().read_text())["conv_engine"]
-    assert len(cache) == 1 and next(iter(cache)).startswith(select.geometry_key(g, np.float32))
+    cache = json.loads(autotune.cache_path().read_text())["conv_engine"]
+    assert len(cache) == 1 and next(iter(cache)).startswith(autotune.geometry_key(g, np.float32))
 
     def fail(*a, **k):
         raise AssertionError("measured again instead of reading the cache")
 
     monkeypatch.setattr(FFTEngine, "forward", fail)
     monkeypatch.setattr(LoweringEngine, "forward", fail)
-    assert select.autotune_conv_engine(g) == first
+    assert autotune.autotune_conv_engine(g) == first
 
 
 # ---- layers --------------------------------------------------------------------------------------
@@ -136,23 +138,23 @@ def test_layer_runs_the_chosen_engine_with_the_same_numbers():
     x = np.random.default_rng(0).standard_normal((2, 3, 7, 6, 5)).astype(np.float32)
     runs = {}
     for engine in ("lowering", "fft"):
-        select.apply_engine_flags(None, None, engine)
+        use_flags(None, None, engine)
         runs[engine] = setup_layer(CONV % "stride: 2", [x])
         assert runs[engine].layer.engine.name == engine
     for a, b in zip(runs["lowering"].layer.blobs, runs["fft"].layer.blobs):
         b.data[...] = a.data
     (y_low,), (y_fft,) = runs["lowering"].forward(), runs["fft"].forward()
     np.testing.assert_allclose(y_fft, y_low, rtol=1e-4, atol=1e-5)
-    text = select.describe_layer_engine(runs["fft"].layer)
+    text = choice.describe_layer_engine(runs["fft"].layer)
     assert text.startswith("fft ") and re.search(r"[KM]iB of kept spectra$", text)
 
 
 def test_engine_follows_a_new_geometry():
     """auto picks again when the input shape changes; a forced fft layer that becomes unservable says so."""
-    select.apply_engine_flags(None, None, "auto")
+    use_flags(None, None, "auto")
     run = setup_layer(CONV % "", [np.zeros((1, 3, 6, 6), np.float32)])
     assert run.layer.engine.name == "lowering"
-    select.apply_engine_flags(None, None, "fft")
+    use_flags(None, None, "fft")
     run = setup_layer(CONV % "", [np.zeros((1, 3, 6, 6), np.float32)])
     assert run.layer.engine.name == "fft"
     eng = run.layer.engine
@@ -191,18 +193,15 @@ def test_forced_fft_on_a_layer_it_cannot_run_is_one_line(tmp_path):
     rc, out = _run("time", "-model", model, "-iterations", "1", "-conv_engine", "fft")
     assert rc == 1 and "Traceback" not in out
     (fatal,) = messages(out, "F")
-    assert "layer 'fc_as_conv' (Convolution): conv_engine fft (set by flag) cannot run this layer: " \
+    assert "layer 'fc_as_conv' (Convolution): conv_engine fft (set by -conv_engine) cannot run this layer: " \
            "no spatial axes" in fatal
     rc, out = _run("time", "-model", model, "-conv_engine", "fastest")
-    assert rc == 1 and messages(out, "F") == ["conv_engine must be lowering, fft or auto (got 'fastest')"]
+    assert rc == 1 and messages(out, "F") == ["-conv_engine: conv_engine must be lowering, fft or auto (got 'fastest')"]
 
 
 def test_invalid_environment_is_one_line_from_the_command_line(tmp_path, monkeypatch):
     model = _net(tmp_path, ("dim: 1 dim: 2 dim: 6 dim: 6", ""))
     monkeypatch.setenv("CCT_PARTITIONS", "many")
-    from cct.runtime import partition
-
-    partition._init_from_env()
     rc, out = _run("time", "-model", model, "-iterations", "1")
     assert rc == 1 and messages(out, "F") == ["CCT_PARTITIONS: partitions must be a positive integer or 'auto' "
                                               "(got 'many')"]

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 import cct
-from cct.engines import select
 from cct.gradient_check import check_gradient, setup_layer
 from tests import test_reference_nets as refnets
+from tests.helpers import use_flags
 from tests.reference import assert_close
 
 GAUSS = 'weight_filler { type: "gaussian" std: 0.5 } bias_filler { type: "gaussian" std: 0.5 }'
@@ -27,7 +27,7 @@ LAYER_CASES = [
 @pytest.mark.parametrize("lowering", ["1", "2", "3"])
 @pytest.mark.parametrize("text,shape", LAYER_CASES, ids=[f"layer{i}" for i in range(len(LAYER_CASES))])
 def test_gradient_check_with_forced_lowering(lowering, text, shape):
-    select.apply_engine_flags(lowering, None)
+    use_flags(lowering, None)
     x = np.random.default_rng(5).standard_normal(shape)
     check_gradient(text % GAUSS, [x])
 
@@ -36,9 +36,9 @@ def test_gradient_check_with_forced_lowering(lowering, text, shape):
 def test_layer_outputs_equal_across_lowerings_float32(lowering):
     x = np.random.default_rng(6).standard_normal((3, 6, 9, 8)).astype(np.float32)
     text = f'type: "Convolution" convolution_param {{ num_output: 5 kernel_size: 3 pad: 1 group: 1 {GAUSS} }}'
-    select.apply_engine_flags("1", None)
+    use_flags("1", None)
     base = setup_layer(text, [x])
-    select.apply_engine_flags(lowering, None)
+    use_flags(lowering, None)
     other = setup_layer(text, [x])
     assert other.layer.engine.strategy == int(lowering)
     for a, b in zip(base.layer.blobs, other.layer.blobs):
@@ -72,7 +72,7 @@ def _compare(name: str, phase: int):
 @pytest.mark.parametrize("lowering,partitions", NET_MODES, ids=[f"L{a}-P{b}" for a, b in NET_MODES])
 @pytest.mark.parametrize("name", refnets.NETS)
 def test_reference_nets_with_each_lowering(name, lowering, partitions):
-    select.apply_engine_flags(lowering, partitions)
+    use_flags(lowering, partitions)
     _compare(name, cct.TRAIN)
     _compare(name, cct.TEST)
 
@@ -80,7 +80,7 @@ def test_reference_nets_with_each_lowering(name, lowering, partitions):
 @pytest.mark.parametrize("name", refnets.NETS)
 def test_reference_nets_with_fft_engine(name):
     """CCT_CONV_ENGINE=fft: every convolution (strided ones as their stride-1 convolution) by FFT."""
-    select.apply_engine_flags(None, None, "fft")
+    use_flags(None, None, "fft")
     for phase in (cct.TRAIN, cct.TEST):
         net = _compare(name, phase)
         engines = [layer.engine.name for layer in net.layers if layer.type in ("Convolution", "Deconvolution")]

@@ -9,9 +9,9 @@ import weakref
 import numpy as np
 import pytest
 
+from cct.config import settings
 from cct.engines import ConvGeometry, lowering
 from cct.engines.lowering import LoweringEngine, Workspace, strategy_fallback
-from cct.runtime import partition
 from tests.engines import reference as ref
 
 # (geometry, expected effective strategy for requested 1, 2, 3)
@@ -121,7 +121,7 @@ def test_partitions_and_chunks_equal_whole_batch(strategy):
     x, w, b, dy = _data(g, 3)
     results = []
     for parts, budget in ((1, 1 << 30), (2, 1 << 30), (3, 1), (1, 1)):
-        partition.set_partitions(parts)
+        settings.set("partitions", parts)
         eng = LoweringEngine(strategy, max_lowered_bytes=budget, workspace=Workspace())
         eng.configure(g, np.float64)
         assert len(eng._chunks(g.num, 8)) == parts

@@ -11,11 +11,12 @@ import pytest
 
 import cct.layers.conv  # noqa: F401  (registers the layers)
 from cct import log
-from cct.engines import ConvGeometry, cost_model, select
+from cct.config import settings, tristate
+from cct.engines import ConvGeometry, autotune, choice, cost_model
 from cct.engines.lowering import LoweringEngine
 from cct.errors import CctError
 from cct.gradient_check import setup_layer
-from cct.runtime import partition
+from tests.helpers import use_flags
 
 
 def _geo(c: int, o: int, n: int = 32, k: int = 3, stride: int = 1) -> ConvGeometry:
@@ -24,9 +25,9 @@ def _geo(c: int, o: int, n: int = 32, k: int = 3, stride: int = 1) -> ConvGeomet
 
 def test_cost_model_follows_the_channel_ratio():
     # few inputs, many outputs: lowering is cheap, lifting expensive -> type 1
-    assert select.choose_strategy(_geo(4, 256, k=5)) == (1, "cost model")
+    assert choice.choose_strategy(_geo(4, 256, k=5)) == (1, "cost model")
     # many inputs, few outputs -> type 3
-    assert select.choose_strategy(_geo(256, 4, k=5)) == (3, "cost model")
+    assert choice.choose_strategy(_geo(256, 4, k=5)) == (3, "cost model")
     costs = {s: cost_model.layer_costs(_geo(64, 64), s) for s in (1, 2, 3)}
     assert costs[1].lowered_elems > costs[2].lowered_elems > costs[3].lowered_elems
     assert costs[1].lifted_elems == 0 < costs[2].lifted_elems < costs[3].lifted_elems
@@ -49,37 +50,37 @@ def test_paper_table_counts():
 
 
 def test_only_lowering_1_applies_to_strided_layers():
-    assert select.choose_strategy(_geo(3, 96, n=227, k=11, stride=4)) == (1, "cost model: only lowering 1 applies")
+    assert choice.choose_strategy(_geo(3, 96, n=227, k=11, stride=4)) == (1, "cost model: only lowering 1 applies")
 
 
 def test_settings_flags_and_errors():
-    select.apply_engine_flags("2", "3")
-    assert select.lowering_setting() == (2, "flag")
-    assert partition.partitions_setting() == (3, "flag")
-    select.apply_engine_flags(None, "auto")
-    assert select.lowering_setting() == (2, "flag") and partition.partitions_setting()[0] is None
+    use_flags("2", "3")
+    assert (settings.get("lowering"), settings.source("lowering")) == (2, "-lowering")
+    assert (settings.get("partitions"), settings.source("partitions")) == (3, "-partitions")
+    use_flags(None, "auto")
+    assert settings.get("lowering") == 2 and settings.get("partitions") is None
     with pytest.raises(CctError, match="lowering must be"):
-        select.apply_engine_flags("4", None)
+        use_flags("4", None)
     with pytest.raises(CctError, match="partitions must be"):
-        select.apply_engine_flags(None, "0")
+        use_flags(None, "0")
 
 
 def test_describe_layer_engine():
     x = np.zeros((2, 3, 9, 9), dtype=np.float32)
-    select.apply_engine_flags("2", "1")
+    use_flags("2", "1")
     run = setup_layer('type: "Convolution" convolution_param { num_output: 4 kernel_size: 3 }', [x])
-    assert select.describe_layer_engine(run.layer) == "lowering 2 (forced by flag)"
+    assert choice.describe_layer_engine(run.layer) == "lowering 2 (forced by -lowering)"
     run = setup_layer('type: "Convolution" convolution_param { num_output: 4 kernel_size: 3 stride: 2 }', [x])
     # the engine setting is auto: the layer's line also says why the fft engine is not used
-    assert select.describe_layer_engine(run.layer) == "lowering 1 (fallback: stride 2); not fft: stride 2 > 1"
-    select.apply_engine_flags("auto", "2")
+    assert choice.describe_layer_engine(run.layer) == "lowering 1 (fallback: stride 2); not fft: stride 2 > 1"
+    use_flags("auto", "2")
     run = setup_layer('type: "Convolution" convolution_param { num_output: 64 kernel_size: 3 }', [x])
-    assert select.describe_layer_engine(run.layer) == "lowering 1 (cost model), 2 partitions"
+    assert choice.describe_layer_engine(run.layer) == "lowering 1 (cost model), 2 partitions"
 
 
 def test_choice_is_logged_once_per_layer():
     x = np.zeros((2, 8, 9, 9), dtype=np.float32)
-    select.apply_engine_flags("3", None)
+    use_flags("3", None)
     stream = io.StringIO()
     log.init_log(0, stream)
     try:
@@ -89,60 +90,60 @@ def test_choice_is_logged_once_per_layer():
     finally:
         log.init_log()
     lines = [line for line in stream.getvalue().splitlines() if "lowering" in line]
-    assert len(lines) == 1 and "] Convolution layer c: lowering 3 (forced by flag) [d/o = 8/4" in lines[0]
+    assert len(lines) == 1 and "] Convolution layer c: lowering 3 (forced by -lowering) [d/o = 8/4" in lines[0]
 
 
 def test_autotune_writes_and_reads_the_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("CCT_CACHE_DIR", str(tmp_path / "c"))
-    select.set_autotune(True)
+    settings.set("autotune", True)
     g = _geo(8, 8, n=10)
-    strategy, reason = select.choose_strategy(g)
+    strategy, reason = choice.choose_strategy(g)
     assert reason == "autotuned" and strategy in (1, 2, 3)
     path = tmp_path / "c" / "autotune.json"
     data = json.loads(path.read_text())
-    key = select.geometry_key(g, np.float32)
+    key = autotune.geometry_key(g, np.float32)
     assert set(data["autotune"][key]) == {"1", "2", "3"}
 
     def fail(*a, **k):
         raise AssertionError("measured again instead of reading the cache")
 
     monkeypatch.setattr(LoweringEngine, "forward", fail)
-    assert select.choose_strategy(g) == (strategy, "autotuned")
-    eng = LoweringEngine("auto")
+    assert choice.choose_strategy(g) == (strategy, "autotuned")
+    eng = choice.SelectedEngine("lowering", lowering="auto")
     eng.configure(g)
     assert eng.describe() == f"lowering {strategy} (autotuned)"
-    select.set_autotune(False)
-    assert select.choose_strategy(g)[1] == "cost model"
+    settings.set("autotune", False)
+    assert choice.choose_strategy(g)[1] == "cost model"
     for text, value in (("auto", "auto"), ("", "auto"), ("1", True), ("never", False)):
-        assert select.parse_autotune(text) == value
+        assert tristate(text, "autotune", "test") == value
     with pytest.raises(CctError, match="autotune must be"):
-        select.parse_autotune("sometimes")
+        tristate("sometimes", "autotune", "test")
 
 
 def test_cache_dir_follows_xdg(tmp_path, monkeypatch):
     monkeypatch.delenv("CCT_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert select.cache_path() == tmp_path / "cct" / "autotune.json"
+    assert autotune.cache_path() == tmp_path / "cct" / "autotune.json"
 
 
 def test_calibration_runs_once_per_machine_and_is_cached(tmp_path, monkeypatch):
-    monkeypatch.setattr(select, "_rates_memo", {})
-    assert select.machine_rates() == cost_model.DEFAULT_RATES  # not calibrated, not measured on demand
+    monkeypatch.setattr(autotune, "_rates_memo", {})
+    assert autotune.machine_rates() == cost_model.DEFAULT_RATES  # not calibrated, not measured on demand
     t = time.perf_counter()
-    rates = select.machine_rates(calibrate_if_missing=True)
+    rates = autotune.machine_rates(calibrate_if_missing=True)
     assert time.perf_counter() - t < 5  # well under a second on an idle machine
     fields = cost_model.MachineRates.__dataclass_fields__
     assert all(getattr(rates, f) > 0 for f in fields)
-    data = json.loads(select.cache_path().read_text())
-    assert data["rates"][select._rates_key()] == {f: getattr(rates, f) for f in fields}
+    data = json.loads(autotune.cache_path().read_text())
+    assert data["rates"][autotune._rates_key()] == {f: getattr(rates, f) for f in fields}
 
     def fail(*a, **k):
         raise AssertionError("calibrated again")
 
-    monkeypatch.setattr(select, "calibrate", fail)
-    monkeypatch.setattr(select, "_rates_memo", {})  # a new process: read from the cache
-    assert select.machine_rates(calibrate_if_missing=True) == rates
-    assert set(select.predicted_seconds(_geo(8, 8))) == {1, 2, 3}
+    monkeypatch.setattr(autotune, "calibrate", fail)
+    monkeypatch.setattr(autotune, "_rates_memo", {})  # a new process: read from the cache
+    assert autotune.machine_rates(calibrate_if_missing=True) == rates
+    assert set(choice.predicted_seconds(_geo(8, 8))) == {1, 2, 3}
 
 
 def test_gemm_speed_depends_on_shape():
@@ -162,37 +163,37 @@ def test_gemm_speed_depends_on_shape():
 def _fixed_model(monkeypatch, seconds: dict[int, float]) -> list:
     """The model predicts ``seconds``; autotune records its candidates and measures type 2 fastest."""
     calls = []
-    monkeypatch.setattr(select, "predicted_seconds", lambda g, rates=None: dict(seconds))
-    monkeypatch.setattr(select, "machine_rates", lambda calibrate_if_missing=False: cost_model.DEFAULT_RATES)
+    monkeypatch.setattr(choice, "predicted_seconds", lambda g, rates=None: dict(seconds))
+    monkeypatch.setattr(choice, "machine_rates", lambda calibrate_if_missing=False: cost_model.DEFAULT_RATES)
 
     def fake_autotune(g, dtype=np.float32, candidates=None, images=None):
         calls.append(sorted(candidates or (1, 2, 3)))
         return {s: (0.5 if s == 2 else 1.0) for s in (candidates or (1, 2, 3))}
 
-    monkeypatch.setattr(select, "autotune", fake_autotune)
+    monkeypatch.setattr(choice, "autotune", fake_autotune)
     return calls
 
 
 def test_auto_measures_only_close_calls_on_big_layers(monkeypatch):
     g = _geo(64, 64)
     calls = _fixed_model(monkeypatch, {1: 0.105, 2: 0.1, 3: 0.5})  # big, 1 and 2 within the window
-    assert select.choose_strategy(g) == (2, "autotuned") and calls == [[1, 2]]
+    assert choice.choose_strategy(g) == (2, "autotuned") and calls == [[1, 2]]
     calls = _fixed_model(monkeypatch, {1: 0.2, 2: 0.1, 3: 0.5})  # big, a clear winner: no measurement
-    assert select.choose_strategy(g) == (2, "cost model") and calls == []
+    assert choice.choose_strategy(g) == (2, "cost model") and calls == []
     calls = _fixed_model(monkeypatch, {1: 0.0106, 2: 0.01, 3: 0.05})  # medium: the model, type 1 within 5%
-    assert select.choose_strategy(g) == (1, "cost model") and calls == []
+    assert choice.choose_strategy(g) == (1, "cost model") and calls == []
     calls = _fixed_model(monkeypatch, {1: 0.012, 2: 0.01, 3: 0.05})
-    assert select.choose_strategy(g) == (2, "cost model") and calls == []
+    assert choice.choose_strategy(g) == (2, "cost model") and calls == []
     calls = _fixed_model(monkeypatch, {1: 0.0009, 2: 0.0001, 3: 0.0002})  # saves < 1 ms: Caffe's order
-    assert select.choose_strategy(g) == (1, "cost model") and calls == []
-    select.set_autotune(False)
+    assert choice.choose_strategy(g) == (1, "cost model") and calls == []
+    settings.set("autotune", False)
     calls = _fixed_model(monkeypatch, {1: 0.105, 2: 0.1, 3: 0.5})
-    assert select.choose_strategy(g) == (1, "cost model") and calls == []
+    assert choice.choose_strategy(g) == (1, "cost model") and calls == []
 
 
 def test_autotune_measures_one_chunk_of_the_layer(monkeypatch):
     g = ConvGeometry(64, 8, 8, 1, (12, 12), (3, 3), (1, 1), (1, 1), (1, 1))
-    partition.set_partitions(2)
+    settings.set("partitions", 2)
     sizes = []
     real_configure = LoweringEngine.configure
 
@@ -201,17 +202,17 @@ def test_autotune_measures_one_chunk_of_the_layer(monkeypatch):
         return real_configure(self, geometry, dtype)
 
     monkeypatch.setattr(LoweringEngine, "configure", spy)
-    monkeypatch.setattr(select, "AUTOTUNE_BYTES", 0)
-    measured = select.autotune(g, np.float32, [2, 3])
+    monkeypatch.setattr(autotune, "AUTOTUNE_BYTES", 0)
+    measured = autotune.autotune(g, np.float32, [2, 3])
     assert set(measured) == {2, 3} and all(t > 0 for t in measured.values())
     # 1024 GEMM columns per partition at 144 per image: 8 images each, 16 of the 64
     assert sizes[1:] == [16, 16]
-    cached = json.loads(select.cache_path().read_text())["autotune"][select.geometry_key(g, np.float32)]
+    cached = json.loads(autotune.cache_path().read_text())["autotune"][autotune.geometry_key(g, np.float32)]
     assert set(cached) == {"2", "3"}
     # enough images for 64 MB of buffers: more than a partition's chunk (32 images), so one chunk each
-    monkeypatch.setattr(select, "AUTOTUNE_BYTES", 64 << 20)
+    monkeypatch.setattr(autotune, "AUTOTUNE_BYTES", 64 << 20)
     sizes.clear()
-    select.autotune(replace(g, in_channels=4), np.float32, [1, 2])
+    autotune.autotune(replace(g, in_channels=4), np.float32, [1, 2])
     assert sizes[1:] == [64, 64]
 
 

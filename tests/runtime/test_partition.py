@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import cct.layers  # noqa: F401  (registers the layers)
+from cct.config import settings
 from cct.gradient_check import setup_layer
 from cct.rng import set_random_seed
 from cct.runtime import partition
@@ -47,7 +48,7 @@ def test_blas_threads_are_divided_and_nesting_is_sequential():
         if part == 0:
             inner.append([i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"])
 
-    partition.set_partitions(2)
+    settings.set("partitions", 2)
     partition.run_partitions(partition.batch_ranges(8, 2), body)
     expected = max(1, partition.cpu_cores() // 2)
     assert inner.count(1) == 2  # no nested partitions
@@ -56,12 +57,12 @@ def test_blas_threads_are_divided_and_nesting_is_sequential():
 
 
 def test_auto_partitions_skip_small_work(monkeypatch):
-    partition.set_partitions("auto")
+    settings.set("partitions", "auto")
     monkeypatch.setattr(partition, "cpu_cores", lambda: 4)
     assert partition.partitions_for(64, 1e6) == 4
     assert partition.partitions_for(64, 10) == 1
     assert partition.partitions_for(2, 1e9) == 2
-    partition.set_partitions(3)
+    settings.set("partitions", 3)
     assert partition.partitions_for(64, 10) == 3 and partition.partitions_for(2) == 2
 
 
@@ -92,10 +93,10 @@ def _forward_backward(text, num_tops, x, dy_seed=2):
 @pytest.mark.parametrize("text,num_tops", LAYERS, ids=[f"layer{i}" for i in range(len(LAYERS))])
 def test_partitioned_layers_equal_unpartitioned(text, num_tops):
     x = np.random.default_rng(1).standard_normal((5, 4, 9, 8)).astype(np.float32)
-    partition.set_partitions(1)
+    settings.set("partitions", 1)
     set_random_seed(0)
     whole = _forward_backward(text, num_tops, x)
-    partition.set_partitions(3)
+    settings.set("partitions", 3)
     set_random_seed(0)
     parts = _forward_backward(text, num_tops, x)
     for a, b in zip(whole, parts):

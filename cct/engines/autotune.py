@@ -1,0 +1,288 @@
+"""Measuring convolution engines on this machine, and remembering what was measured.
+
+* :func:`calibrate` — the cost model's rates (:class:`~cct.engines.cost_model.MachineRates`): the GEMM peak
+  and its half-speed shapes, and the lowering engine's own lowering, col2im, lifting and transposing, timed
+  through :meth:`LoweringEngine.probe` on a probe layer larger than the caches (well under a second, once per
+  machine and thread setting); :func:`machine_rates` returns them (calibrated, cached, or the defaults);
+* :func:`autotune` — the lowerings measured on one chunk of a layer's geometry;
+* :func:`autotune_conv_engine` — the lowering engine against the FFT engine's layouts on a layer;
+* one measuring harness for both (:func:`_measure_engines`: forward + backward of a training step, operands new
+  each step, a warm-up, interleaved rounds).
+
+The cache is one small JSON file, ``autotune.json`` in the cache directory (``CCT_CACHE_DIR``, else
+``$XDG_CACHE_HOME/cct``, else ``~/.cache/cct``: :mod:`cct.cache`): rates keyed by core count and partition
+setting, measurements by geometry, dtype and the same.  When to measure is the choice policy's business
+(:mod:`cct.engines.choice`).
+"""
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cct.cache import cache_dir, read_json, update_json
+from cct.config import settings
+from cct.engines.base import ConvEngine, ConvGeometry
+from cct.engines.cost_model import DEFAULT_RATES, MachineRates, layer_costs
+from cct.runtime.threads import cpu_cores
+
+CACHE_FILE = "autotune.json"
+RATES_VERSION = 2  # of calibrate()'s probes: rates cached by another version are measured again
+# measured images per partition: enough that the largest buffer of all partitions together exceeds this
+# (out of the last-level cache, like the full layer) and that a GEMM has this many columns, at most a
+# partition's chunk
+AUTOTUNE_BYTES = 48 << 20
+AUTOTUNE_COLUMNS = 1024
+AUTOTUNE_ROUNDS = 2
+# measuring lowering vs fft runs at most this many (predicted) seconds of images per round ...
+ENGINE_AUTOTUNE_SECONDS = 0.25
+ENGINE_AUTOTUNE_ROUNDS = 3
+# ... both FFT layouts (all axes transformed, or the first lifted) measured when predicted within this factor
+FFT_LAYOUT_WINDOW = 1.5
+_cache_lock = threading.Lock()
+_rates_memo: dict[str, MachineRates] = {}
+
+
+def cache_path() -> Path:
+    return cache_dir() / CACHE_FILE
+
+
+def _read_cache() -> dict[str, Any]:
+    return read_json(CACHE_FILE)
+
+
+def _write_cache(update: dict[str, Any]) -> None:
+    update_json(CACHE_FILE, update)
+
+
+def _threads_key() -> str:
+    forced = settings.get("partitions")
+    return f"cores{cpu_cores()}-p{forced or 'auto'}"
+
+
+def geometry_key(g: ConvGeometry, dtype: Any) -> str:
+    return (f"n{g.num}-c{g.in_channels}-o{g.out_channels}-g{g.group}-in{'x'.join(map(str, g.in_shape))}"
+            f"-k{'x'.join(map(str, g.kernel))}-s{'x'.join(map(str, g.stride))}-p{'x'.join(map(str, g.pad))}"
+            f"-d{'x'.join(map(str, g.dilation))}-{np.dtype(dtype).name}-{_threads_key()}")
+
+
+def _rates_key() -> str:
+    return f"v{RATES_VERSION}-{_threads_key()}"
+
+
+def machine_rates(calibrate_if_missing: bool = False) -> MachineRates:
+    """This machine's rates for the current thread setting: measured by :func:`calibrate` (once per machine,
+    cached; with ``calibrate_if_missing`` measured now when not cached), else the defaults."""
+    key = _rates_key()
+    rates = _rates_memo.get(key)
+    if rates is not None:
+        return rates
+    entry = _read_cache().get("rates", {}).get(key)
+    if entry:
+        try:
+            rates = MachineRates(**entry)
+        except TypeError:  # written by another version: measure again
+            rates = None
+    if rates is None:
+        if not calibrate_if_missing:
+            return DEFAULT_RATES
+        rates = calibrate()
+    _rates_memo[key] = rates
+    return rates
+
+
+def _best_time(fn: Any, repeat: int = 3) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def _concurrent(parts: int, make: Any) -> Any:
+    """A callable running ``make(part)()`` in every batch partition at once (as a layer's partitions run)."""
+    from cct.runtime.partition import run_partitions
+
+    bodies = [make(p) for p in range(parts)]
+    ranges = [(p, p + 1) for p in range(parts)]
+    return lambda: run_partitions(ranges, lambda part, a, b: bodies[part]())
+
+
+def calibrate(save: bool = True) -> MachineRates:
+    """Measure the cost model's rates on this machine, with the partitions a big layer runs (well under a
+    second), and cache them: the GEMM peak and its half-speed shapes, and the lowering engine's own
+    lowering, col2im, lifting + unlifting and transposing on a probe layer larger than the caches."""
+    from cct.engines.lowering import LoweringEngine, Workspace
+    from cct.runtime.partition import partitions_for
+
+    parts = partitions_for(1 << 10)
+    rng = np.random.default_rng(0)
+
+    def rate(make: Any, work: float, repeat: int = 3) -> float:
+        """``work`` per partition / the best time of all partitions running ``make(part)()`` at once."""
+        fn = _concurrent(parts, make)
+        fn()
+        return parts * work / _best_time(fn, repeat)
+
+    def gemm(m: int, k: int, n: int) -> float:
+        def make(_p: int) -> Any:
+            a = rng.standard_normal((m, k), dtype=np.float32)
+            b = rng.standard_normal((k, n), dtype=np.float32)
+            c = np.empty((m, n), dtype=np.float32)
+            return lambda: np.matmul(a, b, out=c)
+        return rate(make, 2.0 * m * k * n, 5)
+
+    big, small = (256, 512, 2048), 16
+    rate_big = gemm(*big)
+    m0 = small * max(0.0, rate_big / gemm(small, big[1], big[2]) - 1)
+    k0 = small * max(0.0, rate_big / gemm(big[0], small, big[2]) - 1)
+    n0 = small * max(0.0, rate_big / gemm(big[0], big[1], small) - 1)
+    peak = rate_big / (big[0] / (big[0] + m0) * big[1] / (big[1] + k0) * big[2] / (big[2] + n0))
+
+    # per partition: 16 images of a 64 -> 64 channel 3x3 layer on 28x28 (lowered matrix 29 MB)
+    g = ConvGeometry(16, 64, 64, 1, (28, 28), (3, 3), (1, 1), (1, 1), (1, 1))
+    x = rng.standard_normal((g.num, g.in_channels) + g.in_shape, dtype=np.float32)
+    dy = rng.standard_normal((g.num, g.out_channels) + g.out_shape, dtype=np.float32)
+    cells = g.in_channels * g.kernel_count * g.num * g.out_count  # lowered elements (and col2im's)
+    planes = g.out_channels * g.num * g.out_count                  # one output-sized array
+
+    def step(strategy: int, name: str) -> Any:
+        """A maker of ``name`` from a fresh engine's probe (one engine per partition, private buffers)."""
+        def make(_p: int) -> Any:
+            eng = LoweringEngine(strategy, workspace=Workspace())
+            eng.configure(g, np.float32)
+            return eng.probe(x, dy)[name]
+        return make
+
+    lower, col2im, lift, transpose = step(1, "lower"), step(1, "col2im"), step(3, "lift"), step(1, "transpose")
+    t_rate = rate(transpose, planes)
+    lifted = 2.0 * g.kernel_count * planes  # k² slices added (lift) and copied (unlift)
+    lift_rate = lifted / max(lifted / rate(lift, lifted) - planes / t_rate, 1e-9)
+    rates = MachineRates(peak, rate(lower, cells), lift_rate, t_rate, max(m0, 1.0), max(k0, 1.0), max(n0, 1.0),
+                         rate(col2im, cells))
+    _rates_memo[_rates_key()] = rates
+    if save:
+        _write_cache({"rates": {_rates_key(): asdict(rates)}})
+    return rates
+
+
+def _largest_buffer(g: ConvGeometry, strategy: int) -> int:
+    """Elements per image of a strategy's biggest buffer: the lowered matrix or the GEMM result."""
+    c = layer_costs(replace(g, num=1), strategy)
+    fwd_rows, fwd_inner, fwd_cols = c.gemm_shapes[0]
+    return c.groups * fwd_cols * max(fwd_rows, fwd_inner)
+
+
+def _measure_engines(engines: dict[Any, ConvEngine], g: ConvGeometry, dtype: Any, rounds: int,
+                     settle: float = 0.0, decided: float = math.inf) -> dict[Any, float]:
+    """Best seconds of one training step of ``g`` — forward, then backward (data and weights) — for each
+    engine: every operand new each step (memoized FFT spectra dropped first: only the reuse within a step
+    counts), after one warm-up step each (plans, workspaces, thread pools) and ``settle`` seconds' pause,
+    ``rounds`` rounds interleaved so that machine noise hits all alike — fewer once the fastest engine is
+    ``decided`` times faster than the next (a clear call)."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((g.num, g.in_channels) + g.in_shape).astype(dtype)
+    w = (0.1 * rng.standard_normal((g.out_channels, g.in_channels // g.group) + g.kernel)).astype(dtype)
+    dy = rng.standard_normal((g.num, g.out_channels) + g.out_shape).astype(dtype)
+    y, dx, dw = np.empty_like(dy), np.empty_like(x), np.zeros_like(w)
+
+    def step(eng: ConvEngine) -> None:
+        if hasattr(eng, "invalidate"):
+            eng.invalidate()
+        eng.forward(x, w, None, y)
+        eng.backward(x, dy, w, dx, dw)
+
+    for eng in engines.values():
+        eng.configure(g, dtype)
+        step(eng)
+    if settle:
+        time.sleep(settle)
+    best = {name: float("inf") for name in engines}
+    for _ in range(rounds):
+        for name, eng in engines.items():
+            t = time.perf_counter()
+            step(eng)
+            best[name] = min(best[name], time.perf_counter() - t)
+        times = sorted(best.values())
+        if len(times) > 1 and times[1] >= decided * times[0]:
+            break
+    return best
+
+
+def autotune(g: ConvGeometry, dtype: Any = np.float32, candidates: Any = None,
+             images: int | None = None) -> dict[int, float]:
+    """Seconds per image of forward + backward (data and weights) of each applicable strategy (or of
+    ``candidates``) on ``g``, measured with the layer's partitions on ``images`` images per partition
+    (default: enough for ``AUTOTUNE_COLUMNS`` GEMM columns and for buffers of ``AUTOTUNE_BYTES`` in all —
+    out of the caches, as the full layer's — at most one chunk of a partition: what the layer runs at a
+    time), strategies interleaved, the best of ``AUTOTUNE_ROUNDS`` after a warm-up; cached per geometry,
+    dtype and thread setting."""
+    from cct.engines.lowering import LoweringEngine, Workspace, strategy_fallback
+
+    wanted = [s for s in (candidates or (1, 2, 3)) if strategy_fallback(s, g) is None]
+    key = geometry_key(g, dtype)
+    cached = _read_cache().get("autotune", {}).get(key) or {}
+    if all(str(s) in cached for s in wanted):
+        return {s: float(cached[str(s)]) for s in wanted}
+    probe = LoweringEngine(1, workspace=Workspace())
+    probe.configure(g, dtype)
+    itemsize = np.dtype(dtype).itemsize
+    parts, per_part = probe.batch_partitions(), probe.chunk_images()
+    if images is None:
+        per_image = max(_largest_buffer(g, s) for s in wanted) * itemsize
+        images = max(-(-AUTOTUNE_COLUMNS // max(1, g.out_count)),
+                     -(-AUTOTUNE_BYTES // (parts * max(1, per_image))))
+    k = max(1, min(per_part, images))
+    n = min(g.num, k * parts)
+    engines = {}
+    for s in wanted:
+        engines[s] = LoweringEngine(s, workspace=Workspace())
+    best = _measure_engines(engines, replace(g, num=n), dtype, AUTOTUNE_ROUNDS)
+    result = {s: t / n for s, t in best.items()}
+    _write_cache({"autotune": {key: {**cached, **{str(s): t for s, t in result.items()}}}})
+    return result
+
+
+def autotune_conv_engine(g: ConvGeometry, dtype: Any = np.float32, strategy: int = 1,
+                         predicted: float | None = None) -> dict[str, float]:
+    """Seconds of one forward + backward (data and weights) of the whole layer ``g`` with the lowering engine
+    (lowering ``strategy``, type 1 where it does not apply) and with the FFT engine in its layouts whose predictions
+    are within ``FFT_LAYOUT_WINDOW`` of each other (else the predicted one): ``{"lowering": s, "fft full": s,
+    "fft lifted": s}``.
+
+    Measured as a training iteration runs them (:func:`_measure_engines`: every operand new each step,
+    ``ENGINE_AUTOTUNE_ROUNDS`` rounds interleaved after a warm-up and a short pause — the FFT and BLAS thread
+    pools hand the cores over —, the best round).  A layer ``predicted`` (seconds) to take longer than
+    ``ENGINE_AUTOTUNE_SECONDS`` is measured on fewer images and scaled to the batch — the FFT engine's kernel
+    transforms, done once per batch, then count for more than in the layer, which favours the lowering
+    engine on such layers.  Cached per geometry, dtype, thread setting and lowering."""
+    from cct.engines.fft import FFTEngine
+    from cct.engines.lowering import LoweringEngine, Workspace, strategy_fallback
+
+    strategy = strategy if strategy_fallback(strategy, g) is None else 1
+    key = f"{geometry_key(g, dtype)}-lowering{strategy}"
+    cached = _read_cache().get("conv_engine", {}).get(key)
+    if cached and "lowering" in cached and any(k.startswith("fft ") for k in cached):
+        return {k: float(t) for k, t in cached.items()}
+    if predicted is None:
+        rates = machine_rates()
+        lowering = {e.variant: e.seconds for e in LoweringEngine.estimates(g, dtype, rates)}
+        predicted = max(lowering[f"lowering {strategy}"], min(e.seconds for e in FFTEngine.estimates(g, dtype, rates)))
+    n = max(1, min(g.num, int(g.num * ENGINE_AUTOTUNE_SECONDS / max(predicted, 1e-9))))
+    est = FFTEngine.estimate(g, np.dtype(dtype).itemsize, machine_rates())  # the layouts' own model
+    layouts = [k for k in ("full", "lifted") if k in est]
+    if len(layouts) == 2 and max(est[k]["seconds"] for k in layouts) > FFT_LAYOUT_WINDOW * min(
+            est[k]["seconds"] for k in layouts):
+        layouts = [est["choice"]]  # a clear call: only the predicted layout
+    engines: dict[str, ConvEngine] = {"lowering": LoweringEngine(strategy, workspace=Workspace())}
+    engines.update({f"fft {k}": FFTEngine(lift=k == "lifted") for k in layouts})
+    best = _measure_engines(engines, replace(g, num=n), dtype, ENGINE_AUTOTUNE_ROUNDS, settle=0.1, decided=2.0)
+    result = {name: t * g.num / n for name, t in best.items()}
+    _write_cache({"conv_engine": {key: result}})
+    return result

@@ -1,0 +1,148 @@
+"""The convolution engine contract: the geometry of one convolution, an engine's arithmetic and its predicted
+cost (see :mod:`cct.engines` for the engines and how layers get them)."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ConvGeometry:
+    """Shapes of one convolution ``(N, C, *in_shape) → (N, O, *out_shape)``; spatial tuples have one entry
+    per spatial axis (possibly none)."""
+
+    num: int
+    in_channels: int
+    out_channels: int
+    group: int
+    in_shape: tuple[int, ...]
+    kernel: tuple[int, ...]
+    stride: tuple[int, ...]
+    pad: tuple[int, ...]
+    dilation: tuple[int, ...]
+
+    @property
+    def num_spatial_axes(self) -> int:
+        return len(self.in_shape)
+
+    @property
+    def extent(self) -> tuple[int, ...]:
+        """Dilated kernel extent per axis: ``dilation*(kernel-1) + 1``."""
+        return tuple(d * (k - 1) + 1 for k, d in zip(self.kernel, self.dilation))
+
+    @property
+    def out_shape(self) -> tuple[int, ...]:
+        """``(in + 2*pad - extent) // stride + 1`` per axis (the caller checks ``in + 2*pad >= extent``)."""
+        return tuple((i + 2 * p - e) // s + 1
+                     for i, p, e, s in zip(self.in_shape, self.pad, self.extent, self.stride))
+
+    @property
+    def kernel_count(self) -> int:
+        n = 1
+        for k in self.kernel:
+            n *= k
+        return n
+
+    @property
+    def out_count(self) -> int:
+        n = 1
+        for o in self.out_shape:
+            n *= o
+        return n
+
+    @property
+    def is_pointwise(self) -> bool:
+        """1x1 kernel, stride 1, no padding: lowering is a pure transposition of the input."""
+        return all(k == 1 and s == 1 and p == 0 for k, s, p in zip(self.kernel, self.stride, self.pad))
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """An engine's predicted cost of one convolution geometry (whole batch), nothing measured.
+
+    ``variant``: what would run (``"lowering 2"``, ``"fft lifted"``); ``workspace_bytes``: the scratch memory
+    the engine holds for it (lowered matrices and GEMM results per chunk, or kept spectra)."""
+
+    engine: str
+    variant: str
+    forward_seconds: float
+    backward_seconds: float
+    workspace_bytes: int
+
+    @property
+    def seconds(self) -> float:
+        """Forward + backward (data and weights): one training step of the layer."""
+        return self.forward_seconds + self.backward_seconds
+
+
+class ConvEngine(ABC):
+    """The arithmetic of a convolution.  ``configure`` is called from the layer's reshape whenever the
+    geometry may have changed; the other methods write into the given output arrays."""
+
+    name: str = "abstract"
+
+    def __init__(self) -> None:
+        self.geometry: ConvGeometry | None = None
+
+    def configure(self, geometry: ConvGeometry, dtype: Any = None, xp: Any = None) -> bool:
+        """Adopt ``geometry`` (arrays of ``dtype`` from array module ``xp``, numpy when None); engines
+        (re)allocate their buffers lazily when it changes.  Returns True when the engine's plan changed (the
+        layer then logs :meth:`describe`)."""
+        changed = geometry != self.geometry
+        self.geometry = geometry
+        return changed
+
+    def describe(self) -> str:
+        """One line: what this engine runs for the configured geometry and why."""
+        return self.name
+
+    def workspace_bytes(self) -> int:
+        """Bytes of scratch memory the engine holds (lowered matrices, transposed copies, kept spectra)."""
+        return 0
+
+    def batch_partitions(self) -> int:
+        """Into how many batch partitions a call on the configured geometry is split (run concurrently)."""
+        return 1
+
+    @classmethod
+    def estimates(cls, g: ConvGeometry, dtype: Any = "float32", rates: Any = None, xp: Any = None) -> list[Estimate]:
+        """The predicted cost of each variant of this engine that can run ``g`` on arrays of ``xp`` (numpy
+        when None) — empty when none can; ``rates``: the machine's (:class:`cct.engines.cost_model.MachineRates`,
+        default: calibrated or the defaults)."""
+        return []
+
+    @abstractmethod
+    def forward(self, x: Any, w: Any, b: Any | None, y: Any) -> Any:
+        """``y[...] = conv(x, w) (+ b broadcast over the channel axis)``; returns ``y``."""
+
+    @abstractmethod
+    def backward(self, x: Any, dy: Any, w: Any, dx: Any | None, dw: Any | None) -> None:
+        """Both gradients of one convolution: ``dx[...] = conv_transpose(dy, w)`` (overwrites) and ``dw +=
+        correlation of x with dy`` (accumulates), either may be None (its operands then too); engines share
+        work between them."""
+
+    def backward_data(self, dy: Any, w: Any, dx: Any) -> Any:
+        """``dx[...] = conv_transpose(dy, w)`` (overwrites ``dx``); returns ``dx``."""
+        self.backward(None, dy, w, dx, None)
+        return dx
+
+    def backward_weights(self, x: Any, dy: Any, dw: Any) -> Any:
+        """``dw += correlation of x with dy`` (accumulates); returns ``dw``."""
+        self.backward(x, dy, None, None, dw)
+        return dw
+
+    def forward_and_backward_weights(self, x: Any, w: Any, y: Any | None, dy: Any, dw: Any | None) -> None:
+        """``y[...] = conv(x, w)`` and ``dw += corr(x, dy)`` (either may be None): Deconvolution's backward,
+        where the same ``x`` (its top gradient) feeds both; engines may share the work."""
+        if dw is not None:
+            self.backward_weights(x, dy, dw)
+        if y is not None:
+            self.forward(x, w, None, y)
+
+    @staticmethod
+    def backward_bias(dy: Any, db: Any) -> Any:
+        """``db += Σ_{n, spatial} dy[n, o, ...]``; returns ``db``."""
+        axes = (0,) + tuple(range(2, dy.ndim))
+        db += dy.sum(axis=axes)
+        return db

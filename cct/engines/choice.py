@@ -1,0 +1,282 @@
+"""Which engine each convolution runs — lowering (and which lowering) or FFT: the per-layer choice policy and
+its one-line description.  The settings it follows are :mod:`cct.config`'s ``conv_engine``, ``lowering`` and
+``autotune`` (``-conv_engine`` / ``CCT_CONV_ENGINE`` and the like), read when a layer is created; what it
+measures, and the cache of measurements, is :mod:`cct.engines.autotune`'s; what it predicts, the engines' own
+cost models (:func:`cct.engines.estimate_convolution`).
+
+* ``conv_engine`` = ``lowering`` | ``fft`` | ``auto``: ``fft`` runs every convolution by FFT — a strided one as
+  its stride-1 convolution, exact but at that cost —, and a layer the FFT engine cannot compute (arrays on a
+  GPU, no spatial axes) is an error naming the layer; ``auto`` takes the lowering engine on those and on
+  strided layers, and says why in the layer's log line;
+* ``lowering`` = ``1`` | ``2`` | ``3`` | ``auto``: force a lowering (a layer where it does not apply falls back
+  to type 1 and says why) or choose per layer;
+* ``autotune`` = ``auto`` | ``1`` | ``0``: whether ``auto`` measures the candidates on the layer's geometry
+  (forward + backward, at its first reshape; cached) — where the models leave a close call, for every layer,
+  or never (the models alone).
+
+Engine ``auto`` per layer (:func:`choose_conv_engine`, ZNN's layerwise autotuning): the lowering engine where
+the FFT engine does not apply, the layer is strided, or the FFT engine cannot plausibly save
+``PREFER_TYPE1_SECONDS`` (its model's prediction divided by ``FFT_WINDOW``); otherwise both engines measured
+on the layer (:func:`cct.engines.autotune.autotune_conv_engine`) and the FFT engine taken when it is at least
+that much faster.
+
+Lowering ``auto`` per layer (:func:`choose_strategy`):
+
+1. only type 1 applies (strided, 1x1, 1-D) → type 1;
+2. the cost model (:mod:`cct.engines.cost_model`) predicts no lowering saves ``PREFER_TYPE1_SECONDS`` (1 ms)
+   over type 1 → type 1: small layers gain nothing measurable, and type 1 sums in Caffe's order, so its
+   float32 results are the closest to Caffe's;
+3. the cost model with this machine's rates (:func:`cct.engines.autotune.calibrate`: measured once per
+   machine in well under a second, cached) — GEMM speed as a function of shape, the engine's own copy and
+   slice-add rates;
+4. a layer predicted to take ``AUTOTUNE_MIN_SECONDS`` (50 ms) or more, where another lowering is predicted
+   within ``AUTOTUNE_WINDOW`` (15%) of the best (a close call: the model's error is about that) → those
+   candidates measured (:func:`cct.engines.autotune.autotune`: one chunk of the layer, cached per geometry),
+   the fastest wins; a clear winner is taken as predicted;
+5. a smaller layer → the prediction, but type 1 unless another is predicted ``PREFER_TYPE1_FRACTION`` (5%)
+   faster.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from cct.config import settings
+from cct.engines import create_conv_engine
+from cct.engines.autotune import autotune, autotune_conv_engine, machine_rates
+from cct.engines.base import ConvEngine, ConvGeometry
+from cct.engines.cost_model import MachineRates, estimate_seconds, layer_costs
+from cct.errors import CctError
+
+# auto keeps type 1 unless another lowering is predicted to save at least this much (any layer) ...
+PREFER_TYPE1_SECONDS = 1e-3
+# ... and, where the model decides (no measurement), this fraction of the layer's time
+PREFER_TYPE1_FRACTION = 0.05
+# autotune="auto" measures layers predicted to take this long (forward + backward, whole batch) or more ...
+AUTOTUNE_MIN_SECONDS = 0.05
+# ... where the calibrated model finds another lowering within this factor of its best (a close call);
+# only those candidates are measured
+AUTOTUNE_WINDOW = 1.15
+# auto engine choice: the FFT engine's prediction may be off by this factor (screening)
+FFT_WINDOW = 2.0
+
+
+def engine_for_layer(kind: str = "Convolution") -> SelectedEngine:
+    """A new engine for a Convolution/Deconvolution layer, following the current engine and lowering settings
+    (called by the layer creator functions; the engine that runs is chosen at each new geometry)."""
+    return SelectedEngine(settings.get("conv_engine"), settings.source("conv_engine"),
+                          settings.get("lowering"), settings.source("lowering"))
+
+
+class SelectedEngine(ConvEngine):
+    """The engine a convolution layer owns: the lowering or the FFT engine (:attr:`inner`), chosen for each
+    geometry at the layer's reshape by the ``conv_engine`` setting the layer was created with:
+
+    * ``lowering`` — the lowering engine (with the ``lowering`` setting);
+    * ``fft`` — the FFT engine (strided layers too, as their stride-1 convolution); a layer it cannot
+      compute (arrays on a GPU, no spatial axes) is an error;
+    * ``auto`` — :func:`choose_conv_engine`: the fastest measured of the lowering engine and the FFT
+      engine's layouts on stride-1 layers where the FFT engine may save time; otherwise the lowering engine,
+      with the reason in :meth:`describe`.
+
+    Every engine call goes to :attr:`inner`; other attributes (``strategy``, ``reuses``, ...) are read from
+    it too.  :attr:`reason` says why this engine runs ("" when the setting named it)."""
+
+    def __init__(self, choice: str = "auto", source: str = "default", lowering: int | str = "auto",
+                 lowering_source: str = "default"):
+        super().__init__()
+        if choice not in ("lowering", "fft", "auto") or lowering not in (1, 2, 3, "auto"):
+            raise ValueError(f"SelectedEngine({choice!r}, lowering={lowering!r})")
+        self.choice, self.source = choice, source
+        self.lowering, self.lowering_source = lowering, lowering_source
+        self.inner: ConvEngine | None = None
+        self.reason = ""
+        self._key: tuple[Any, ...] | None = None
+
+    @property  # type: ignore[override]
+    def name(self) -> str:
+        return self.inner.name if self.inner is not None else "unconfigured"
+
+    def __getattr__(self, attr: str) -> Any:
+        inner = self.__dict__.get("inner")
+        if inner is None or attr.startswith("__"):
+            raise AttributeError(attr)
+        return getattr(inner, attr)
+
+    def _engine(self) -> ConvEngine:
+        if self.inner is None:
+            raise RuntimeError("convolution engine used before configure()")
+        return self.inner
+
+    def configure(self, geometry: ConvGeometry, dtype: Any = None, xp: Any = None) -> bool:
+        dtype = np.dtype(np.float32 if dtype is None else dtype)
+        key = (geometry, dtype, xp if xp is not None else np)
+        if key == self._key and self.inner is not None:
+            return False
+        choice, reason = choose_conv_engine(geometry, dtype, xp, self.choice, self.source, self.lowering)
+        name, _, layout = choice.partition(" ")  # "fft lifted" / "fft full": a measured FFT layout
+        changed = self.inner is None or self.inner.name != name or reason != self.reason
+        if self.inner is None or self.inner.name != name:
+            self.inner = create_conv_engine(name)
+        if name == "lowering":
+            if self.lowering == "auto":
+                self.inner.request(*choose_strategy(geometry, dtype))
+            else:
+                self.inner.request(self.lowering, f"forced by {self.lowering_source}")
+        if name == "fft":  # the measured layout, or (None) the engine's own choice
+            self.inner.requested_lift = (layout == "lifted") if layout else None
+        self.reason = reason
+        changed = self.inner.configure(geometry, dtype, xp) or changed
+        self.geometry, self._key = geometry, key
+        return changed
+
+    def describe(self) -> str:
+        text = self._engine().describe()
+        return f"{text}; {self.reason}" if self.reason else text
+
+    def workspace_bytes(self) -> int:
+        return self.inner.workspace_bytes() if self.inner is not None else 0
+
+    def batch_partitions(self) -> int:
+        return self._engine().batch_partitions()
+
+    def forward(self, x: Any, w: Any, b: Any | None, y: Any) -> Any:
+        return self._engine().forward(x, w, b, y)
+
+    def backward(self, x: Any, dy: Any, w: Any, dx: Any | None, dw: Any | None) -> None:
+        self._engine().backward(x, dy, w, dx, dw)
+
+    def forward_and_backward_weights(self, x: Any, w: Any, y: Any | None, dy: Any, dw: Any | None) -> None:
+        self._engine().forward_and_backward_weights(x, w, y, dy, dw)
+
+
+def fft_applies(g: ConvGeometry, xp: Any = None) -> tuple[bool, str]:
+    """(True, "") when the FFT engine can compute ``g`` on arrays of ``xp``, else (False, the reason)."""
+    from cct.engines.fft import FFTEngine
+
+    if xp is not None and xp is not np:
+        return False, "the fft engine runs on the CPU and this layer's arrays are on a GPU"
+    return FFTEngine.supports(g)
+
+
+def predicted_fft_seconds(g: ConvGeometry, dtype: Any = np.float32) -> float:
+    """The FFT engine's predicted forward+backward seconds for ``g`` (its own model; nothing measured)."""
+    from cct.engines.fft import FFTEngine
+
+    est = FFTEngine.estimate(g, np.dtype(dtype).itemsize, machine_rates())
+    return float(est[est["choice"]]["seconds"])
+
+
+def _lowering_prediction(g: ConvGeometry, lowering: int | str, rates: MachineRates | None = None) -> float:
+    predicted = predicted_seconds(g, rates)
+    if lowering != "auto" and lowering in predicted:
+        return predicted[int(lowering)]
+    return min(predicted.values())
+
+
+def choose_conv_engine(g: ConvGeometry, dtype: Any = np.float32, xp: Any = None, choice: str = "auto",
+                       source: str = "default", lowering: int | str = "auto") -> tuple[str, str]:
+    """(engine name, reason) for geometry ``g`` under the ``conv_engine`` setting ``choice``.
+
+    ``auto``: the lowering engine where the FFT engine does not apply (the reason names why) or where the two
+    models (:func:`predicted_seconds`, :func:`predicted_fft_seconds`) leave the FFT engine no chance to save
+    ``PREFER_TYPE1_SECONDS`` even at ``FFT_WINDOW`` times its prediction (small layers, most 2-D layers: they
+    keep Caffe's summation order); otherwise both engines measured on the layer (:func:`autotune_conv_engine`,
+    cached) and the FFT engine taken when it saves at least ``PREFER_TYPE1_SECONDS``.  With autotune off
+    (``CCT_AUTOTUNE=0``) the predictions decide; with it forced on, every applicable layer is measured."""
+    if choice == "lowering":
+        return "lowering", ""
+    ok, why = fft_applies(g, xp)
+    if choice == "fft":
+        if not ok:
+            raise CctError(f"conv_engine fft (set by {source}) cannot run this layer: {why}; "
+                           f"use conv_engine lowering or auto")
+        return "fft", ""
+    if not ok:
+        return "lowering", f"not fft: {why}"
+    if any(st != 1 for st in g.stride):  # fft would compute every stride-1 output and drop the rest
+        st = g.stride[0] if len(set(g.stride)) == 1 else "x".join(map(str, g.stride))
+        return "lowering", f"not fft: stride {st} > 1"
+    t_fft = predicted_fft_seconds(g, dtype)
+    t_low = _lowering_prediction(g, lowering)
+    tune = settings.get("autotune")
+    if tune is not True and t_low - t_fft / FFT_WINDOW < PREFER_TYPE1_SECONDS:
+        return "lowering", ""  # the usual case (the layer's log line shows both predictions)
+    if tune is False:
+        t_low = _lowering_prediction(g, lowering, machine_rates(calibrate_if_missing=True))
+        if t_low - t_fft >= max(PREFER_TYPE1_SECONDS, PREFER_TYPE1_FRACTION * t_low):
+            return "fft", f"engine by cost model (lowering predicted {t_low * 1e3:.3g} ms)"
+        return "lowering", f"engine by cost model (fft predicted {t_fft * 1e3:.3g} ms)"
+    strategy = choose_strategy(g, dtype)[0] if lowering == "auto" else int(lowering)
+    measured = autotune_conv_engine(g, dtype, strategy, max(t_low, t_fft))
+    fft = min((k for k in measured if k.startswith("fft")), key=measured.__getitem__)
+    name = fft if measured["lowering"] - measured[fft] >= PREFER_TYPE1_SECONDS else "lowering"
+    return name, "engine autotuned: " + ", ".join(f"{k} {t * 1e3:.3g} ms" for k, t in measured.items())
+
+
+def _partitions(g: ConvGeometry) -> int:
+    from cct.runtime.partition import partitions_for
+
+    return partitions_for(g.num, 2.0 * g.out_channels * (g.in_channels // g.group) * g.kernel_count * g.out_count)
+
+
+def predicted_seconds(g: ConvGeometry, rates: MachineRates | None = None) -> dict[int, float]:
+    """The cost model's forward+backward seconds of every applicable strategy (``rates``: this machine's if
+    calibrated, else the defaults; nothing is measured here)."""
+    from cct.engines.lowering import strategy_fallback
+
+    rates = rates or machine_rates(calibrate_if_missing=False)
+    parts = _partitions(g)
+    return {s: estimate_seconds(layer_costs(g, s), rates, parts)
+            for s in (1, 2, 3) if strategy_fallback(s, g) is None}
+
+
+def predicted_engine_seconds(g: ConvGeometry, dtype: Any = np.float32) -> dict[str, float]:
+    """Predicted forward+backward seconds of each applicable lowering (keys ``"1"``..``"3"``) and of the FFT
+    engine (``"fft"``, where it applies): what a convolution layer logs at setup."""
+    out = {str(s): t for s, t in predicted_seconds(g).items()}
+    if fft_applies(g)[0]:
+        out["fft"] = predicted_fft_seconds(g, dtype)
+    return out
+
+
+def choose_strategy(g: ConvGeometry, dtype: Any = np.float32) -> tuple[int, str]:
+    """``auto``: (strategy, reason) for geometry ``g`` — see the module docstring for the rules."""
+    predicted = predicted_seconds(g)
+    if len(predicted) == 1:
+        return 1, "cost model: only lowering 1 applies"
+    tune = settings.get("autotune")
+    if tune is True:
+        measured = autotune(g, dtype)
+        return min(measured, key=measured.__getitem__), "autotuned"
+    best = min(predicted, key=predicted.__getitem__)
+    if predicted[1] - predicted[best] < PREFER_TYPE1_SECONDS:
+        return 1, "cost model"  # nothing measurable to gain: keep Caffe's summation order
+    predicted = predicted_seconds(g, machine_rates(calibrate_if_missing=True))
+    best = min(predicted, key=predicted.__getitem__)
+    if tune == "auto" and predicted[best] >= AUTOTUNE_MIN_SECONDS:
+        close = [s for s, t in predicted.items() if t <= AUTOTUNE_WINDOW * predicted[best]]
+        if len(close) > 1:
+            measured = autotune(g, dtype, close)
+            return min(measured, key=measured.__getitem__), "autotuned"
+        return best, "cost model"
+    if predicted[1] - predicted[best] < max(PREFER_TYPE1_SECONDS, PREFER_TYPE1_FRACTION * predicted[best]):
+        best = 1  # a close call: keep type 1, Caffe's own summation order
+    return best, "cost model"
+
+
+def describe_layer_engine(layer: Any) -> str:
+    """What ``cct time`` prints beside a layer: e.g. ``lowering 2 (cost model), 2 partitions`` for a
+    convolution, ``fft 36x36x36 (...), 12.5 MiB of kept spectra`` for an FFT one, ``2 partitions`` for a
+    partitioned layer, ``""`` otherwise."""
+    engine = getattr(layer, "engine", None)
+    parts = getattr(layer, "last_partitions", None)
+    text = engine.describe() if engine is not None and hasattr(engine, "describe") else ""
+    if parts is None and getattr(engine, "geometry", None) is not None and hasattr(engine, "batch_partitions"):
+        parts = engine.batch_partitions()
+    if parts and parts > 1:
+        text = f"{text}, {parts} partitions" if text else f"{parts} partitions"
+    if getattr(engine, "name", "") == "fft":
+        text += f", {engine.workspace_bytes() / 2**20:.1f} MiB of kept spectra"
+    return text

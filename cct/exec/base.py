@@ -1,0 +1,37 @@
+"""The executor contract (see :mod:`cct.exec`)."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from cct.net import NetCore
+
+
+class Executor(ABC):
+    """Runs whole passes of one net (see the module docstring).  Layer ranges are inclusive; backward runs
+    from ``start`` down to ``end`` (``start >= end``) and only where the net says a layer needs it."""
+
+    net: Any = None
+
+    def attach(self, net: NetCore) -> None:
+        """Bind to ``net`` (once; an executor keeps per-layer state for the net it serves)."""
+        if self.net is not None and self.net is not net:
+            raise RuntimeError(f"{type(self).__name__} already runs another net")
+        self.net = net
+
+    @abstractmethod
+    def forward(self, net: NetCore, start: int, end: int) -> float:
+        """Run layers ``start..end``; return the summed weighted loss of their loss tops."""
+
+    @abstractmethod
+    def backward(self, net: NetCore, start: int, end: int) -> None:
+        """Back-propagate through layers ``start`` down to ``end``."""
+
+    def describe(self) -> str:
+        """One line for logs: what runs the passes."""
+        return type(self).__name__
+
+
+ExecutorFactory = Callable[[], Executor]

@@ -1,0 +1,133 @@
+"""Thread budgets: concurrent and nested BLAS thread requests, with their interleavings forced by events."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from cct.runtime.threads import BUDGET, ThreadBudget, blas_threads, thread_budget
+
+
+class FakeLibrary:
+    """A BLAS library's thread count, as threadpoolctl's controllers expose it."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def get_num_threads(self) -> int:
+        return self.n
+
+    def set_num_threads(self, n: int) -> None:
+        self.n = n
+
+
+@pytest.fixture
+def budget():
+    b = ThreadBudget()
+    libs = [FakeLibrary(8), FakeLibrary(8)]
+    b.libraries = lambda: libs  # type: ignore[method-assign]
+    return b, libs
+
+
+def _counts(libs) -> list[int]:
+    return [lib.n for lib in libs]
+
+
+def test_nested_requests_in_one_thread(budget):
+    b, libs = budget
+    b.acquire(4)
+    assert _counts(libs) == [4, 4] and b.thread_budget() == 4
+    b.acquire(1)
+    assert _counts(libs) == [1, 1] and b.thread_budget() == 1
+    b.release(1)
+    assert _counts(libs) == [4, 4] and b.thread_budget() == 4
+    b.release(4)
+    assert _counts(libs) == [8, 8] and b.thread_budget() is None
+
+
+def test_concurrent_requests_run_with_the_smallest_and_restore_when_all_end(budget):
+    """A asks for 1, then B for 2 while A is inside: the libraries stay at 1 (B may not oversubscribe A's
+    promise); A leaves first: B alone, 2; B leaves: back to 8.  Setting and restoring per thread (the last
+    writer wins) would give A 2 threads, and leave the process at 1 after A's and B's restores cross."""
+    b, libs = budget
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    seen: dict[str, list[int]] = {}
+
+    def thread_a() -> None:
+        b.acquire(1)
+        a_in.set()
+        b_in.wait(5)
+        seen["a with b"] = _counts(libs)
+        b.release(1)
+        a_out.set()
+
+    t = threading.Thread(target=thread_a)
+    t.start()
+    a_in.wait(5)
+    b.acquire(2)
+    seen["b with a"] = _counts(libs)
+    assert b.thread_budget() == 2  # B's own budget (its FFTs use it) is still what it asked for
+    b_in.set()
+    a_out.wait(5)
+    seen["b alone"] = _counts(libs)
+    b.release(2)
+    t.join()
+    assert seen == {"b with a": [1, 1], "a with b": [1, 1], "b alone": [2, 2]}
+    assert _counts(libs) == [8, 8]
+
+
+def test_many_threads_leave_no_trace(budget):
+    b, libs = budget
+    start = threading.Barrier(6)
+
+    def worker(n: int) -> None:
+        start.wait(5)
+        for _ in range(200):
+            b.acquire(n)
+            assert min(lib.n for lib in libs) <= n
+            b.release(n)
+
+    threads = [threading.Thread(target=worker, args=(k % 3 + 1,)) for k in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert _counts(libs) == [8, 8]
+
+
+def test_the_real_libraries_follow_requests_from_any_thread():
+    """OpenBLAS through threadpoolctl: a request from a worker thread takes effect too (threadpoolctl alone
+    lets only its first caller thread change the count), and many threads leave the count where it was."""
+    import numpy  # noqa: F401
+    import scipy.linalg  # noqa: F401  (its own OpenBLAS)
+
+    before = BUDGET.process_count()
+    with blas_threads(1):
+        assert BUDGET.process_count() == 1 and thread_budget() == 1
+    assert BUDGET.process_count() == before
+    seen: list[tuple[int, int]] = []
+    start = threading.Barrier(4)
+
+    def worker(n: int) -> None:
+        start.wait(5)
+        for _ in range(300):
+            with blas_threads(n):
+                seen.append((n, BUDGET.process_count()))
+
+    threads = [threading.Thread(target=worker, args=(k % 2 + 1,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(count <= n for n, count in seen)
+    assert BUDGET.process_count() == before
+    solo: list[int] = []
+
+    def alone() -> None:
+        with blas_threads(1):
+            solo.append(BUDGET.process_count())
+
+    t = threading.Thread(target=alone)
+    t.start()
+    t.join()
+    assert solo == [1] and BUDGET.process_count() == before
