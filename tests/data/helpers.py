@@ -7,7 +7,7 @@ import io
 import os
 import threading
 import time
-from pathlib import Path
+from collections.abc import Collection
 
 import lmdb
 import numpy as np
@@ -18,8 +18,7 @@ from cct.blob import Blob
 from cct.gradient_check import layer_param
 from cct.layers.registry import create_layer
 from cct.proto import caffe_pb2 as pb
-
-REFERENCE = Path(__file__).resolve().parents[2].parent / "shared" / "caffe-reference"
+from tests.reference import REFERENCE  # noqa: E402,F401  (re-exported for the data tests)
 
 
 def make_layer(text: str, num_tops: int, phase: int = pb.TEST, bottoms: list[Blob] | None = None):
@@ -59,11 +58,14 @@ def prefetch_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("cct-prefetch-") and t.is_alive()]
 
 
-def wait_no_prefetch_threads(timeout: float = 5.0) -> list[threading.Thread]:
+def wait_no_prefetch_threads(existing: Collection[threading.Thread] = (),
+                             timeout: float = 5.0) -> list[threading.Thread]:
+    """The prefetch threads still alive after waiting up to ``timeout`` for them to end, except those in
+    ``existing`` (what other tests left running before this one started: not this test's business)."""
     deadline = time.monotonic() + timeout
     while True:
         gc.collect()
-        alive = prefetch_threads()
+        alive = [t for t in prefetch_threads() if t not in existing]
         if not alive or time.monotonic() > deadline:
             return alive
         time.sleep(0.02)

@@ -73,14 +73,14 @@ def test_multi_rank_sharding(tmp_path):
 
 def test_threads_end_when_layers_and_nets_are_dropped(tmp_path):
     src = small_db(tmp_path)
-    assert not wait_no_prefetch_threads()
+    existing = set(prefetch_threads())
     for i in range(10):
         layer, top = make_layer(data_text(src, 2), 2)
         if i % 2:
             forward(layer, top)  # a queue that is full or being filled both stop
         assert prefetch_threads()
         del layer, top
-    assert not wait_no_prefetch_threads()
+    assert not wait_no_prefetch_threads(existing)
     try:
         from cct.pycaffe import Net
     except ImportError:
@@ -95,4 +95,4 @@ def test_threads_end_when_layers_and_nets_are_dropped(tmp_path):
             np.testing.assert_array_equal(net.blobs["label"].data, [first, first + 1])
         del net
         gc.collect()
-    assert not wait_no_prefetch_threads()
+    assert not wait_no_prefetch_threads(existing)

@@ -7,7 +7,7 @@ import pytest
 from google.protobuf import text_format
 
 from cct.proto import caffe_pb2 as pb
-from tests.data.helpers import REFERENCE, forward, make_layer, wait_no_prefetch_threads
+from tests.data.helpers import REFERENCE, forward, make_layer, prefetch_threads, wait_no_prefetch_threads
 
 DATA_LAYER = REFERENCE / "data_layer"
 SOLVERS = REFERENCE / "solvers"
@@ -18,6 +18,7 @@ def test_data_layer_reference_four_forwards(monkeypatch):
     """Both Data layers of data_layer/net.prototxt (mean_file + crop + scale; per-channel mean_value +
     scale) give Caffe's TEST-phase tops bit for bit over four forwards, across the database's wrap."""
     monkeypatch.chdir(DATA_LAYER)
+    existing = set(prefetch_threads())
     net = text_format.Parse((DATA_LAYER / "net.prototxt").read_text(), pb.NetParameter())
     ref = np.load(DATA_LAYER / "test_forward.npz")
     layers = [(make_layer(text_format.MessageToString(lp), len(lp.top), pb.TEST), list(lp.top))
@@ -30,7 +31,7 @@ def test_data_layer_reference_four_forwards(monkeypatch):
                 np.testing.assert_array_equal(got, want, err_msg=f"iter{it}/{name}")
     for (layer, _), _ in layers:
         layer.close()
-    assert not wait_no_prefetch_threads()
+    assert not wait_no_prefetch_threads(existing)
 
 
 def _records(path):
