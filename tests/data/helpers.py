@@ -18,7 +18,7 @@ from cct.blob import Blob
 from cct.gradient_check import layer_param
 from cct.layers.registry import create_layer
 from cct.proto import caffe_pb2 as pb
-from tests.reference import REFERENCE  # noqa: E402,F401  (re-exported for the data tests)
+from tests.reference import REFERENCE  # noqa: F401  (re-exported for the data tests)
 
 
 def make_layer(text: str, num_tops: int, phase: int = pb.TEST, bottoms: list[Blob] | None = None):
