@@ -17,8 +17,20 @@ class NetTiming:
     backward_us: list[int] = field(default_factory=list)
     forward_total_us: int = 0
     backward_total_us: int = 0
-    iteration_ms: list[float] = field(default_factory=list)
+    iteration_ms: list[float] = field(default_factory=list)  # forward + backward of each pass
+    forward_ms: list[float] = field(default_factory=list)    # the forward of each pass
     total_ms: int = 0
+
+
+def device_synchronizer() -> Callable[[], None]:
+    """What waits for queued device work after each layer: the GPU's synchronize in Caffe's GPU mode, else
+    nothing."""
+    from cct import mode
+    from cct.device import cupy, cupy_available
+
+    if cupy_available and mode.mode() == mode.GPU:
+        return lambda: cupy.cuda.Device().synchronize()
+    return lambda: None
 
 
 def _us(t0: float) -> int:
@@ -41,6 +53,7 @@ def time_layers(net, iterations: int, synchronize: Callable[[], None] = lambda: 
             runner.forward_layer(net, i)
             synchronize()
             result.forward_us[i] += _us(t0)
+        result.forward_ms.append((time.perf_counter() - iter_start) * 1e3)
         result.forward_total_us += _us(iter_start)
         backward_start = time.perf_counter()
         for i in range(n_layers - 1, -1, -1):

@@ -32,6 +32,8 @@ COMMAND_MODULES = {
     "device_query": "cct.cli.device_query",
     "time": "cct.cli.time",
     "compare": "cct.cli.compare",
+    "bench": "cct.cli.bench",
+    "draw": "cct.cli.draw",
 }
 
 
