@@ -85,7 +85,7 @@ def main(flags: Flags) -> int:
     if not flags.model:
         raise CctError("Need a model definition to bench (-model: a prototxt, or caffenet, alexnet, googlenet).")
     if flags.price_per_hour < 0:
-        raise CctError(f"-price_per_hour {flags.price_per_hour}: must not be negative")
+        raise CctError(f"-price_per_hour {flags.price_per_hour:g}: must not be negative")
     if flags.batch < 0:
         raise CctError(f"-batch {flags.batch}: must be positive")
     fmt = _format(flags)
