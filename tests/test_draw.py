@@ -121,3 +121,20 @@ def test_cct_draw_command(tmp_path, capsys) -> None:
             assert cli.main(args) == 1
         fatal = messages(buf.getvalue(), "F")
         assert len(fatal) == 1 and message in fatal[0], (args, buf.getvalue())
+
+
+def test_draw_net_tool(tmp_path, capsys) -> None:
+    import importlib.util
+
+    tool = Path(__file__).resolve().parents[1] / "tools" / "draw_net.py"
+    spec = importlib.util.spec_from_file_location("cct_tools_draw_net", tool)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model = Path(__file__).resolve().parents[1] / "models" / "googlenet" / "deploy.prototxt"
+    out = tmp_path / "g.raw"
+    assert module.main([str(model), str(out), "--phase", "TEST"]) == 0
+    text = out.read_text()
+    assert '"inception_3a/output\\n(Concat)"' in text
+    assert sum("(Convolution)" in ln and "->" not in ln for ln in text.splitlines()) == 57  # node lines
+    assert module.main([str(tmp_path / "absent.prototxt"), str(out)]) == 1
+    assert "absent.prototxt" in capsys.readouterr().err
