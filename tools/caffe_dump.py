@@ -81,7 +81,7 @@ def random_inputs(net, seed):
     return out
 
 
-def run(caffe, net, inputs, train):
+def run(net, inputs, train):
     """Feed ``inputs`` (reshaping blobs whose shape differs), forward, and in TRAIN backward.  Returns the
     reference arrays as an ordered list of (name, array)."""
     reshaped = False
@@ -136,7 +136,7 @@ def dump(caffe, model, weights, phase, output, input_files=None, seed=0):
             raise SystemExit("caffe_dump: -input %s: the net has no input blob %s (inputs: %s)"
                              % (name, name, ", ".join(net.inputs)))
         inputs[name] = np.asarray(np.load(path), dtype=np.float32)
-    arrays = run(caffe, net, inputs, train)
+    arrays = run(net, inputs, train)
     write(output, arrays)
     return arrays
 
