@@ -22,6 +22,23 @@ TRAIN = pb.TRAIN
 TEST = pb.TEST
 
 
+class InputArrayError(CctError, RuntimeError):
+    """An array ``_set_input_arrays`` cannot take (pycaffe raises RuntimeError)."""
+
+
+def _check_contiguous_array(arr: np.ndarray, name: str, chw: tuple[int, int, int]) -> None:
+    """pycaffe's checks of an array handed to a MemoryData layer, with its messages."""
+    if not isinstance(arr, np.ndarray) or not arr.flags.c_contiguous:
+        raise InputArrayError(f"{name} must be C contiguous")
+    if arr.ndim != 4:
+        raise InputArrayError(f"{name} must be 4-d")
+    if arr.dtype != np.float32:
+        raise InputArrayError(f"{name} must be float32")
+    for axis, what in ((1, "number of channels"), (2, "height"), (3, "width")):
+        if arr.shape[axis] != chw[axis - 1]:
+            raise InputArrayError(f"{name} has wrong {what}")
+
+
 class Net(NetCore):
     """A network, built from a prototxt (or a NetParameter) in a phase.
 
@@ -217,12 +234,49 @@ class Net(NetCore):
             yield padded
 
     def set_input_arrays(self, data: np.ndarray, labels: np.ndarray) -> None:
-        """Feed a MemoryData layer (the net's first layer)."""
+        """Feed a MemoryData layer (the net's first layer) with ``data`` ``(n, C, H, W)`` and ``n`` labels.
+
+        Unlike pycaffe, arrays of another dtype or layout are converted (pycaffe asks for C-contiguous
+        float32); the layer keeps the arrays it is given, as Caffe keeps the pointers."""
         layer = self.layers[0]
         if not hasattr(layer, "reset"):
             raise CctError("set_input_arrays may only be called if the first layer is a MemoryData layer")
         layer.reset(np.ascontiguousarray(data, dtype=np.float32),
                     np.ascontiguousarray(labels, dtype=np.float32).reshape(-1))
+
+    # ---- pycaffe's low-level members (_caffe.cpp) ---------------------------------------------------------
+    @property
+    def _inputs(self) -> list[int]:
+        """Indices (into ``_blob_names``) of the input blobs."""
+        return list(self._input_blob_indices)
+
+    @property
+    def _outputs(self) -> list[int]:
+        """Indices (into ``_blob_names``) of the output blobs."""
+        return list(self._output_blob_indices)
+
+    def _bottom_ids(self, layer_index: int) -> list[int]:
+        """Blob indices of layer ``layer_index``'s bottoms."""
+        return list(self._bottom_id_vecs[layer_index])
+
+    def _top_ids(self, layer_index: int) -> list[int]:
+        """Blob indices of layer ``layer_index``'s tops."""
+        return list(self._top_id_vecs[layer_index])
+
+    def _set_input_arrays(self, data: np.ndarray, labels: np.ndarray) -> None:
+        """pycaffe's checked feed of a MemoryData layer: ``data`` and ``labels`` must be C-contiguous 4-D
+        float32 arrays, ``data`` ``(n, C, H, W)`` of the layer's C, H, W, ``labels`` ``(n, 1, 1, 1)``, and ``n`` a
+        multiple of the batch size; the layer keeps the arrays (no copy)."""
+        layer = self.layers[0] if self.layers else None
+        if not hasattr(layer, "reset"):
+            raise InputArrayError("set_input_arrays may only be called if the first layer is a MemoryDataLayer")
+        _check_contiguous_array(data, "data array", (layer.channels, layer.height, layer.width))
+        _check_contiguous_array(labels, "labels array", (1, 1, 1))
+        if data.shape[0] != labels.shape[0]:
+            raise InputArrayError("data and labels must have the same first dimension")
+        if data.shape[0] % layer.batch_size != 0:
+            raise InputArrayError("first dimensions of input arrays must be a multiple of batch size")
+        layer.reset(data, labels.reshape(-1))
 
     def copy_from(self, weights: str) -> None:
         """Load weights (.caffemodel or .caffemodel.h5) by layer name."""

@@ -1,12 +1,14 @@
 """Caffe's ``caffe time`` measurement: every layer's forward, then every layer's backward, timed one layer at a
-time for a number of iterations.  Each layer runs through the net's executor as a one-layer pass (so a device
-split or another executor is what is timed); a layer that needs no backward takes none, as Caffe's layers
-then do nothing."""
+time for a number of iterations.  Each layer runs through the per-layer runner of the net's serial executor
+(so a device split is what is timed), and every layer's backward is timed whether or not the net needs it, as
+Caffe's ``time`` does (a TEST-phase net still computes its parameter gradients there)."""
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from cct.errors import CctError
 
 
 @dataclass
@@ -19,8 +21,20 @@ class NetTiming:
     backward_us: list[int] = field(default_factory=list)
     forward_total_us: int = 0
     backward_total_us: int = 0
-    iteration_ms: list[float] = field(default_factory=list)
+    iteration_ms: list[float] = field(default_factory=list)  # forward + backward of each pass
+    forward_ms: list[float] = field(default_factory=list)    # the forward of each pass
     total_ms: int = 0
+
+
+def device_synchronizer() -> Callable[[], None]:
+    """What waits for queued device work after each layer: the GPU's synchronize in Caffe's GPU mode, else
+    nothing."""
+    from cct import mode
+    from cct.device import cupy, cupy_available
+
+    if cupy_available and mode.mode() == mode.GPU:
+        return lambda: cupy.cuda.Device().synchronize()
+    return lambda: None
 
 
 def _us(t0: float) -> int:
@@ -34,20 +48,24 @@ def time_layers(net, iterations: int, synchronize: Callable[[], None] = lambda: 
     ``on_iteration(j, ms)`` is called after pass ``j`` (1-based) with its wall-clock milliseconds."""
     n_layers = len(net.layers)
     result = NetTiming(list(net._layer_names), iterations, [0] * n_layers, [0] * n_layers)
-    executor = net.executor
+    runner = getattr(net.executor, "runner", None)
+    if runner is None:
+        raise CctError(f"per-layer times need the layer-by-layer executor; this net runs under "
+                       f"{net.executor.describe()}")
     total_start = time.perf_counter()
     for j in range(iterations):
         iter_start = time.perf_counter()
         for i in range(n_layers):
             t0 = time.perf_counter()
-            executor.forward(net, i, i)
+            runner.forward_layer(net, i)
             synchronize()
             result.forward_us[i] += _us(t0)
+        result.forward_ms.append((time.perf_counter() - iter_start) * 1e3)
         result.forward_total_us += _us(iter_start)
         backward_start = time.perf_counter()
         for i in range(n_layers - 1, -1, -1):
             t0 = time.perf_counter()
-            executor.backward(net, i, i)
+            runner.backward_layer(net, i)
             synchronize()
             result.backward_us[i] += _us(t0)
         result.backward_total_us += _us(backward_start)

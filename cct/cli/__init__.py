@@ -30,6 +30,9 @@ COMMAND_MODULES = {
     "test": "cct.cli.test",
     "device_query": "cct.cli.device_query",
     "time": "cct.cli.time",
+    "compare": "cct.cli.compare",
+    "bench": "cct.cli.bench",
+    "draw": "cct.cli.draw",
 }
 
 
@@ -41,6 +44,11 @@ class _Lazy:
 
     def __call__(self, flags: Flags) -> int:
         return int(importlib.import_module(self.module).main(flags) or 0)
+
+    @property
+    def arguments(self) -> str:
+        """The positional arguments the command takes after its name (``ARGUMENTS``; '' for Caffe's verbs)."""
+        return getattr(importlib.import_module(self.module), "ARGUMENTS", "")
 
 
 COMMANDS: dict[str, Callable[[Flags], int]] = {name: _Lazy(m) for name, m in COMMAND_MODULES.items()}
@@ -76,7 +84,9 @@ FLAGS = common.FLAGS  # Caffe's own flags and cct's knobs (what tools/caffe.cpp'
 def usage(prog: str = "cct") -> str:
     lines = ["command line brew", "usage: caffe <command> <args>", "", "commands:"]
     for name, module in COMMAND_MODULES.items():
-        lines.append(f"  {name:<15} {importlib.import_module(module).SUMMARY}")
+        m = importlib.import_module(module)
+        arguments = getattr(m, "ARGUMENTS", "")
+        lines.append(f"  {name:<15} {m.SUMMARY}" + (f" (cct {name} {arguments})" if arguments else ""))
     lines.append("  convert_imageset    convert a set of images to the leveldb/lmdb format (own flags)")
     lines.append("  compute_image_mean  compute the mean image of a leveldb/lmdb (own flags)")
     return usage_text(f"{prog}: " + "\n".join(lines), all_flags(), "Flags from tools/caffe.cpp and cct")
@@ -106,13 +116,14 @@ def run(argv: Sequence[str]) -> int:
     if flags.help:
         print(usage(), file=sys.stderr)
         return 0
-    if len(positional) != 1:
-        print(usage(), file=sys.stderr)
+    name = positional[0] if positional else ""
+    command = COMMANDS.get(name)
+    if not positional or (len(positional) > 1 and not getattr(command, "arguments", "")):
+        print(usage(), file=sys.stderr)  # Caffe's verbs take exactly one positional argument
         return 1
-    name = positional[0]
+    flags["args"] = positional[1:]
     if name in TOOLS:
         raise CctError(f"{name} takes its own arguments: put it first (cct {name} ...)")
-    command = COMMANDS.get(name)
     if command is None:
         raise CctError(f"Unknown action: {name} (available caffe actions: "
                        f"{', '.join(sorted(COMMANDS) + sorted(TOOLS))})")

@@ -3,8 +3,6 @@ averaged over ``-iterations`` (whole microseconds per layer, whole milliseconds 
 and the engine every convolution runs."""
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 
 from cct import log
@@ -16,17 +14,8 @@ SUMMARY = "benchmark model execution time"
 FLAGS: list = []
 
 
-def _synchronize() -> Callable[[], None]:
-    from cct import mode
-    from cct.device import cupy, cupy_available
-
-    if cupy_available and mode.mode() == mode.GPU:
-        return lambda: cupy.cuda.Device().synchronize()
-    return lambda: None
-
-
 def main(flags: Flags) -> int:
-    from cct.bench.timing import time_layers
+    from cct.bench.timing import device_synchronizer, time_layers
     from cct.engines.choice import describe_layer_engine
     from cct.pycaffe import Net
 
@@ -46,7 +35,7 @@ def main(flags: Flags) -> int:
     n = flags.iterations
     log.info("*** Benchmark begins ***")
     log.info("Testing for %d iterations.", n)
-    t = time_layers(net, n, _synchronize(),
+    t = time_layers(net, n, device_synchronizer(),
                     lambda j, ms: log.info("Iteration: %d forward-backward time: %d ms.", j, int(ms)))
     log.info("Average time per layer: ")
     for i, name in enumerate(t.layer_names):

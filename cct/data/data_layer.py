@@ -1,4 +1,4 @@
-"""``Data``: batches of Datum records from an LMDB (Caffe's ``DataLayer``).
+"""``Data``: batches of Datum records from an LMDB or a LevelDB (Caffe's ``DataLayer``).
 
 Tops: ``data`` ``(batch_size, C, H', W')`` — the shape of each batch's first record after the
 transformer — and optionally ``label`` ``(batch_size,)`` (``Datum.label``).  Records are read in key
@@ -20,7 +20,7 @@ from cct import log, mode
 from cct.blob import Blob
 from cct.data.base import Batch, PrefetchingDataLayer, reuse
 from cct.data.datum import DatumError, datum_to_array, decode_flag, parse_datum, raw_view
-from cct.data.db import LmdbReader, resolve_source
+from cct.data.db import LeveldbReader, LmdbReader, open_reader
 from cct.data.transformer import DataTransformer
 from cct.errors import CctError, ParamError
 from cct.layers.registry import register
@@ -38,7 +38,7 @@ class DbProducer:
 
     decode_threads = min(8, os.cpu_count() or 1)
 
-    def __init__(self, reader: LmdbReader, transformer: DataTransformer, batch_size: int, flag: int,
+    def __init__(self, reader: LmdbReader | LeveldbReader, transformer: DataTransformer, batch_size: int, flag: int,
                  labels: bool, shard: tuple[int, int] | None):
         self.reader = reader
         self.transformer = transformer
@@ -113,7 +113,7 @@ class DbProducer:
 
 @register("Data")
 class DataLayer(PrefetchingDataLayer):
-    """Caffe's ``Data`` layer over an LMDB of Datum records."""
+    """Caffe's ``Data`` layer over an LMDB or LevelDB of Datum records."""
 
     min_top = 1
     max_top = 2
@@ -123,12 +123,12 @@ class DataLayer(PrefetchingDataLayer):
         tp = self.layer_param.transform_param
         if dp.batch_size <= 0:
             raise ParamError("data_param.batch_size", "a positive batch_size is required")
-        source = resolve_source(dp.source, dp.backend)
+        reader = open_reader(dp.source, dp.backend)
+        source = reader.path
         if dp.rand_skip:
             log.info("data_param.rand_skip (%d) is ignored by the Data layer, as in Caffe 1.0", dp.rand_skip)
         transformer = DataTransformer(tp, self.phase)
         flag = decode_flag(tp.force_color, tp.force_gray)
-        reader = LmdbReader(source)
         producer = DbProducer(reader, transformer, int(dp.batch_size), flag, len(top) > 1, None)
         key, value = reader.first()
         datum = producer.parse(key, value)

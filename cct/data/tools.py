@@ -10,7 +10,8 @@ convert_imageset [FLAGS] ROOTFOLDER/ LISTFILE DB_NAME
     read in colour (or grey with ``-gray``), resized to ``-resize_width`` × ``-resize_height`` when both
     are > 0, and stored as a Datum under key ``"%08d_<path>" % line_index`` (images that cannot be read
     are logged and skipped).  ``-encoded`` stores the file bytes (re-encoded as ``-encode_type`` or the
-    file's extension when the image was resized or its colour-ness changed).  Only LMDB is written.
+    file's extension when the image was resized or its colour-ness changed).  ``-backend lmdb`` (the default)
+    or ``leveldb`` (needs plyvel: the ``leveldb`` extra).
 
 compute_image_mean [FLAGS] INPUT_DB [OUTPUT_FILE]
     The float32 mean of all Datums (accumulated in float32, as Caffe does), written as a BlobProto
@@ -18,7 +19,6 @@ compute_image_mean [FLAGS] INPUT_DB [OUTPUT_FILE]
 """
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Sequence
 
@@ -26,7 +26,7 @@ import numpy as np
 
 from cct import log
 from cct.data.datum import DatumError, array_to_datum, decode_datum_native, parse_datum
-from cct.data.db import LmdbWriter, is_lmdb, iterate_lmdb
+from cct.data.db import backend_name, iterate_records, open_writer
 from cct.data.image import encode_image, read_image
 from cct.data.image_data_layer import atoi
 from cct.errors import CctError
@@ -101,9 +101,7 @@ def _convert_imageset(argv: list[str]) -> int:
     is_color = not values["gray"]
     encoded = values["encoded"]
     encode_type = values["encode_type"]
-    if values["backend"] != "lmdb":
-        raise CctError(f"convert_imageset: -backend={values['backend']} is not supported; only lmdb is "
-                       "(-backend=lmdb)")
+    backend = backend_name(values["backend"])
     try:
         with open(list_file, encoding="utf-8", errors="surrogateescape") as f:
             text = f.read()
@@ -124,7 +122,7 @@ def _convert_imageset(argv: list[str]) -> int:
         log.info("encode_type specified, assuming encoded=true.")
         encoded = True
     height, width = max(0, values["resize_height"]), max(0, values["resize_width"])
-    db = LmdbWriter(db_name)
+    db = open_writer(db_name, backend)
     count = 0
     data_size: int | None = None
     for line_id, (path, label) in enumerate(lines):
@@ -180,13 +178,7 @@ def _compute_image_mean(argv: list[str]) -> int:
         print(_usage("compute_image_mean", _MEAN_USAGE, _MEAN_FLAGS), file=sys.stderr)
         return 1
     db_path = args[0]
-    if values["backend"] != "lmdb":
-        raise CctError(f"compute_image_mean: -backend={values['backend']} is not supported; only lmdb is")
-    if not os.path.exists(db_path):
-        raise CctError(f"compute_image_mean: database {db_path} does not exist")
-    if not is_lmdb(db_path):
-        raise CctError(f"compute_image_mean: {db_path} is not an LMDB database (no data.mdb in it)")
-    records = iterate_lmdb(db_path)
+    records = iterate_records(db_path, values["backend"], "compute_image_mean: database")
     total: np.ndarray | None = None
     shape = (0, 0, 0)
     count = 0

@@ -33,9 +33,12 @@ def test_leveldb_default_backend(tmp_path):
     assert forward(layer, top)[1].tolist() == [1, 1]
     layer.close()
     (tmp_path / "leveldb").mkdir()
-    with pytest.raises(ParamError) as e:
+    with pytest.raises(CctError) as e:
         data(tmp_path / "leveldb", backend="backend: LEVELDB")
-    assert "LevelDB is not supported" in one_line(e) and "backend: LMDB" in one_line(e)
+    assert "leveldb is not a LevelDB directory (no CURRENT file in it)" in one_line(e)
+    with pytest.raises(CctError) as e:
+        data(tmp_path / "leveldb", backend="backend: LMDB")
+    assert "is not an LMDB directory" in one_line(e)
 
 
 def test_corrupt_record_at_setup_and_in_prefetch(tmp_path):

@@ -112,7 +112,7 @@ def test_errors_are_one_line(tmp_path, capsys):
         (["-check_size"] + args + [str(tmp_path / "db1")], "Incorrect data field size 75"),
         (["-bogus"] + args + [str(tmp_path / "db2")], "unknown command line flag 'bogus'"),
         (["-resize_width=abc"] + args + [str(tmp_path / "db3")], "illegal value 'abc'"),
-        (["-backend=leveldb"] + args + [str(tmp_path / "db4")], "only lmdb"),
+        (["-backend=bdb"] + args + [str(tmp_path / "db4")], "unknown database backend"),
         ([f"{tmp_path}/img/", str(tmp_path / "nolist.txt"), str(tmp_path / "db5")], "nolist.txt"),
     ]
     for argv, text in cases:
