@@ -36,6 +36,11 @@ plan file (``-format json -output plan.json``) gives every layer's degrees, read
     plan.plan.cost_ms, [s.cost_ms for s in plan.baselines], plan.config("fc6")
 """
 from cct.plan.config import Config, enumerate_configs
+from cct.plan.cost import CostModel, PlanCosts, machine_gflops, plan_costs
+from cct.plan.graph import LayerGraph, graph_from_net, layer_graph
+from cct.plan.planner import NetPlan, format_text, plan_net
 from cct.plan.search import CostEdge, CostGraph, SearchResult, brute_force, search
 
-__all__ = ["Config", "CostEdge", "CostGraph", "SearchResult", "brute_force", "enumerate_configs", "search"]
+__all__ = ["Config", "CostEdge", "CostGraph", "CostModel", "LayerGraph", "NetPlan", "PlanCosts", "SearchResult",
+           "brute_force", "enumerate_configs", "format_text", "graph_from_net", "layer_graph", "machine_gflops",
+           "plan_costs", "plan_net", "search"]
