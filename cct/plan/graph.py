@@ -190,6 +190,7 @@ def graph_from_net(net, source: str = "<net>") -> LayerGraph:
     bottoms, tops = net.bottom_vecs, net.top_vecs
     for i, layer in enumerate(net.layers):
         lp = layer.layer_param
+        named = tops[i][:len(lp.top)]  # a loss layer's automatic top has no name and no consumer
         records.append(_Record(lp, list(lp.bottom), list(lp.top), [tuple(b.shape) for b in bottoms[i]],
-                               [tuple(t.shape) for t in tops[i]]))
+                               [tuple(t.shape) for t in named]))
     return _build(net.name, records, source)

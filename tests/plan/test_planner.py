@@ -47,6 +47,14 @@ def test_never_worse_than_image_parallelism_or_owt(graphs, model, workers):
             assert configs[owt.assignment[name]] == want
 
 
+@pytest.mark.parametrize("workers", [3, 6, 12])
+def test_worker_counts_that_are_not_powers_of_two(graphs, workers):
+    p = plan_net(graphs["alexnet"], workers, K80)
+    assert all(p.config(n).workers <= workers for n in p.graph.nodes)
+    assert p.costs.nodes["conv1"].configs[0] == Config(workers)  # image parallelism on all of them comes first
+    assert p.plan.cost_ms <= min(s.cost_ms for s in p.baselines) * (1 + 1e-12)
+
+
 @pytest.mark.parametrize("model", ["alexnet", "vgg16"])
 def test_chains_match_a_viterbi_pass(graphs, model):
     """AlexNet and VGG-16 are chains: a plain dynamic programme over the layers in order is an independent
