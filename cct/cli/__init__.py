@@ -4,7 +4,8 @@ plus cct's own commands; one module per command (``cct.cli.<command>``: ``SUMMAR
 
 Commands: ``train`` (-solver, -snapshot | -weights a,b, -gpu, -level, -stage, -sigint_effect,
 -sighup_effect), ``test`` (-model -weights -iterations -level -stage -gpu), ``time`` (-model -phase
--iterations -level -stage -gpu), ``device_query`` (-gpu, or -devices: each device's peak GFLOP/s), plus
+-iterations -level -stage -gpu), ``device_query`` (-gpu, or -devices: each device's peak GFLOP/s), ``plan``
+(-model -workers or -costs: DeePa's per-layer parallelism), plus
 ``convert_imageset`` and ``compute_image_mean`` (Caffe's separate tools, same arguments).  cct's own knobs
 (``-conv_engine``, ``-lowering``, ``-partitions``, ``-devices``, ``-split``) apply to every command.  Flags
 use gflags syntax: ``-flag=v``, ``-flag v``, ``--flag=v``; bool flags also ``-flag`` / ``-noflag``; as with
@@ -31,6 +32,7 @@ COMMAND_MODULES = {
     "test": "cct.cli.test",
     "device_query": "cct.cli.device_query",
     "time": "cct.cli.time",
+    "plan": "cct.cli.plan",
 }
 
 

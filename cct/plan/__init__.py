@@ -37,10 +37,11 @@ plan file (``-format json -output plan.json``) gives every layer's degrees, read
 """
 from cct.plan.config import Config, enumerate_configs
 from cct.plan.cost import CostModel, PlanCosts, machine_gflops, plan_costs
+from cct.plan.files import LayerPlan, Plan, read_cost_graph, read_plan
 from cct.plan.graph import LayerGraph, graph_from_net, layer_graph
 from cct.plan.planner import NetPlan, format_text, plan_net
 from cct.plan.search import CostEdge, CostGraph, SearchResult, brute_force, search
 
-__all__ = ["Config", "CostEdge", "CostGraph", "CostModel", "LayerGraph", "NetPlan", "PlanCosts", "SearchResult",
-           "brute_force", "enumerate_configs", "format_text", "graph_from_net", "layer_graph", "machine_gflops",
-           "plan_costs", "plan_net", "search"]
+__all__ = ["Config", "CostEdge", "CostGraph", "CostModel", "LayerGraph", "LayerPlan", "NetPlan", "Plan",
+           "PlanCosts", "SearchResult", "brute_force", "enumerate_configs", "format_text", "graph_from_net",
+           "layer_graph", "machine_gflops", "plan_costs", "plan_net", "read_cost_graph", "read_plan", "search"]
