@@ -48,7 +48,10 @@ def _search_costs(flags: Flags, fmt: str) -> int:
     from cct.plan.search import search
 
     graph, labels = read_cost_graph(flags.costs)
-    result = search(graph)
+    try:
+        result = search(graph)
+    except CctError as e:
+        raise CctError(f"{flags.costs}: {e}") from None
     doc = search_document(result, labels)
     if flags.output:
         write_json(flags.output, doc)
@@ -84,7 +87,10 @@ def main(flags: Flags) -> int:
         log.info("plan: %s GFLOP/s per worker (this machine's sgemm peak; set -gflops to change)", f"{gflops:.1f}")
     model = CostModel(gflops, flags.bandwidth or DEFAULT_BANDWIDTH_GBS, flags.cost, flags.halo)
     graph = layer_graph(flags.model, phase(flags.phase), flags.batch or None, flags.level, stages(flags.stage))
-    plan = plan_net(graph, flags.workers, model)
+    try:
+        plan = plan_net(graph, flags.workers, model)
+    except CctError as e:
+        raise CctError(f"{flags.model}: {e}") from None
     doc = plan_document(plan, flags.model)
     if flags.output:
         write_json(flags.output, doc)

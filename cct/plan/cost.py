@@ -137,12 +137,13 @@ def node_costs(node: LayerNode, workers: int, model: CostModel, memo: dict | Non
     """compute and update of every configuration of ``node``."""
     configs = enumerate_configs(workers, node.extent, node.splits)
     params = node.params()
+    memo = {} if memo is None else memo
     compute, update = np.zeros(len(configs)), np.zeros(len(configs))
     for i, c in enumerate(configs):
         part = largest_part(c, node.extent)
         ms = model.compute_ms(node.flops(part))
         if model.kind == "measured":
-            seconds = _measured_seconds(node, part, {} if memo is None else memo)
+            seconds = _measured_seconds(node, part, memo)
             if seconds is not None:
                 ms += seconds * 1e3 - model.compute_ms(node.model.flops(part))
         compute[i] = ms

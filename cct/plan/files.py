@@ -15,11 +15,13 @@ The answer (:func:`search_document`): ``{"assignment": {NAME: CONFIG}, "cost": E
      "cost_model": {"cost": "analytic", "gflops": 2500.0, "bandwidth_gbs": 4.5, "halo": "exact"},
      "layers": {"conv1": {"n": 16, "c": 1, "h": 1, "w": 1, "workers": 16, "type": "Convolution",
                           "node": "conv1", "shape": [512, 96, 55, 55],
-                          "compute_ms": 1.2, "update_ms": 0.1, "xfer_ms": 0.0},
+                          "compute_ms": 8.103, "update_ms": 0.994, "xfer_ms": 0.0},
                 "relu1": {"n": 16, "c": 1, "h": 1, "w": 1, "workers": 16, "type": "ReLU", "node": "conv1"},
-                ...},
-     "totals": {"plan": {"cost_ms": 81.3, "moved_mb": 126.2}, "image parallelism": {...}, "OWT": {...}},
-     "search": {"ms": 4.1, "nodes": 15, "residue": ["data", "prob"], "node_eliminations": 13,
+                ...
+                "fc6": {"n": 1, "c": 2, "h": 1, "w": 1, "workers": 2, ...}, ...},
+     "totals": {"plan": {"cost_ms": 177.3, "moved_mb": 405.1}, "image parallelism": {"cost_ms": 1789.9,
+                "moved_mb": 7803.5}, "OWT": {"cost_ms": 360.7, "moved_mb": 1372.1}},
+     "search": {"ms": 1.6, "nodes": 15, "residue": ["data", "prob"], "node_eliminations": 13,
                 "edge_eliminations": 0, "enumerated": 25}}
 
 Every layer of the net has an entry keyed by its name: its degrees ``n, c, h, w`` (the split of its output

@@ -120,8 +120,8 @@ def _build(name: str, records: Sequence[_Record], source: str) -> LayerGraph:
             producer[top_name] = (lp.name, t)
     if not nodes:
         raise CctError(f"{source}: the net has no layers to plan")
-    batches = [n.extent[0] for n in nodes.values() if n.model.splits and not n.bottoms]
-    return LayerGraph(name, nodes, edges, batches[0] if batches else next(iter(nodes.values())).extent[0])
+    sources = [n.extent[0] for n in nodes.values() if not n.bottoms]
+    return LayerGraph(name, nodes, edges, sources[0] if sources else next(iter(nodes.values())).extent[0])
 
 
 def _set_batch(param: pb.NetParameter, batch: int, source: str) -> None:

@@ -110,6 +110,19 @@ def test_mistakes_are_one_fatal_line(capsys, args, message):
     assert "Traceback" not in log
 
 
+def test_a_graph_too_large_to_enumerate_names_the_file_and_its_nodes(capsys, tmp_path):
+    names = [f"k{i}" for i in range(8)]  # a complete DAG: nothing to eliminate, 8^8 > 10^7 configurations
+    doc = {"nodes": {v: {str(c): 0 for c in range(8)} for v in names},
+           "edges": [{"from": u, "to": v} for i, u in enumerate(names) for v in names[i + 1:]]}
+    path = tmp_path / "dense.json"
+    path.write_text(json.dumps(doc))
+    rc, out, log = run(capsys, "plan", "-costs", str(path))
+    assert rc == 1 and out == ""
+    (fatal,) = messages(log, "F")
+    assert fatal.startswith(f"{path}: the graph does not reduce: 8 nodes remain") and fatal.endswith(
+        ": k0, k1, k2, k3, k4, k5, k6, k7")
+
+
 def test_the_command_line_program(tmp_path):
     graph = table_graph(tmp_path, TABLE2, "fc6")
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
