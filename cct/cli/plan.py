@@ -4,7 +4,8 @@
 [-halo exact|ignore] [-format text|json] [-output plan.json]`` prices every configuration of every layer of
 NET on P workers, finds the one minimising the step time (Eq. 1) and prints one row per layer with the
 totals of the plan, image parallelism and OWT and the search time; ``-output`` writes the plan file
-(:mod:`cct.plan.files`).  ``cct plan -costs GRAPH.json [-format json]`` runs the same search on a cost graph.
+(:mod:`cct.plan.files`); ``-phase``, ``-level`` and ``-stage`` pick the net's layers as for ``cct time`` (TRAIN by
+default).  ``cct plan -costs GRAPH.json [-format json]`` runs the same search on a cost graph.
 """
 from __future__ import annotations
 

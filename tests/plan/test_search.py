@@ -3,7 +3,6 @@ ties, and one-line errors for bad graphs."""
 from __future__ import annotations
 
 import itertools
-import time
 
 import numpy as np
 import pytest
@@ -68,7 +67,6 @@ def close(a: float, b: float) -> bool:
 
 def test_optimal_on_1000_random_dags():
     rng = np.random.default_rng(20180214)
-    t = time.perf_counter()
     residues = []
     for _ in range(1000):
         g = random_dag(rng)
@@ -81,7 +79,6 @@ def test_optimal_on_1000_random_dags():
         residues.append(len(r.residue))
     # the sample exercises both rules and the enumeration of irreducible residues
     assert min(residues) <= 2 and max(residues) >= 5
-    assert time.perf_counter() - t < 60
 
 
 def test_brute_force_matches_exhaustive_enumeration():
