@@ -4,7 +4,8 @@ plus cct's own commands; one module per command (``cct.cli.<command>``: ``SUMMAR
 
 Commands: ``train`` (-solver, -snapshot | -weights a,b, -gpu, -level, -stage, -sigint_effect,
 -sighup_effect), ``test`` (-model -weights -iterations -level -stage -gpu), ``time`` (-model -phase
--iterations -level -stage -gpu), ``device_query`` (-gpu, or -devices: each device's peak GFLOP/s), plus
+-iterations -level -stage -gpu), ``device_query`` (-gpu, or -devices: each device's peak GFLOP/s), ``plan``
+(-model -workers or -costs: DeePa's per-layer parallelism), plus
 ``convert_imageset`` and ``compute_image_mean`` (Caffe's separate tools, same arguments).  cct's own knobs
 (``-conv_engine``, ``-lowering``, ``-partitions``, ``-devices``, ``-split``) apply to every command.  Flags
 use gflags syntax: ``-flag=v``, ``-flag v``, ``--flag=v``; bool flags also ``-flag`` / ``-noflag``; as with
@@ -33,6 +34,7 @@ COMMAND_MODULES = {
     "compare": "cct.cli.compare",
     "bench": "cct.cli.bench",
     "draw": "cct.cli.draw",
+    "plan": "cct.cli.plan",
 }
 
 
@@ -67,15 +69,27 @@ TOOLS = {"convert_imageset": _data_tool("convert_imageset"),
          "compute_image_mean": _data_tool("compute_image_mean")}
 
 
-def all_flags() -> list[Flag]:
-    """Caffe's flags and cct's knobs, then every command's own (the first definition of a name wins)."""
+def _merged(groups: list[list[Flag]]) -> list[Flag]:
     flags, seen = [], set()
-    for group in [common.FLAGS] + [importlib.import_module(m).FLAGS for m in COMMAND_MODULES.values()]:
+    for group in groups:
         for f in group:
             if f.name not in seen:
                 seen.add(f.name)
                 flags.append(f)
     return flags
+
+
+def all_flags() -> list[Flag]:
+    """Caffe's flags and cct's knobs, then every command's own (the first definition of a name wins): what
+    ``-help`` lists, and how a command given after its flags (``cct -solver s.prototxt train``) is found."""
+    return _merged([common.FLAGS] + [importlib.import_module(m).FLAGS for m in COMMAND_MODULES.values()])
+
+
+def command_flags(name: str) -> list[Flag]:
+    """The flags of command ``name``: its own (which may share a name with another command's, with its own
+    default), then Caffe's flags and cct's knobs."""
+    module = COMMAND_MODULES.get(name)
+    return _merged(([importlib.import_module(module).FLAGS] if module else []) + [common.FLAGS])
 
 
 FLAGS = common.FLAGS  # Caffe's own flags and cct's knobs (what tools/caffe.cpp's users pass)
@@ -112,7 +126,10 @@ def run(argv: Sequence[str]) -> int:
     argv = list(argv)
     if argv and argv[0] in TOOLS:
         return TOOLS[argv[0]](argv[1:])
-    flags, positional = parse_flags(argv, all_flags())
+    name = argv[0] if argv and argv[0] in COMMANDS else None
+    if name is None:  # flags first, as gflags allows: find the command among the arguments
+        name = next(iter(parse_flags(argv, all_flags())[1]), "")
+    flags, positional = parse_flags(argv, command_flags(name))
     if flags.help:
         print(usage(), file=sys.stderr)
         return 0

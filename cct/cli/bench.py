@@ -21,6 +21,8 @@ FLAGS = [
     Flag("report", bool, False, "bench: put the JSON results given as arguments side by side (relative to the "
                                 "first)."),
     Flag("plot", str, "", "bench -report: also draw the results as a bar chart (PNG/SVG/PDF; needs matplotlib)."),
+    Flag("format", str, "", "bench: output format, text or json (default: json when -output ends in .json, "
+                            "else text)."),
 ]
 
 

@@ -17,8 +17,7 @@ FLAGS = [
                                "param_diff/ arrays), e.g. written by tools/caffe_dump.py under pycaffe."),
     Flag("tolerance", float, 1e-4, "compare: relative tolerance, against the larger of an element and its "
                                    "blob's scale (atol 1e-5)."),
-    Flag("format", str, "", "compare/bench: output format, text or json (bench: default json when -output "
-                            "ends in .json, else text)."),
+    Flag("format", str, "text", "compare: output format, text or json."),
 ]
 
 
