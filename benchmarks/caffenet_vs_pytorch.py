@@ -47,6 +47,7 @@ def cct_worker(conn, batch: int, threads: int, weights: str, variants: tuple[str
     sys.path.insert(0, str(ROOT))
     os.environ.setdefault("GLOG_minloglevel", "1")
     import cct
+    from cct.engines.choice import SelectedEngine
     from cct.engines.lowering import LoweringEngine, shared_workspace_bytes
 
     net = cct.Net(str(MODEL), cct.TRAIN)
@@ -61,7 +62,9 @@ def cct_worker(conn, batch: int, threads: int, weights: str, variants: tuple[str
     for name in CONVS:
         layer = net.layer_by_name(name)
         for variant in variants:
-            eng = LoweringEngine(variant if variant == "auto" else int(variant), source="forced")
+            # auto: the engine choice a Convolution layer makes with -conv_engine lowering -lowering auto
+            eng = SelectedEngine("lowering", "benchmark", "auto") if variant == "auto" else \
+                LoweringEngine(int(variant), source="forced")
             eng.configure(layer.engine.geometry, np.float32)
             engines[(name, variant)] = eng
     conn.send(("ready", {v: [engines[(n, v)].describe() for n in CONVS] for v in variants}))

@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("GLOG_minloglevel", "1")
 
 from cct.engines import ConvGeometry  # noqa: E402
+from cct.engines.choice import SelectedEngine  # noqa: E402
 from cct.engines.lowering import LoweringEngine  # noqa: E402
 
 
@@ -62,7 +63,7 @@ def main() -> None:
         y, dx, dw = np.empty_like(dy), np.empty_like(x), np.zeros_like(w)
         engines = {}
         for name in (1, 2, 3, "auto"):
-            eng = LoweringEngine(name)
+            eng = SelectedEngine("lowering", "benchmark", "auto") if name == "auto" else LoweringEngine(name)
             eng.configure(g, np.float32)
             _step(eng, x, w, y, dy, dx, dw)  # warm-up
             engines[name] = eng
@@ -76,7 +77,7 @@ def main() -> None:
         ok = med[engines["auto"].strategy] <= 1.05 * fastest
         all_ok &= ok
         print(f"{'%g' % ratio:>7}{d:>6}{o:>6}" + "".join(f"{med[s] * 1e3:9.1f}" for s in (1, 2, 3, "auto"))
-              + f"  {engines['auto'].strategy:^9}  {'yes' if ok else 'NO':<9}  {engines['auto'].reason}")
+              + f"  {engines['auto'].strategy:^9}  {'yes' if ok else 'NO':<9}  {engines['auto'].inner.reason}")
         del engines
     print(f"auto within 5% of the fastest lowering at every point: {'yes' if all_ok else 'no'}")
     if os.path.exists("/proc/loadavg"):
