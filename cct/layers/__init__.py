@@ -3,6 +3,7 @@
 Importing this package imports every layer module so that :mod:`cct.layers.registry` knows them all.
 """
 from cct import data as _data  # noqa: F401,E402  (data layers register themselves)
+from cct.inference import mpf as _mpf  # noqa: F401,E402  (MaxPoolingFragments, used by cct infer, registers itself)
 from cct.layers import (  # noqa: F401  (imported for registration)
     accuracy,
     conv,

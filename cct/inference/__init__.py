@@ -1,0 +1,1 @@
+"""Sliding-window inference of large volumes (ZNNi)."""
