@@ -31,6 +31,7 @@ COMMAND_MODULES = {
     "test": "cct.cli.test",
     "device_query": "cct.cli.device_query",
     "time": "cct.cli.time",
+    "infer": "cct.cli.infer",
 }
 
 

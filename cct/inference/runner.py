@@ -13,6 +13,7 @@ net of a session; a layer without weights in the file keeps its fillers (and say
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -29,6 +30,9 @@ from cct.proto import caffe_pb2 as pb
 __all__ = ["InferenceNet", "Weights", "conv_engine", "PRIMITIVES"]
 
 PRIMITIVES = ("lowering 1", "lowering 2", "lowering 3", "fft full", "fft lifted")
+# the lowering primitives lower at most this much at a time (all batch partitions together): GEMMs of a few
+# thousand columns already run at full speed, and the budget is better spent on larger patches
+LOWERED_BYTES = 32 << 20
 
 # buffers layers keep for their backward pass (inference never runs it): released after each forward, so
 # they are scratch of their layer rather than memory held for the whole run
@@ -44,7 +48,8 @@ def conv_engine(primitive: str, workspace: Any = None) -> ConvEngine:
     if family == "lowering" and kind in ("1", "2", "3"):
         from cct.engines.lowering import LoweringEngine, Workspace
 
-        return LoweringEngine(int(kind), source="plan", workspace=workspace if workspace is not None else Workspace())
+        return LoweringEngine(int(kind), max_lowered_bytes=LOWERED_BYTES, source="plan",
+                              workspace=workspace if workspace is not None else Workspace())
     if family == "fft" and kind in ("full", "lifted"):
         from cct.engines.fft import FFTEngine
 
@@ -129,6 +134,7 @@ class InferenceNet:
         self.shapes = spec.shapes(self.mpf, self.batch, self.in_spatial)
         self.primitives = dict(primitives)
         self.workspace = Workspace()
+        self.layer_seconds: dict[str, float] | None = None  # a dict: forward records each layer's seconds
         self.params = spec.rewrite(self.mpf, self.batch, self.in_spatial)[1:]
         self.layers: list[Layer] = []
         for lp in self.params:
@@ -185,9 +191,13 @@ class InferenceNet:
         self._input = None
         blobs = {self.spec.input_blob: inp}
         del inp
+        timed = self.layer_seconds is not None
         for i, (lp, layer) in enumerate(zip(self.params, self.layers)):
             bottom, top = self._wire(blobs, lp)
+            t = time.perf_counter() if timed else 0.0
             layer.forward_layer(bottom, top)
+            if timed:
+                self.layer_seconds[lp.name] = time.perf_counter() - t
             del bottom, top
             self._release(blobs, i, layer)
         return blobs[self.spec.output_blob].data
