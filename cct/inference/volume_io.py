@@ -1,7 +1,7 @@
 """Volumes in and out of sliding-window inference, one patch at a time.
 
 Readers (:func:`open_volume`): HDF5 (``path.h5`` with one dataset, or ``path.h5:dataset``; h5py, read lazily
-by hyperslab), NumPy ``.npy`` (memory-mapped), multi-page TIFF (one page per z slice; Pillow, only the pages
+by hyperslab), NumPy ``.npy`` (memory-mapped per read), multi-page TIFF (one page per z slice; Pillow, only the pages
 a patch needs are decoded), PNG/JPEG/BMP images for 2-D nets (Pillow; RGB as 3 channels), or an array.  A
 volume is ``(C, *spatial)`` or, for one channel, ``(*spatial)``; any dtype.  :meth:`Volume.read` returns a
 float32 box ``(C, *size)`` — ``(x - mean) · scale`` when a transform is given, as Caffe's data transformer —
@@ -62,6 +62,33 @@ class _Tiff:
 
     def close(self) -> None:
         self.image.close()
+
+
+class _Npy:
+    """A ``.npy`` file read box by box through a memory map opened for each read and closed after it: the
+    pages a read touches leave the process's resident set with the map (a map kept open would count every
+    page ever read: a volume larger than memory would show as resident)."""
+
+    def __init__(self, path: str):
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, fortran, dtype = read(f)
+            self.offset = f.tell()
+        if dtype.hasobject:
+            raise CctError(f"{path}: a .npy of Python objects is not a volume")
+        self.path, self.shape, self.dtype, self.order = path, tuple(shape), dtype, "F" if fortran else "C"
+        self.ndim = len(self.shape)
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        import mmap
+
+        count = math.prod(self.shape)
+        with open(self.path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            whole = np.frombuffer(m, dtype=self.dtype, count=count, offset=self.offset)
+            box = np.array(whole.reshape(self.shape, order=self.order)[key])
+            del whole
+        return box
 
 
 class Volume:
@@ -178,7 +205,7 @@ def open_volume(source: Any, num_spatial: int, channels: int) -> Volume:
         low = path.lower()
         if low.endswith(".npy"):
             try:
-                array = np.load(path, mmap_mode="r")
+                array = _Npy(path)
             except (ValueError, OSError) as e:
                 raise CctError(f"{label}: not a readable .npy file ({e})") from None
         elif low.endswith(TIFF_SUFFIXES):
