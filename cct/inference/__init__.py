@@ -149,7 +149,7 @@ def infer(model: Any, weights: Any, volume: Any, output: Any, memory_budget: Any
         if isinstance(output, (str, os.PathLike)):
             attrs = {"fov": list(spec.fov), "pad": pad, "net": spec.name,
                      "plan": f"input {chosen.run_input}, tile {chosen.tile}, batch {chosen.batch}"}
-            writer = HDF5Writer(output, shape, attrs)
+            writer = HDF5Writer(output, shape, attrs, chunk=chosen.tile)
         else:
             writer = output
         tiling = Tiling(out_shape, chosen.tile, chosen.run_input)

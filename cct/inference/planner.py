@@ -42,7 +42,8 @@ __all__ = ["Plan", "plan_inference", "BATCHES", "MEASURE_TOP"]
 
 BATCHES = (1, 2, 4, 8)
 MEASURE_TOP = 5
-NEAR_LIMIT = 12            # patch sizes evaluated below the largest that fits
+NEAR_LIMIT = 8             # patch sizes evaluated below the largest that fits ...
+REFINE = 3                 # ... for this many of the best (pooling, batch) configurations
 HDF5_CACHE_BYTES = 2 << 20  # h5py's chunk caches (input and output datasets, 1 MiB each)
 ENGINES = {"auto": PRIMITIVES, "lowering": tuple(p for p in PRIMITIVES if p.startswith("lowering")),
            "fft": tuple(p for p in PRIMITIVES if p.startswith("fft"))}
@@ -106,6 +107,8 @@ class _Context:
     stream: float
     estimates: dict[ConvGeometry, dict[str, Estimate]] = field(default_factory=dict)
     scratch: dict[tuple[str, ConvGeometry], int] = field(default_factory=dict)
+    rewritten: dict[tuple[bool, ...], list[Any]] = field(default_factory=dict)
+    usable: dict[tuple[Any, ...], list[str]] = field(default_factory=dict)
 
     def estimate(self, g: ConvGeometry) -> dict[str, Estimate]:
         e = self.estimates.get(g)
@@ -113,6 +116,31 @@ class _Context:
             e = self.estimates[g] = {k: v for k, v in estimate_convolution(g, "float32", rates=self.rates).items()
                                      if k in self.engines}
         return e
+
+    def layers(self, mpf: tuple[bool, ...]) -> list[Any]:
+        """The rewritten layers (the Input excluded) for ``mpf`` — their names, types and blobs only."""
+        got = self.rewritten.get(mpf)
+        if got is None:
+            got = self.rewritten[mpf] = self.spec.rewrite(mpf, 1, self.spec.fov)[1:]
+        return got
+
+    def applicable(self, g: ConvGeometry) -> list[str]:
+        """The allowed primitives that can run ``g`` (without pricing them; it depends on the kernel only)."""
+        from cct.engines.fft import FFTEngine
+        from cct.engines.lowering import strategy_fallback
+
+        key = (g.kernel, g.stride, g.num_spatial_axes)
+        got = self.usable.get(key)
+        if got is not None:
+            return got
+        out = self.usable[key] = []
+        for v in self.engines:
+            family, _, kind = v.partition(" ")
+            if family == "lowering" and strategy_fallback(int(kind), g) is None:
+                out.append(v)
+            elif family == "fft" and FFTEngine.supports(g)[0] and (kind == "full" or g.num_spatial_axes > 1):
+                out.append(v)
+        return out
 
     def conv_scratch(self, primitive: str, g: ConvGeometry) -> int:
         key = (primitive, g)
@@ -156,7 +184,7 @@ def _evaluate(ctx: _Context, mpf: tuple[bool, ...], batch: int, J: tuple[int, ..
         shapes = spec.shapes(mpf, batch, n)
     except CctError:
         return None
-    params = spec.rewrite(mpf, batch, n)[1:]
+    params = ctx.layers(mpf)
     shifts = len(spec.shifts(mpf))
     P = spec.pooling
     tile = tuple(p * j for p, j in zip(P, J))
@@ -182,20 +210,23 @@ def _evaluate(ctx: _Context, mpf: tuple[bool, ...], batch: int, J: tuple[int, ..
         base = sum(live.values())
         if lp.type == "Convolution":
             g = conv_geometry(lp, shapes[lp.bottom[0]])
-            est = ctx.estimate(g)
-            options = sorted(est.values(), key=lambda e: e.forward_seconds)
-            need = {e.variant: ctx.conv_scratch(e.variant, g) for e in options}
-            fits = [e for e in options if fixed + held + base + need[e.variant] <= limit]
+            need = {v: ctx.conv_scratch(v, g) for v in ctx.applicable(g)}
+            fits = [v for v in need if fixed + held + base + need[v] <= limit]
             if not fits:
                 return None
-            choice = fits[0] if fastest else min(fits, key=lambda e: need[e.variant])
-            primitives[lp.name] = choice.variant
-            scratch = need[choice.variant]
-            seconds += choice.forward_seconds
+            if fastest:
+                est = ctx.estimate(g)
+                choice = min((v for v in fits if v in est), key=lambda v: est[v].forward_seconds)
+                layer_s = est[choice].forward_seconds
+            else:
+                choice, layer_s = min(fits, key=need.__getitem__), 0.0
+            primitives[lp.name] = choice
+            scratch = need[choice]
+            seconds += layer_s
             x = shapes[lp.bottom[0]]
             rows.append((lp.name, f"{lp.name} ({g.in_channels}->{g.out_channels}, {cube(g.kernel)}, in "
-                                  f"{cube(x.spatial)} x{x.batch}): {choice.variant} {format_bytes(scratch)} "
-                                  f"{choice.forward_seconds:.3g} s"))
+                                  f"{cube(x.spatial)} x{x.batch}): {choice} {format_bytes(scratch)} "
+                                  f"{layer_s:.3g} s"))
         else:
             scratch = layer_scratch(lp, shapes, None)[0]
             seconds += _layer_seconds(lp, shapes, ctx.stream)
@@ -270,23 +301,28 @@ def candidates(spec: NetSpec, out_shape: Sequence[int], budget: int, engine: str
     if mpf_choices is None:
         mpf_choices = list(itertools.product((True, False), repeat=len(spec.pools)))
     plans: dict[tuple[Any, ...], Plan] = {}
+    screened: list[tuple[float, tuple[bool, ...], int, int]] = []
     for mpf in mpf_choices:
         items = math.prod(-(-o // p) for o, p in zip(out_shape, P)) * len(spec.shifts(mpf))
         for batch in batches:
             if batch > 1 and batch > items:
                 continue
             top = _largest_fitting(ctx, tuple(mpf), batch, jmax)
-            if top == 0:
-                continue
-            js = set(range(max(1, top - NEAR_LIMIT + 1), top + 1))
-            for t in range(1, max(jmax) + 1):  # the smallest J giving each tile count
-                j = max(-(-m // t) for m in jmax)
-                if j <= top:
-                    js.add(j)
-            for j in sorted(js):
-                plan = _evaluate(ctx, tuple(mpf), batch, _clip(j, jmax), fastest=True)
-                if plan is not None:
-                    plans.setdefault(plan.key(), plan)
+            plan = _evaluate(ctx, tuple(mpf), batch, _clip(top, jmax), fastest=True) if top else None
+            if plan is not None:
+                plans.setdefault(plan.key(), plan)
+                screened.append((plan.throughput, tuple(mpf), batch, top))
+    # refine the most promising configurations over the patch sizes just below their largest
+    for _, mpf, batch, top in sorted(screened, reverse=True)[:REFINE]:
+        js = set(range(max(1, top - NEAR_LIMIT + 1), top))
+        for t in range(1, max(jmax) + 1):  # the smallest J giving each tile count
+            j = max(-(-m // t) for m in jmax)
+            if j < top:
+                js.add(j)
+        for j in sorted(js):
+            plan = _evaluate(ctx, mpf, batch, _clip(j, jmax), fastest=True)
+            if plan is not None:
+                plans.setdefault(plan.key(), plan)
     return sorted(plans.values(), key=lambda p: -p.throughput), ctx
 
 

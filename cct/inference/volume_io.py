@@ -260,7 +260,7 @@ class HDF5Writer:
     that looks complete).  ``attrs`` are stored on the dataset."""
 
     def __init__(self, path: str | os.PathLike[str], shape: Sequence[int], attrs: dict[str, Any] | None = None,
-                 chunk: int = 32):
+                 chunk: Sequence[int] | None = None):
         h5py = _h5py()
         self.path = os.fspath(path)
         self.tmp = self.path + ".partial"
@@ -272,7 +272,7 @@ class HDF5Writer:
         except OSError as e:
             raise CctError(f"{self.path}: cannot write ({e})") from None
         shape = tuple(int(v) for v in shape)
-        chunks = (1,) + tuple(max(1, min(chunk, s)) for s in shape[1:])
+        chunks = (1,) + chunk_shape(shape[1:], chunk or (64,) * (len(shape) - 1))
         self.dataset = self.file.create_dataset("output", shape=shape, dtype="float32", chunks=chunks)
         for k, v in (attrs or {}).items():
             self.dataset.attrs[k] = v
@@ -297,6 +297,17 @@ class HDF5Writer:
                 os.remove(self.tmp)
             except OSError:
                 pass
+
+
+def chunk_shape(spatial: Sequence[int], tile: Sequence[int], limit: int = 4 << 20) -> tuple[int, ...]:
+    """HDF5 chunks for tiles of ``tile``: the tile itself (each tile write then fills whole chunks: no chunk is
+    read back and rewritten, and a few large chunks keep HDF5's index small), its longest axis halved until a
+    chunk is at most ``limit`` bytes of float32; clipped to the output."""
+    c = [max(1, min(int(t), int(s))) for t, s in zip(tile, spatial)]
+    while 4 * math.prod(c) > limit and max(c) > 1:
+        a = c.index(max(c))
+        c[a] = -(-c[a] // 2)
+    return tuple(c)
 
 
 class MemoryWriter:
