@@ -12,7 +12,7 @@ from google.protobuf import text_format
 from cct import cli
 from cct.compare.tolerance import assert_close
 from cct.inference import load_spec
-from tests.inference.helpers import DEPLOY, deploy_param, dense_reference, save_weights
+from tests.inference.helpers import DEPLOY, dense_reference, deploy_param, save_weights
 from tests.solvers.helpers import captured_log, messages
 
 CTM = os.path.join(DEPLOY, "ctm_valid.prototxt")
@@ -96,7 +96,8 @@ def test_quiet_has_no_progress_bar_and_mirror_gives_the_input_size(small_net, tm
     (("-model", CTM, "-input", "v.npy", "-output", "o.h5", "-plan", "fast"), "-plan fast: expected auto or measure"),
     (("-model", CTM, "-input", "v.npy", "-output", "o.h5", "-devices", "cpu:1,cpu:1"),
      "-devices cpu:1,cpu:1: cct infer runs one CPU worker"),
-    (("-model", CTM, "-input", "rgb.npy", "-output", "o.h5"), "rgb.npy: volume of shape (3, 30, 30, 30) has 3 channels"),
+    (("-model", CTM, "-input", "rgb.npy", "-output", "o.h5"),
+     "rgb.npy: volume of shape (3, 30, 30, 30) has 3 channels"),
     (("-model", "lenet.prototxt", "-input", "v.npy", "-output", "o.h5"),
      "layer 'fc' (InnerProduct): not supported by sliding-window inference"),
     (("-model", CTM, "-weights", "bad.caffemodel", "-input", "v.npy", "-output", "o.h5"), "bad.caffemodel"),
