@@ -176,7 +176,7 @@ def memory(args) -> None:
     """Each case in a fresh process: a volume 10x the budget, as a .npy file on disk."""
     from google.protobuf import text_format
 
-    cases = [("ctm2d_valid", None, "16MiB", (6400, 6500)), ("ctm_valid", 4, "16MiB", (342, 342, 342))]
+    cases = [("ctm2d_valid", None, "16MiB", (6480, 6480)), ("ctm_valid", 4, "16MiB", (348, 348, 348))]
     with tempfile.TemporaryDirectory() as tmp:
         for net, width, budget, shape in cases:
             param = read_net_param(ROOT / "models" / "znn" / "deploy" / f"{net}.prototxt")
