@@ -76,7 +76,7 @@ def test_usage_without_a_command(capsys):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["frobnicate"], "Unknown action: frobnicate (available caffe actions: device_query, test, time, train"),
+    (["frobnicate"], "Unknown action: frobnicate (available caffe actions: device_query, infer, test, time, train"),
     (["train"], "Need a solver definition to train."),
     (["train", "-solver", "missing.prototxt"], "Could not open file missing.prototxt"),
     (["train", "-solver", "s.prototxt", "-snapshot", "a", "-weights", "b"],

@@ -157,3 +157,73 @@ def test_a_wrong_recombination_fails_the_comparison(ctm):
         tiling.scatter_fragments = original
     with pytest.raises(AssertionError):
         assert_close(ours, dense, "swapped fragments", rtol=1e-5)
+
+
+BRANCHY = """
+name: "branchy"
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 2 dim: 16 dim: 16 dim: 16 } } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+        convolution_param { num_output: 4 kernel_size: 3 weight_filler { type: "msra" } } }
+layer { name: "bn1" type: "BatchNorm" bottom: "conv1" top: "conv1" }
+layer { name: "sc1" type: "Scale" bottom: "conv1" top: "conv1" scale_param { bias_term: true } }
+layer { name: "relu1" type: "PReLU" bottom: "conv1" top: "conv1" }
+layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1"
+        pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+layer { name: "c2a" type: "Convolution" bottom: "pool1" top: "c2a"
+        convolution_param { num_output: 3 kernel_size: 3 weight_filler { type: "msra" } } }
+layer { name: "c2b" type: "Convolution" bottom: "pool1" top: "c2b"
+        convolution_param { num_output: 3 kernel_size: 1 weight_filler { type: "msra" } } }
+layer { name: "crop" type: "Crop" bottom: "c2b" bottom: "c2a" top: "crop" crop_param { axis: 2 offset: 1 } }
+layer { name: "sum" type: "Eltwise" bottom: "c2a" bottom: "crop" top: "sum" eltwise_param { operation: MAX } }
+layer { name: "tanh" type: "TanH" bottom: "sum" top: "sum" }
+layer { name: "cat" type: "Concat" bottom: "sum" bottom: "c2a" top: "cat" }
+layer { name: "pool2" type: "Pooling" bottom: "cat" top: "pool2" pooling_param { pool: AVE kernel_size: 2 stride: 2 } }
+layer { name: "out" type: "Convolution" bottom: "pool2" top: "out"
+        convolution_param { num_output: 2 kernel_size: 2 weight_filler { type: "msra" } } }
+layer { name: "prob" type: "Softmax" bottom: "out" top: "prob" }
+"""
+
+
+def test_branches_batchnorm_scale_eltwise_concat_crop_average_pooling(tmp_path):
+    """In-place BatchNorm/Scale/PReLU, a cropped skip branch merged by Eltwise MAX, a Concat and average
+    pooling fragments: the runner's blob lifetimes and released buffers give the plain net's numbers."""
+    import cct
+    from cct.io.prototxt import parse_net_param
+
+    param = parse_net_param(BRANCHY)
+    cct.set_random_seed(7)
+    net = cct.Net(param, cct.TEST)
+    rng = np.random.default_rng(7)
+    for blobs in net.params.values():
+        for b in blobs:
+            b.data[...] = rng.standard_normal(b.shape).astype(np.float32) * (0.3 if b.data.ndim > 1 else 0.2)
+    bn = net.params["bn1"]
+    bn[0].data[...] = rng.standard_normal(4) * 2
+    bn[1].data[...] = rng.random(4) * 3 + 0.5
+    bn[2].data[...] = 2.0
+    weights = str(tmp_path / "branchy.caffemodel")
+    net.save(weights)
+    spec = load_spec(param)
+    assert spec.fov == (14, 14, 14) and spec.pooling == (4, 4, 4)  # 3, +1, +2*2, +1*2, +1*4
+    volume = rng.random((2, 37, 35, 34), dtype=np.float32)
+    ours, result, _ = _run(param, weights, volume, "8MiB")
+    dense = dense_reference(param, weights, volume, spec.fov, spec.pooling)
+    assert_close(ours, dense, "branchy net", rtol=1e-5, reference="cct.Net")
+    positions = rng.integers(0, [24, 22, 21], (40, 3))
+    naive = window_reference(param, weights, volume, positions, spec.fov)
+    assert_close(np.stack([ours[(slice(None),) + tuple(p)] for p in positions]), naive, "branchy per-window",
+                 rtol=1e-5, reference="per-window")
+
+
+def test_hdf5_weights(ctm, tmp_path):
+    """Weights from a .caffemodel.h5 give the same output as from the binary caffemodel."""
+    import cct
+
+    param, weights = ctm
+    net = cct.Net(param, cct.TEST, weights=weights)
+    h5 = str(tmp_path / "w.caffemodel.h5")
+    net.to_hdf5(h5)
+    volume = np.random.default_rng(8).random((30, 31, 29), dtype=np.float32)
+    a, _, _ = _run(param, weights, volume, "16MiB")
+    b, _, _ = _run(param, h5, volume, "16MiB")
+    np.testing.assert_array_equal(a, b)
