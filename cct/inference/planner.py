@@ -8,8 +8,11 @@ pooling), the patch size (only valid sizes), the batch and each convolution's pr
 2. for that ``J`` and the dozen below it (and the smallest ``J`` of every tile count, for small volumes):
    each convolution takes the primitive predicted fastest among those whose layer fits the budget
    (:func:`cct.engines.estimate_convolution`, the engines' cost contract, on this machine's calibrated
-   rates; memory from :mod:`cct.inference.memory`); the other layers cost their memory traffic at a measured
-   streaming rate;
+   rates, times a per-primitive factor: the engines' models are fitted to training steps, and a forward
+   alone runs faster (lowering) or slower (FFT, whose kernel transforms a training step shares between its
+   passes) than their forward share — :func:`forward_factors` measures the factors once per machine on three
+   probe layers and caches them; memory from :mod:`cct.inference.memory`); the other layers cost their memory
+   traffic at a measured streaming rate;
 3. predicted throughput = valid output voxels / (forward runs · seconds per run + reading and writing).
 
 The best predicted candidate wins (``plan="auto"``); ``plan="measure"`` runs the ``MEASURE_TOP`` best once each
@@ -26,7 +29,7 @@ import itertools
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -95,6 +98,51 @@ class Plan:
         return (self.mpf, self.batch, self.out_size, tuple(sorted(self.primitives.items())))
 
 
+FACTORS_CACHE = "inference.json"
+# probe layers of forward_factors: a first layer on a large patch, a middle layer on fragments, a deep one
+_PROBES = (ConvGeometry(1, 1, 16, 1, (48, 48, 48), (3, 3, 3), (1, 1, 1), (0, 0, 0), (1, 1, 1)),
+           ConvGeometry(8, 16, 16, 1, (24, 24, 24), (3, 3, 3), (1, 1, 1), (0, 0, 0), (1, 1, 1)),
+           ConvGeometry(64, 16, 16, 1, (12, 12, 12), (3, 3, 3), (1, 1, 1), (0, 0, 0), (1, 1, 1)))
+
+
+def forward_factors(rates: Any, measure: bool = True) -> dict[str, float]:
+    """Per primitive, measured forward seconds over the cost contract's ``forward_seconds`` (geometric mean over
+    ``_PROBES``, each the best of two runs after a warm-up): measured once per machine and core count, cached
+    in ``FACTORS_CACHE``; 1.0 for all when not cached and ``measure`` is False."""
+    from cct.cache import read_json, update_json
+    from cct.inference.runner import conv_engine
+    from cct.runtime.partition import cpu_cores
+
+    key = f"cores{cpu_cores()}"
+    cached = read_json(FACTORS_CACHE).get("forward_factors", {}).get(key)
+    if cached and all(p in cached for p in PRIMITIVES):
+        return {p: float(cached[p]) for p in PRIMITIVES}
+    if not measure:
+        return {p: 1.0 for p in PRIMITIVES}
+    rng = np.random.default_rng(0)
+    logs: dict[str, list[float]] = {p: [] for p in PRIMITIVES}
+    for g in _PROBES:
+        est = estimate_convolution(g, "float32", rates=rates)
+        x = rng.random((g.num, g.in_channels) + g.in_shape, dtype=np.float32)
+        w = rng.random((g.out_channels, g.in_channels) + g.kernel, dtype=np.float32)
+        y = np.empty((g.num, g.out_channels) + g.out_shape, np.float32)
+        for p in PRIMITIVES:
+            if p not in est:
+                continue
+            eng = conv_engine(p)
+            eng.configure(g, np.float32)
+            eng.forward(x, w, None, y)
+            best = math.inf
+            for _ in range(2):
+                t = time.perf_counter()
+                eng.forward(x, w, None, y)
+                best = min(best, time.perf_counter() - t)
+            logs[p].append(math.log(best / max(est[p].forward_seconds, 1e-9)))
+    factors = {p: math.exp(sum(v) / len(v)) if v else 1.0 for p, v in logs.items()}
+    update_json(FACTORS_CACHE, {"forward_factors": {key: factors}})
+    return factors
+
+
 @dataclass
 class _Context:
     spec: NetSpec
@@ -105,6 +153,7 @@ class _Context:
     rates: Any
     src_itemsize: int
     stream: float
+    factors: dict[str, float] = field(default_factory=dict)
     estimates: dict[ConvGeometry, dict[str, Estimate]] = field(default_factory=dict)
     scratch: dict[tuple[str, ConvGeometry], int] = field(default_factory=dict)
     rewritten: dict[tuple[bool, ...], list[Any]] = field(default_factory=dict)
@@ -113,7 +162,8 @@ class _Context:
     def estimate(self, g: ConvGeometry) -> dict[str, Estimate]:
         e = self.estimates.get(g)
         if e is None:
-            e = self.estimates[g] = {k: v for k, v in estimate_convolution(g, "float32", rates=self.rates).items()
+            e = self.estimates[g] = {k: replace(v, forward_seconds=v.forward_seconds * self.factors.get(k, 1.0))
+                                     for k, v in estimate_convolution(g, "float32", rates=self.rates).items()
                                      if k in self.engines}
         return e
 
@@ -287,15 +337,22 @@ def _clip(j: int, jmax: Sequence[int]) -> tuple[int, ...]:
 
 def candidates(spec: NetSpec, out_shape: Sequence[int], budget: int, engine: str = "auto",
                batches: Sequence[int] = BATCHES, mpf_choices: Sequence[tuple[bool, ...]] | None = None,
-               weights_bytes: int = 0, src_itemsize: int = 4, rates: Any = None) -> tuple[list[Plan], _Context]:
-    """Every plan the search considers (see the module docstring), best predicted first."""
+               weights_bytes: int = 0, src_itemsize: int = 4, rates: Any = None,
+               factors: Mapping[str, float] | None = None) -> tuple[list[Plan], _Context]:
+    """Every plan the search considers (see the module docstring), best predicted first.  ``rates`` None: this
+    machine's calibrated rates and :func:`forward_factors` (measured if not cached); given ``rates``: those,
+    with ``factors`` (default: the cached ones, else 1)."""
     if engine not in ENGINES:
         raise CctError(f"-engine {engine}: expected auto, lowering or fft")
     if rates is None:
         rates = _machine_rates()
+        if factors is None:
+            factors = forward_factors(rates)
+    if factors is None:
+        factors = forward_factors(rates, measure=False)
     out_shape = tuple(int(v) for v in out_shape)
     ctx = _Context(spec, out_shape, int(budget), int(weights_bytes) + HDF5_CACHE_BYTES, ENGINES[engine], rates,
-                   src_itemsize, stream_rate())
+                   src_itemsize, stream_rate(), dict(factors))
     P = spec.pooling
     jmax = tuple(-(-o // p) for o, p in zip(out_shape, P))
     if mpf_choices is None:
@@ -335,7 +392,7 @@ def _machine_rates() -> Any:
 def plan_inference(spec: NetSpec, out_shape: Sequence[int], budget: int, engine: str = "auto",
                    mode: str = "auto", measure: Callable[[Plan], float] | None = None, weights_bytes: int = 0,
                    src_itemsize: int = 4, rates: Any = None, batches: Sequence[int] = BATCHES,
-                   report: Callable[[str], None] | None = None) -> Plan:
+                   report: Callable[[str], None] | None = None, factors: Mapping[str, float] | None = None) -> Plan:
     """The plan for a dense output of ``out_shape`` under ``budget`` bytes (see the module docstring);
     ``mode`` ``"auto"`` (predicted) or ``"measure"`` (``measure(plan)`` → seconds per run, for the
     ``MEASURE_TOP`` best predicted).  ``report`` receives the planner's lines (default: the log)."""
@@ -343,7 +400,7 @@ def plan_inference(spec: NetSpec, out_shape: Sequence[int], budget: int, engine:
         raise CctError(f"-plan {mode}: expected auto or measure")
     say = report or (lambda line: log.info("%s", line))
     plans, ctx = candidates(spec, out_shape, budget, engine, batches, weights_bytes=weights_bytes,
-                            src_itemsize=src_itemsize, rates=rates)
+                            src_itemsize=src_itemsize, rates=rates, factors=factors)
     if not plans:
         raise _too_small(spec, budget, ctx)
     best = plans[0]

@@ -119,3 +119,24 @@ layer { name: "c2" type: "Convolution" bottom: "p1" top: "c2" convolution_param 
     plans, _ = candidates(spec, (64, 64, 64), 256 << 20, rates=DEFAULT_RATES)
     assert {p.batch for p in plans} >= {1, 2}
     assert {p.mpf for p in plans} == {(True,), (False,)}
+
+
+def test_forward_factors_are_measured_once_and_cached(monkeypatch):
+    """The per-primitive forward factors: measured on the probe layers, then read from the cache."""
+    from cct.engines import ConvGeometry
+    from cct.inference import planner
+
+    monkeypatch.setattr(planner, "_PROBES", (ConvGeometry(2, 2, 3, 1, (9, 9, 9), (3, 3, 3), (1,) * 3, (0,) * 3,
+                                                          (1,) * 3),))
+    assert planner.forward_factors(DEFAULT_RATES, measure=False) == {p: 1.0 for p in planner.PRIMITIVES}
+    factors = planner.forward_factors(DEFAULT_RATES)
+    assert set(factors) == set(planner.PRIMITIVES) and all(f > 0 for f in factors.values())
+    monkeypatch.setattr(planner, "_PROBES", ())  # a second call must not measure
+    assert planner.forward_factors(DEFAULT_RATES) == factors
+    spec = load_spec(deploy_param("ctm_valid"))
+    scaled = plan_inference(spec, (48,) * 3, 1 << 30, rates=DEFAULT_RATES, factors={p: 2.0 for p in factors},
+                            report=lambda line: None)
+    plain = plan_inference(spec, (48,) * 3, 1 << 30, rates=DEFAULT_RATES, factors={p: 1.0 for p in factors},
+                           report=lambda line: None)
+    assert scaled.primitives == plain.primitives
+    assert scaled.seconds > 1.5 * plain.seconds
