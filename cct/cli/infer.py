@@ -2,12 +2,13 @@
 
     cct infer -model deploy.prototxt -weights w.caffemodel -input VOLUME -output OUT.h5
               [-memory_budget 2GiB] [-plan auto|measure] [-engine auto|lowering|fft] [-pad valid|mirror]
-              [-input_scale S] [-input_mean M[,M...]] [-quiet]
+              [-input_scale S] [-input_mean M[,M...]] [-quiet] [-devices cpu:T,cpu:T,...]
 
 VOLUME: ``path.h5`` (one dataset) or ``path.h5:dataset``, ``.npy``, a multi-page TIFF, or a PNG/JPEG for 2-D
 nets; ``(C, Z, Y, X)`` or ``(Z, Y, X)``.  OUT.h5 gets dataset ``output`` ``(C_out, Z-F_z+1, Y-F_y+1, X-F_x+1)``
 (``-pad mirror``: the input's size).  The planner's choice is logged before the run; a progress bar goes to
-stderr (``-quiet``: none).
+stderr (``-quiet``: none).  ``-devices cpu:1,cpu:1``: CPU workers sharing the tiles (each its own net and
+threads, the budget split between them).
 """
 from __future__ import annotations
 
@@ -39,9 +40,6 @@ def main(flags: Flags) -> int:
         raise CctError("Need an output file (-output OUT.h5).")
     if flags.gpu:
         raise CctError(f"-gpu {flags.gpu}: cct infer runs on the CPU")
-    if flags.devices:
-        raise CctError(f"-devices {flags.devices}: cct infer runs one CPU worker (its planner sizes patches "
-                       f"for one memory budget); use -memory_budget")
     mean = None
     if flags.input_mean:
         try:
@@ -50,5 +48,5 @@ def main(flags: Flags) -> int:
             raise CctError(f"-input_mean {flags.input_mean}: expected numbers separated by ','") from None
     infer(flags.model, flags.weights or None, flags.input, flags.output, memory_budget=flags.memory_budget,
           plan=flags.plan, engine=flags.engine, pad=flags.pad, input_scale=flags.input_scale, input_mean=mean,
-          quiet=flags.quiet)
+          quiet=flags.quiet, devices=flags.devices or None)
     return 0

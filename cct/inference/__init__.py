@@ -108,7 +108,7 @@ def measure_plan(spec: Any, weights: Any, plan: Any, repeat: int = 2, seed: int 
 def infer(model: Any, weights: Any, volume: Any, output: Any, memory_budget: Any = "2GiB", plan: str = "auto",
           engine: str = "auto", pad: str = "valid", input_scale: float = 1.0,
           input_mean: Sequence[float] | None = None, quiet: bool = False, rates: Any = None,
-          batches: Sequence[int] | None = None, report: Any = None) -> InferenceResult:
+          batches: Sequence[int] | None = None, report: Any = None, devices: Any = None) -> InferenceResult:
     """Dense output of ``model`` (a deploy prototxt or NetParameter) with ``weights`` (a ``.caffemodel`` /
     ``.caffemodel.h5`` path, or None for the fillers) over ``volume`` (a path — ``.h5[:dataset]``, ``.npy``,
     ``.tif``, an image — or an array), written to ``output`` (an HDF5 path: dataset ``output``; or an object
@@ -117,18 +117,21 @@ def infer(model: Any, weights: Any, volume: Any, output: Any, memory_budget: Any
     Output convention: ``(C_out, *(V - F + 1))``, voxel ``z`` = the net on the input window starting at ``z``;
     ``pad="mirror"``: the input mirrored by ``F // 2`` around, so the output is the input's size.  ``plan``
     ``auto`` (predicted) or ``measure`` (the best candidates timed); ``engine`` restricts the primitives
-    (``auto``, ``lowering``, ``fft``); ``input_mean``/``input_scale``: ``(x - mean) · scale`` before the net."""
+    (``auto``, ``lowering``, ``fft``); ``input_mean``/``input_scale``: ``(x - mean) · scale`` before the net.
+    ``devices`` (``"cpu:1,cpu:1"`` or a list of :class:`cct.device.device.Device`): CPU workers sharing the
+    tiles, each with its own net, threads and an equal share of the budget (default: one worker, all cores)."""
     from cct import log
     from cct.inference.memory import format_bytes, parse_memory
     from cct.inference.planner import BATCHES, plan_inference
     from cct.inference.progress import Progress
     from cct.inference.runner import InferenceNet
-    from cct.inference.tiling import Tiling, run_tiles
+    from cct.inference.tiling import Tiling
     from cct.inference.volume_io import HDF5Writer, open_volume
 
     budget = parse_memory(memory_budget, "-memory_budget")
     if pad not in ("valid", "mirror"):
         raise CctError(f"-pad {pad}: expected valid or mirror")
+    workers = _workers(devices)
     spec, w = prepare(model, weights)
     vol = open_volume(volume, spec.num_spatial, spec.in_channels)
     writer = None
@@ -141,9 +144,15 @@ def infer(model: Any, weights: Any, volume: Any, output: Any, memory_budget: Any
                            f"view {'x'.join(map(str, spec.fov))} of net {spec.name} (use -pad mirror, or a larger "
                            f"volume)")
         out_shape = tuple(s - f + 1 for s, f in zip(vol.padded, spec.fov))
-        chosen = plan_inference(spec, out_shape, budget, engine, plan,
-                                measure=lambda p: measure_plan(spec, w, p), weights_bytes=w.nbytes(),
-                                src_itemsize=vol.dtype.itemsize, rates=rates,
+        if len(workers) > 1:
+            log.info("infer: %d workers (%s), %s of the budget each", len(workers),
+                     ",".join(d.name for d in workers), format_bytes(budget // len(workers)))
+
+        def timed(p: Any) -> float:
+            with workers[0].context():
+                return measure_plan(spec, w, p)
+        chosen = plan_inference(spec, out_shape, budget // len(workers), engine, plan, measure=timed,
+                                weights_bytes=w.nbytes(), src_itemsize=vol.dtype.itemsize, rates=rates,
                                 batches=batches or BATCHES, report=report)
         shape = (spec.out_channels,) + out_shape
         if isinstance(output, (str, os.PathLike)):
@@ -159,19 +168,60 @@ def infer(model: Any, weights: Any, volume: Any, output: Any, memory_budget: Any
             return InferenceNet(spec, w, chosen.mpf, k, chosen.run_input, chosen.primitives)
 
         t0 = time.perf_counter()
-        runs = run_tiles(spec, make_net, chosen.mpf, chosen.batch, tiling,
-                         lambda start, size, out: vol.read(start, size, out), writer.write, bar.update)
+        runs = _run_workers(workers, spec, make_net, chosen, tiling, vol, writer.write, bar.update)
         seconds = time.perf_counter() - t0
         bar.close()
         writer.close()
         writer = None
         result = InferenceResult(chosen, shape, runs, seconds)
-        log.info("infer: %s output %s in %.3g s (%d runs), %s vox/s (predicted %s), planned peak %s",
-                 output if isinstance(output, (str, os.PathLike)) else "wrote", "x".join(map(str, shape)),
-                 seconds, runs, f"{result.voxels_per_second:,.0f}", f"{chosen.throughput:,.0f}",
-                 format_bytes(chosen.memory))
+        where = os.fspath(output) if isinstance(output, (str, os.PathLike)) else type(output).__name__
+        log.info("infer: wrote %s to %s in %.3g s (%d runs): %s vox/s (predicted %s), planned peak %s",
+                 "x".join(map(str, shape)), where, seconds, runs, f"{result.voxels_per_second:,.0f}",
+                 f"{chosen.throughput:,.0f}", format_bytes(chosen.memory))
         return result
     finally:
         if writer is not None and hasattr(writer, "abort"):
             writer.abort()
         vol.close()
+
+
+def _workers(devices: Any) -> list[Any]:
+    """The CPU workers of ``devices`` (None: one with every core); a GPU is a one-line error."""
+    from cct.device.device import Device, parse_devices
+    from cct.runtime.partition import cpu_cores
+
+    if devices is None or devices == "" or devices == []:
+        return [Device("cpu", 0, cpu_cores())]
+    found = parse_devices(devices) if isinstance(devices, str) else list(devices)
+    for d in found:
+        if d.is_gpu:
+            raise CctError(f"-devices {','.join(x.name for x in found)}: cct infer runs on CPU devices only "
+                           f"('{d.name}'; its FFT and MPF primitives are numpy code)")
+    return found
+
+
+def _run_workers(workers: Sequence[Any], spec: Any, make_net: Any, plan: Any, tiling: Any, vol: Any, write: Any,
+                 progress: Any) -> int:
+    """Every tile, by one worker (with its device's threads) or several sharing the tiles (each its own net;
+    BLAS at the largest worker's thread count, process wide; scipy.fft's per thread)."""
+    import threading
+
+    from cct.inference.tiling import run_tiles
+    from cct.runtime.partition import blas_threads, run_concurrently
+
+    def read(start: Any, size: Any, out: Any) -> Any:
+        return vol.read(start, size, out)
+    if len(workers) == 1:
+        with workers[0].context():
+            return run_tiles(spec, make_net, plan.mpf, plan.batch, tiling, read, write, progress)
+    starts = tiling.starts()
+    lock = threading.Lock()
+    runs = [0] * len(workers)
+
+    def work(k: int) -> None:
+        with workers[k].thread_context():
+            runs[k] = run_tiles(spec, make_net, plan.mpf, plan.batch, tiling, read, write, progress,
+                                starts=starts[k::len(workers)], lock=lock)
+    with blas_threads(max(d.threads for d in workers)):
+        run_concurrently(len(workers), work)
+    return sum(runs)

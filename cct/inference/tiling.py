@@ -14,6 +14,7 @@ layer) and at most two tiles are in memory at once.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 from collections.abc import Callable, Sequence
@@ -70,14 +71,19 @@ def _shift_offsets(spec: NetSpec, mpf: Sequence[bool]) -> list[tuple[tuple[int, 
 def run_tiles(spec: NetSpec, make_net: Callable[[int], Any], mpf: Sequence[bool], batch: int, tiling: Tiling,
               read: Callable[[Sequence[int], Sequence[int], np.ndarray], Any],
               write: Callable[[Sequence[int], np.ndarray], None],
-              progress: Callable[[int], None] | None = None) -> int:
+              progress: Callable[[int], None] | None = None, starts: Sequence[tuple[int, ...]] | None = None,
+              lock: Any = None) -> int:
     """Fill the dense output (see the module docstring).  ``make_net(k)``: the inference net for runs of ``k``
     patches (``batch``, and once a smaller one for the last run); ``read(start, size, out)`` fills ``out``
     ``(C, *size)`` with the input patch at ``start``; ``write(start, block)`` stores an output block;
-    ``progress(voxels)`` is told each tile's voxels as it is written.  Returns the number of runs."""
+    ``progress(voxels)`` is told each tile's voxels as it is written.  ``starts``: only these tiles (a worker's
+    share; default all); ``lock``: held around ``write`` and ``progress`` (workers sharing them).  Returns the
+    number of runs."""
     shifts = _shift_offsets(spec, mpf)
     frags = spec.fragments(mpf)
-    items = [(start, k) for start in tiling.starts() for k in range(len(shifts))]
+    tiles = tiling.starts() if starts is None else list(starts)
+    items = [(start, k) for start in tiles for k in range(len(shifts))]
+    guard = lock if lock is not None else contextlib.nullcontext()
     nets: dict[int, Any] = {}
     pending: dict[tuple[int, ...], list[Any]] = {}  # tile start -> [dense tile, shifts still missing]
     runs = 0
@@ -102,9 +108,10 @@ def run_tiles(spec: NetSpec, make_net: Callable[[int], Any], mpf: Sequence[bool]
             entry[1] -= 1
             if entry[1] == 0:
                 region = tiling.region(start)
-                write(start, entry[0][(slice(None),) + tuple(slice(0, r) for r in region)])
+                with guard:
+                    write(start, entry[0][(slice(None),) + tuple(slice(0, r) for r in region)])
+                    if progress is not None:
+                        progress(math.prod(region))
                 del pending[start]
-                if progress is not None:
-                    progress(math.prod(region))
         del y
     return runs

@@ -94,8 +94,7 @@ def test_quiet_has_no_progress_bar_and_mirror_gives_the_input_size(small_net, tm
      "memory budget 1.0 MiB is too small for net ctm_valid: the smallest valid patch"),
     (("-model", CTM, "-input", "v.npy", "-output", "o.h5", "-pad", "zero"), "-pad zero: expected valid or mirror"),
     (("-model", CTM, "-input", "v.npy", "-output", "o.h5", "-plan", "fast"), "-plan fast: expected auto or measure"),
-    (("-model", CTM, "-input", "v.npy", "-output", "o.h5", "-devices", "cpu:1,cpu:1"),
-     "-devices cpu:1,cpu:1: cct infer runs one CPU worker"),
+    (("-model", CTM, "-input", "v.npy", "-output", "o.h5", "-devices", "gpu:0"), "gpu:0"),
     (("-model", CTM, "-input", "rgb.npy", "-output", "o.h5"),
      "rgb.npy: volume of shape (3, 30, 30, 30) has 3 channels"),
     (("-model", "lenet.prototxt", "-input", "v.npy", "-output", "o.h5"),
@@ -116,6 +115,25 @@ layer { name: "fc" type: "InnerProduct" bottom: "c" top: "fc" inner_product_para
     rc, log = run("infer", *args)
     assert rc == 1
     assert message in fatal(log), fatal(log)
+
+
+def test_two_cpu_workers_give_the_single_worker_output(small_net, tmp_path):
+    """-devices cpu:1,cpu:1: two workers share the tiles (each its own net, half the budget); same numbers."""
+    import h5py
+
+    _, model, weights = small_net
+    np.save(tmp_path / "v.npy", np.random.default_rng(2).random((50, 47, 45), dtype=np.float32))
+    outs = []
+    for extra in ((), ("-devices", "cpu:1,cpu:1")):
+        out = tmp_path / f"o{len(extra)}.h5"
+        rc, log = run("infer", "-model", model, "-weights", weights, "-input", str(tmp_path / "v.npy"), "-output",
+                      str(out), "-memory_budget", "24MiB", "-quiet", *extra)
+        assert rc == 0, log
+        with h5py.File(out, "r") as f:
+            outs.append(f["output"][()])
+        if extra:
+            assert "infer: 2 workers (cpu:1,cpu:1), 12.0 MiB of the budget each" in messages(log)
+    assert_close(outs[1], outs[0], "two workers vs one", rtol=1e-5, reference="one worker")
 
 
 def test_listed_in_usage():
