@@ -3,7 +3,7 @@ all-offsets pooling baseline, the planner's choice vs the best measured candidat
 whose volume is 10x its budget.
 
 Run:   python benchmarks/volume_inference.py [--net ctm_valid] [--output 48] [--budget 2GiB] [--rounds 3]
-                                             [--memory] [--exactness]
+                                             [--memory] [--exactness] [--workers]
 
 All on the same net and dense output (default: ``models/znn/deploy/ctm_valid.prototxt``, width 24, seeded
 filler weights, a ``48³`` output from a ``73³`` random volume), timings in voxels of dense output per second:
@@ -23,9 +23,11 @@ filler weights, a ``48³`` output from a ``73³`` random volume), timings in vox
 Rounds interleave the paths (every round runs each once) and times are medians over rounds.  ``--memory``
 runs ``cct.inference.infer`` in a fresh process on a 2-D volume 10x the size of its budget (a ``.npy``
 file, memory-mapped) and on a 3-D one, and prints the tracemalloc peak and the RSS growth against the budget
-and the planner's estimate.  ``--exactness`` runs the full-size exactness checks (every voxel of a 100³
-output of ctm_valid against the plain net on each window; 2,000 sampled voxels of n337_w8 at 140³): slower
-than the test suite's versions.
+and the planner's estimate.  ``--workers`` runs ``cct.inference.infer`` on a volume of 8 such outputs with one
+worker (all cores) and with ``-devices cpu:1,cpu:1`` (two one-thread workers sharing the tiles, each with
+half the budget), interleaved, and prints the ratio.  ``--exactness`` runs the full-size exactness checks
+(every voxel of a 100³ output of ctm_valid against the plain net on each window; 2,000 sampled voxels of
+n337_w8 at 140³): slower than the test suite's versions.
 """
 from __future__ import annotations
 
@@ -217,6 +219,25 @@ def memory(args) -> None:
                   f"{r['seconds']:.1f} s", flush=True)
 
 
+def workers(args) -> None:
+    from cct.inference import infer
+
+    param = read_net_param(ROOT / "models" / "znn" / "deploy" / f"{args.net}.prototxt")
+    spec = load_spec(param)
+    out = tuple(2 * args.output for _ in range(spec.num_spatial))
+    volume = np.random.default_rng(3).random(tuple(o + f - 1 for o, f in zip(out, spec.fov)), dtype=np.float32)
+    times: dict[str, list[float]] = {"1 worker": [], "cpu:1,cpu:1": []}
+    for _ in range(args.rounds):
+        for name, devices in (("1 worker", None), ("cpu:1,cpu:1", "cpu:1,cpu:1")):
+            sink = MemoryWriter((spec.out_channels,) + out)
+            r = infer(param, None, volume, sink, memory_budget=args.budget, quiet=True, devices=devices,
+                      report=lambda line: None)
+            times[name].append(r.voxels_per_second)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(f"workers on a {out} output: 1 worker {med['1 worker']:,.0f} vox/s, cpu:1,cpu:1 "
+          f"{med['cpu:1,cpu:1']:,.0f} vox/s: {med['cpu:1,cpu:1'] / med['1 worker']:.2f}x")
+
+
 def exactness(args) -> None:
     sys.path.insert(0, str(ROOT))
     from cct.compare.tolerance import compare_arrays
@@ -255,8 +276,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--memory", action="store_true", help="also the peak memory of runs 10x their budget")
     ap.add_argument("--exactness", action="store_true", help="also the full-size exactness checks")
+    ap.add_argument("--workers", action="store_true", help="also one worker vs two one-thread workers")
+    ap.add_argument("--skip-throughput", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    throughput(args)
+    if not args.skip_throughput:
+        throughput(args)
+    if args.workers:
+        workers(args)
     if args.memory:
         memory(args)
     if args.exactness:
