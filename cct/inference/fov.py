@@ -148,14 +148,14 @@ class NetSpec:
             sp, n, ch = x.spatial, x.batch, x.channels
             t = lp.type
             if t == "Convolution":
-                k, d = _conv_kernel(lp, self.num_spatial)
+                k, d = conv_kernel(lp, self.num_spatial)
                 ext = tuple(di * (ki - 1) + 1 for ki, di in zip(k, d))
                 if any(e > s for e, s in zip(ext, sp)):
                     raise CctError(f"layer '{lp.name}' (Convolution): input {_dims(sp)} is smaller than its "
                                    f"kernel extent {_dims(ext)}")
                 sp, ch = tuple(s - e + 1 for s, e in zip(sp, ext)), int(lp.convolution_param.num_output)
             elif t == "Pooling":
-                k = _pool_kernel(lp, self.num_spatial)
+                k = pool_kernel(lp, self.num_spatial)
                 if pool_mpf[lp.name]:
                     if any((s + 1) % p for s, p in zip(sp, k)):
                         raise CctError(f"layer '{lp.name}' (Pooling as fragments): input {_dims(sp)} + 1 is not "
@@ -314,7 +314,7 @@ def _conv_geom(lp: pb.LayerParameter, g: _Geom, nd: int, fail) -> _Geom:
     if any(v != 1 for v in p.stride) or (p.HasField("stride_h") and p.stride_h != 1) or \
             (p.HasField("stride_w") and p.stride_w != 1):
         raise fail(lp, "strided convolution: sliding-window inference needs stride 1 (pool instead)")
-    k, d = _conv_kernel(lp, nd, fail)
+    k, d = conv_kernel(lp, nd, fail)
     ext = tuple(s * di * (ki - 1) for ki, di, s in zip(k, d, g.scale))
     return _Geom(g.scale, g.offset, tuple(w + e for w, e in zip(g.extent, ext)), g.pools, g.channels)
 
@@ -327,7 +327,7 @@ def _pool_geom(lp: pb.LayerParameter, g: _Geom, nd: int, fail) -> tuple[_Geom, P
         raise fail(lp, "global pooling depends on the patch size")
     if any(v != 0 for v in p.pad_nd) or p.pad or p.pad_h or p.pad_w:
         raise fail(lp, "padded pooling: sliding-window inference needs pad 0")
-    k = _pool_kernel(lp, nd, fail)
+    k = pool_kernel(lp, nd, fail)
     stride = tuple(int(v) for v in p.stride_nd) or ((int(p.stride_h), int(p.stride_w))
                                                    if p.HasField("stride_h") else (int(p.stride),))
     stride = stride * nd if len(stride) == 1 else stride
@@ -357,7 +357,8 @@ def _same_spatial(lp: pb.LayerParameter, bottoms: list[BlobShape]) -> None:
                            f"({_dims(bottoms[0].spatial)} vs {_dims(b.spatial)})")
 
 
-def _conv_kernel(lp: pb.LayerParameter, nd: int, fail=None) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def conv_kernel(lp: pb.LayerParameter, nd: int, fail=None) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(kernel, dilation) of a convolution layer, one entry per spatial axis."""
     p = lp.convolution_param
     if p.HasField("kernel_h") or p.HasField("kernel_w"):
         k = (int(p.kernel_h), int(p.kernel_w))
@@ -372,7 +373,8 @@ def _conv_kernel(lp: pb.LayerParameter, nd: int, fail=None) -> tuple[tuple[int, 
     return k, d
 
 
-def _pool_kernel(lp: pb.LayerParameter, nd: int, fail=None) -> tuple[int, ...]:
+def pool_kernel(lp: pb.LayerParameter, nd: int, fail=None) -> tuple[int, ...]:
+    """The kernel of a pooling layer (``kernel_nd``, ``kernel_h``/``kernel_w`` or ``kernel_size``) per spatial axis."""
     p = lp.pooling_param
     if len(p.kernel_nd):
         k = tuple(int(v) for v in p.kernel_nd)

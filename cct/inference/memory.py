@@ -148,10 +148,10 @@ def conv_memory(primitive: str, g: ConvGeometry, itemsize: int = 4) -> int:
 
 def conv_geometry(lp: pb.LayerParameter, x: BlobShape) -> ConvGeometry:
     """The geometry of convolution layer ``lp`` on bottom ``x`` (no padding, stride 1)."""
-    from cct.inference.fov import _conv_kernel
+    from cct.inference.fov import conv_kernel
 
     nd = len(x.spatial)
-    k, d = _conv_kernel(lp, nd)
+    k, d = conv_kernel(lp, nd)
     p = lp.convolution_param
     return ConvGeometry(x.batch, x.channels, int(p.num_output), int(p.group), x.spatial, k, (1,) * nd, (0,) * nd, d)
 
@@ -170,7 +170,7 @@ class RunMemory:
 def layer_scratch(lp: pb.LayerParameter, shapes: Mapping[str, BlobShape], primitive: str | None,
                   itemsize: int = 4) -> tuple[int, int]:
     """(scratch bytes while the layer runs, bytes it keeps between runs) of one layer of a run."""
-    from cct.inference.fov import MPF_TYPE
+    from cct.inference.fov import MPF_TYPE, pool_kernel
     from cct.inference.mpf import fragment_temp_bytes
 
     x = shapes[lp.bottom[0]] if lp.bottom else None
@@ -181,9 +181,7 @@ def layer_scratch(lp: pb.LayerParameter, shapes: Mapping[str, BlobShape], primit
     if t == "Convolution":
         return conv_memory(primitive or "lowering 1", conv_geometry(lp, x), itemsize), 0
     if t == MPF_TYPE:
-        from cct.inference.fov import _pool_kernel
-
-        return fragment_temp_bytes(x.shape, _pool_kernel(lp, len(x.spatial)), itemsize), 0
+        return fragment_temp_bytes(x.shape, pool_kernel(lp, len(x.spatial)), itemsize), 0
     if t == "Pooling":  # Caffe's Pooler keeps its input's copy and the maxima
         return 0, x.count * itemsize + top
     if t == "BatchNorm":
@@ -198,30 +196,40 @@ def layer_scratch(lp: pb.LayerParameter, shapes: Mapping[str, BlobShape], primit
     return top, 0  # other element-wise layers: one temporary of their top at most
 
 
-def run_memory(spec: NetSpec, mpf: Sequence[bool], batch: int, in_spatial: Sequence[int],
-               primitives: Mapping[str, str], itemsize: int = 4) -> RunMemory:
-    """The peak memory of one run (see the module docstring), weights excluded."""
-    shapes = spec.shapes(mpf, batch, in_spatial)
-    params = spec.rewrite(mpf, batch, in_spatial)[1:]
+def live_bytes(spec: NetSpec, params: Sequence[pb.LayerParameter], shapes: Mapping[str, BlobShape],
+               itemsize: int = 4) -> list[int]:
+    """Per layer of a run (``params``, the Input excluded), the bytes of the blobs alive while it runs: those
+    written earlier and still to be read (or the output), and its own tops."""
     last: dict[str, int] = {}
     for i, lp in enumerate(params):
         for b in lp.bottom:
             last[b] = i
     last.pop(spec.output_blob, None)
     live = {spec.input_blob: shapes[spec.input_blob].count * itemsize}
-    held = 0
-    rows = []
-    peak, at = 0, ""
+    out = []
     for i, lp in enumerate(params):
         for t in lp.top:
             if t not in lp.bottom:
                 live[t] = shapes[t].count * itemsize
+        out.append(sum(live.values()))
+        for b in [b for b, j in last.items() if j == i]:
+            live.pop(b, None)
+    return out
+
+
+def run_memory(spec: NetSpec, mpf: Sequence[bool], batch: int, in_spatial: Sequence[int],
+               primitives: Mapping[str, str], itemsize: int = 4) -> RunMemory:
+    """The peak memory of one run (see the module docstring), weights excluded."""
+    shapes = spec.shapes(mpf, batch, in_spatial)
+    params = spec.rewrite(mpf, batch, in_spatial)[1:]
+    held = 0
+    rows = []
+    peak, at = 0, ""
+    for lp, base in zip(params, live_bytes(spec, params, shapes, itemsize)):
         scratch, keep = layer_scratch(lp, shapes, primitives.get(lp.name), itemsize)
         held += keep
-        total = sum(live.values()) + scratch
+        total = base + scratch
         rows.append((lp.name, total, scratch, primitives.get(lp.name, "") if lp.type == "Convolution" else ""))
         if total > peak:
             peak, at = total, lp.name
-        for b in [b for b, j in last.items() if j == i]:
-            live.pop(b, None)
     return RunMemory(peak + held, at, held, rows)

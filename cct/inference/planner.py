@@ -37,8 +37,8 @@ import numpy as np
 from cct import log
 from cct.engines import ConvGeometry, Estimate, estimate_convolution
 from cct.errors import CctError
-from cct.inference.fov import MPF_TYPE, BlobShape, NetSpec, cube, dims
-from cct.inference.memory import conv_geometry, conv_memory, format_bytes, layer_scratch
+from cct.inference.fov import MPF_TYPE, BlobShape, NetSpec, cube, dims, pool_kernel
+from cct.inference.memory import conv_geometry, conv_memory, format_bytes, layer_scratch, live_bytes
 from cct.inference.runner import PRIMITIVES
 
 __all__ = ["Plan", "plan_inference", "BATCHES", "MEASURE_TOP"]
@@ -241,23 +241,13 @@ def _evaluate(ctx: _Context, mpf: tuple[bool, ...], batch: int, J: tuple[int, ..
     out = shapes[spec.output_blob]
     tiles_in_flight = _tile_bytes(spec, tile, shifts)
     read = ctx.src_itemsize * spec.in_channels * math.prod(n)
-    last: dict[str, int] = {}
-    for i, lp in enumerate(params):
-        for b in lp.bottom:
-            last[b] = i
-    last.pop(spec.output_blob, None)
-    live = {spec.input_blob: 4 * shapes[spec.input_blob].count}
     fixed = ctx.fixed + (tiles_in_flight if shifts > 1 else 0)
     held = sum(layer_scratch(lp, shapes, None)[1] for lp in params if lp.type != "Convolution")
     peak, at = 0, ""
     primitives: dict[str, str] = {}
     seconds = 0.0
     rows: list[tuple[str, str]] = []
-    for i, lp in enumerate(params):
-        for t in lp.top:
-            if t not in lp.bottom:
-                live[t] = 4 * shapes[t].count
-        base = sum(live.values())
+    for lp, base in zip(params, live_bytes(spec, params, shapes)):
         if lp.type == "Convolution":
             g = conv_geometry(lp, shapes[lp.bottom[0]])
             need = {v: ctx.conv_scratch(v, g) for v in ctx.applicable(g)}
@@ -282,16 +272,12 @@ def _evaluate(ctx: _Context, mpf: tuple[bool, ...], batch: int, J: tuple[int, ..
             seconds += _layer_seconds(lp, shapes, ctx.stream)
             if lp.type in (MPF_TYPE, "Pooling"):
                 x, y = shapes[lp.bottom[0]], shapes[lp.top[0]]
-                kind = "mpf" if lp.type == MPF_TYPE else "max-pool"
-                from cct.inference.fov import _pool_kernel
-
-                rows.append((lp.name, f"{lp.name}: {kind} {cube(_pool_kernel(lp, len(x.spatial)))} (batch "
+                kind = "mpf" if lp.type == MPF_TYPE else "pool"
+                rows.append((lp.name, f"{lp.name}: {kind} {cube(pool_kernel(lp, len(x.spatial)))} (batch "
                                       f"{x.batch} -> {y.batch})"))
         total = fixed + held + base + scratch
         if total > peak:
             peak, at = total, lp.name
-        for b in [b for b, j in last.items() if j == i]:
-            live.pop(b, None)
     # after the run: the output, the tiles being filled and the written copy; before it: the patch being read
     peak = max(peak, ctx.fixed + held + 4 * out.count + tiles_in_flight,
                fixed + held + 4 * shapes[spec.input_blob].count + read)
