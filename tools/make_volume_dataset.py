@@ -14,6 +14,15 @@ to the working directory like Caffe's HDF5Data) into the output directory:
 
     python tools/make_volume_dataset.py [--out models/znn/data] [--train 256] [--test 64] [--patch 32]
 
+``--inference-volume N`` also writes ``volume.h5``: one ``N³`` volume of the same kind for sliding-window
+inference (``cct infer``), dataset ``raw`` (float32 in [0, 1], ``(Z, Y, X)``) and ``membrane`` (uint8, the true
+membrane mask), generated slab by slab so that a volume larger than memory can be made; ``--only-inference``
+skips the training files:
+
+    python tools/make_volume_dataset.py --inference-volume 256 --only-inference
+    cct infer -model models/znn/deploy/ctm_valid.prototxt -input models/znn/data/volume.h5:raw \
+              -output models/znn/data/prediction.h5 -memory_budget 1GiB
+
 The files are generated, not committed (``models/znn/.gitignore``); run this once before
 ``cct train -solver models/znn/<net>/solver.prototxt`` (from the repository root).
 """
@@ -50,6 +59,45 @@ def make_volume(size: int, cell: float, rng: np.random.Generator) -> tuple[np.nd
     return np.clip(image, 0.0, 1.0).astype(np.float32), membrane
 
 
+def write_inference_volume(path: Path, size: int, cell: float, rng: np.random.Generator, slab: int = 64) -> None:
+    """One ``size³`` volume into ``path`` (datasets ``raw`` and ``membrane``), ``slab`` z-slices at a time: the
+    Voronoi seeds cover the whole volume; each slab is computed with a margin of ``MARGIN`` slices on both sides
+    (the blur and the membrane dilation reach that far), so slabs join without seams."""
+    import h5py
+    from scipy import ndimage
+    from scipy.spatial import cKDTree
+
+    n_seeds = max(2, int((size / cell) ** 3))
+    seeds = rng.uniform(0, size, (n_seeds, 3))
+    tree = cKDTree(seeds)
+    brightness = rng.uniform(0.55, 0.95, n_seeds)
+    margin = MARGIN
+    with h5py.File(path, "w") as f:
+        raw = f.create_dataset("raw", (size,) * 3, dtype="float32", chunks=(min(size, 64),) * 3)
+        mem = f.create_dataset("membrane", (size,) * 3, dtype="uint8", chunks=(min(size, 64),) * 3)
+        for z0 in range(0, size, slab):
+            z1 = min(size, z0 + slab)
+            lo, hi = max(0, z0 - margin), min(size, z1 + margin)
+            grid = np.stack(np.meshgrid(np.arange(lo, hi), np.arange(size), np.arange(size), indexing="ij"),
+                            axis=-1).reshape(-1, 3) + 0.5
+            owner = tree.query(grid)[1].reshape(hi - lo, size, size)
+            faces = np.zeros(owner.shape, dtype=bool)
+            for axis in range(3):
+                step = np.diff(owner, axis=axis) != 0
+                sl = [slice(None)] * 3
+                sl[axis] = slice(0, -1)
+                faces[tuple(sl)] |= step
+            membrane = ndimage.binary_dilation(faces, iterations=1)
+            image = np.where(membrane, 0.15, brightness[owner])
+            image = ndimage.gaussian_filter(image, 0.8) + rng.normal(0.0, 0.08, image.shape)
+            keep = slice(z0 - lo, z0 - lo + (z1 - z0))
+            raw[z0:z1] = np.clip(image[keep], 0.0, 1.0).astype(np.float32)
+            mem[z0:z1] = membrane[keep].astype(np.uint8)
+
+
+MARGIN = 4
+
+
 def sample_patches(volumes: list[tuple[np.ndarray, np.ndarray]], count: int, patch: int, stride: int,
                    rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """``count`` random crops with random flips/axis orders: data (N,1,p,p,p), label (N,1,g,g,g)."""
@@ -82,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--volume", type=int, default=64, help="edge of each generated volume")
     ap.add_argument("--cell", type=float, default=14.0, help="typical cell diameter in voxels")
     ap.add_argument("--seed", type=int, default=SEED)
+    ap.add_argument("--inference-volume", type=int, default=0, metavar="N",
+                    help="also write volume.h5, one N^3 volume for cct infer (0: none)")
+    ap.add_argument("--only-inference", action="store_true", help="only volume.h5 (no training files)")
     args = ap.parse_args(argv)
     if args.patch % args.stride or args.patch > args.volume:
         ap.error(f"--patch ({args.patch}) must be a multiple of --stride ({args.stride}) and <= --volume")
@@ -90,9 +141,17 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("make_volume_dataset needs h5py: pip install 'cct[hdf5]'", file=sys.stderr)
         return 1
+    if args.only_inference and args.inference_volume <= 0:
+        ap.error("--only-inference needs --inference-volume N")
     rng = np.random.default_rng(args.seed)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.inference_volume > 0:
+        path = out / "volume.h5"
+        write_inference_volume(path, args.inference_volume, args.cell, np.random.default_rng(args.seed + 1))
+        print(f"{path}: raw and membrane {(args.inference_volume,) * 3}")
+    if args.only_inference:
+        return 0
     # separate volumes for training and testing: test patches are never crops of training volumes
     for name, count, n_volumes in (("train", args.train, 4), ("test", args.test, 1)):
         volumes = [make_volume(args.volume, args.cell, rng) for _ in range(n_volumes)]

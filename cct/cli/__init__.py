@@ -35,6 +35,7 @@ COMMAND_MODULES = {
     "bench": "cct.cli.bench",
     "draw": "cct.cli.draw",
     "plan": "cct.cli.plan",
+    "infer": "cct.cli.infer",
 }
 
 

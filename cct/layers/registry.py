@@ -53,7 +53,8 @@ _loaded = False
 LAYER_MODULES = tuple(f"cct.layers.{m}" for m in (
     "accuracy", "conv", "eltwise", "embed", "inner_product", "input", "loss", "lrn", "neuron", "normalization",
     "pooling", "python_layer", "reduction", "scale", "shape", "softmax", "spp")) + tuple(f"cct.data.{m}" for m in (
-        "data_layer", "hdf5_layers", "image_data_layer", "memory_data", "window_data"))
+        "data_layer", "hdf5_layers", "image_data_layer", "memory_data", "window_data")) + (
+    "cct.inference.mpf",)  # MaxPoolingFragments: a cct-only type in nets cct infer rewrites
 
 
 def _load_all() -> None:
