@@ -22,6 +22,7 @@ The lines logged are Caffe's, character for character (``tools/extra/parse_log.p
 from __future__ import annotations
 
 import abc
+import contextlib
 import enum
 import importlib.util
 import os
@@ -156,10 +157,12 @@ class Solver(abc.ABC):
 
     # ---- construction ------------------------------------------------------------------------
     def _init(self, param: pb.SolverParameter) -> None:
-        from cct.mode import solver_rank
+        from cct.mode import solver_count, solver_rank
         from cct.rng import set_random_seed
 
-        self.is_root = solver_rank() == 0
+        self.rank, self.solver_count = solver_rank(), solver_count()
+        self.is_root = self.rank == 0
+        self.replicas: list[Solver] | None = None  # under data parallelism, every rank's solver (the root's)
         log.info("Initializing solver from parameters: \n%s", _text(param))
         self.param = param
         if param.average_loss < 1:
@@ -467,7 +470,19 @@ class Solver(abc.ABC):
             self.net.to_hdf5(model_filename, write_diff=self.param.snapshot_diff)
         else:
             raise CctError(f"Unsupported snapshot format {fmt}.")
-        self.snapshot_solver_state(model_filename)
+        try:
+            self.snapshot_solver_state(model_filename)
+        except BaseException:
+            # never leave a model without its state: the pair is the snapshot (earlier pairs are untouched)
+            with contextlib.suppress(OSError):
+                os.remove(model_filename)
+            raise
+
+    def resume_state(self) -> bytes:
+        """cct's resume document for the solverstate (:mod:`cct.solvers.resume`)."""
+        from cct.solvers.resume import capture
+
+        return capture(self)
 
     @abc.abstractmethod
     def snapshot_solver_state(self, model_filename: str) -> None:
