@@ -146,7 +146,11 @@ def run(argv: Sequence[str]) -> int:
         raise CctError(f"Unknown action: {name} (available caffe actions: "
                        f"{', '.join(sorted(COMMANDS) + sorted(TOOLS))})")
     apply_settings(flags)
-    return command(flags)
+    import numpy as np
+
+    # numpy's floating-point warnings are not Caffe's log: a diverging run is reported once by the solver
+    with np.errstate(all="ignore"):
+        return command(flags)
 
 
 def _tracebacks() -> bool:

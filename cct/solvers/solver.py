@@ -46,6 +46,7 @@ class SolverAction(enum.IntEnum):
     NONE = 0
     STOP = 1
     SNAPSHOT = 2
+    SNAPSHOT_AND_STOP = 3  # cct: snapshot now, then stop (-sigterm_effect snapshot)
 
 
 class SolverCallback(Protocol):
@@ -153,6 +154,9 @@ class Solver(abc.ABC):
         self._iterations_last = 0
         self._iteration_timer = _CpuTimer()
         self._executor_factory = executor_factory
+        self.stop_on_nan = False  #: on the first non-finite loss or gradient: snapshot and stop (an error)
+        self._diverged = False
+        self._snapshot_iter = -1  # the iteration of the last snapshot written
         self._init(p)
 
     # ---- construction ------------------------------------------------------------------------
@@ -342,13 +346,34 @@ class Solver(abc.ABC):
                 self._display()
             for cb in self.callbacks:
                 cb.on_gradients_ready()
+            self._watch_divergence(loss)
             self.apply_update()
             request = self.get_requested_action()
-            if self.is_root and ((p.snapshot and self.iter % p.snapshot == 0) or request == SolverAction.SNAPSHOT):
+            if self.is_root and ((p.snapshot and self.iter % p.snapshot == 0)
+                                 or request in (SolverAction.SNAPSHOT, SolverAction.SNAPSHOT_AND_STOP)):
                 self.snapshot()
-            if request == SolverAction.STOP:
+            if request in (SolverAction.STOP, SolverAction.SNAPSHOT_AND_STOP):
                 self.requested_early_exit = True
                 break
+
+    def _watch_divergence(self, loss: np.float32) -> None:
+        """Report the first non-finite loss or gradient of the run (one W line naming the iteration and the
+        layer it came from); with ``stop_on_nan``, snapshot the last finite weights and stop."""
+        from cct.solvers.divergence import first_nonfinite, gradients_finite
+
+        if self._diverged or (np.isfinite(loss) and gradients_finite(self.net)):
+            return
+        self._diverged = True
+        where = first_nonfinite(self.net) or "the loss only"
+        rank = f" (solver rank {self.rank})" if self.solver_count > 1 else ""
+        log.warning("Iteration %d%s: loss = %s; the first non-finite value: %s", self.iter, rank, log.fmt(loss),
+                    where)
+        if self.stop_on_nan:
+            if self.is_root and self.param.snapshot_prefix:
+                self.snapshot()  # the update has not been applied: these are the last finite weights
+            raise CctError(f"Iteration {self.iter}: training diverged (the first non-finite value: {where}); "
+                           "stopped by -stop_on_nan" + (", the last finite state is snapshotted"
+                                                        if self.param.snapshot_prefix else ""))
 
     def _display(self) -> None:
         p = self.param
@@ -386,7 +411,8 @@ class Solver(abc.ABC):
             self.restore(resume_file)
         start_iter = self.iter
         self.step(p.max_iter - self.iter)
-        if self.is_root and p.snapshot_after_train and (not p.snapshot or self.iter % p.snapshot != 0):
+        if self.is_root and p.snapshot_after_train and (not p.snapshot or self.iter % p.snapshot != 0) \
+                and self._snapshot_iter != self.iter:
             self.snapshot()
         if self.requested_early_exit:
             log.info("Optimization stopped early.")
@@ -417,9 +443,9 @@ class Solver(abc.ABC):
         for i in range(n):
             request = self.get_requested_action()
             while request != SolverAction.NONE:
-                if request == SolverAction.SNAPSHOT:
+                if request in (SolverAction.SNAPSHOT, SolverAction.SNAPSHOT_AND_STOP):
                     self.snapshot()
-                elif request == SolverAction.STOP:
+                if request in (SolverAction.STOP, SolverAction.SNAPSHOT_AND_STOP):
                     self.requested_early_exit = True
                 request = self.get_requested_action()
             if self.requested_early_exit:
@@ -472,6 +498,7 @@ class Solver(abc.ABC):
             raise CctError(f"Unsupported snapshot format {fmt}.")
         try:
             self.snapshot_solver_state(model_filename)
+            self._snapshot_iter = self.iter
         except BaseException:
             # never leave a model without its state: the pair is the snapshot (earlier pairs are untouched)
             with contextlib.suppress(OSError):
