@@ -10,7 +10,6 @@ from cct import solvers
 from cct.cli import main
 from cct.errors import CctError
 from cct.io.weights import read_caffemodel
-from cct.proto import caffe_pb2 as pb
 from cct.solvers.divergence import first_nonfinite, gradients_finite
 from tests.solvers.helpers import captured_log, feed_solver, messages, tiny_solver_param
 
@@ -87,7 +86,8 @@ def test_cli_stop_on_nan_exits_non_zero_with_one_line(tmp_path, monkeypatch, cap
     text_format.Parse("""
       layer { name: "data" type: "DummyData" top: "data" top: "label"
               dummy_data_param { shape { dim: 6 dim: 4 } shape { dim: 6 }
-                                 data_filler { type: "gaussian" std: 1 } data_filler { type: "uniform" min: 0 max: 2.99 } } }
+                                 data_filler { type: "gaussian" std: 1 }
+                                 data_filler { type: "uniform" min: 0 max: 2.99 } } }
     """, p.net_param)
     for layer in net.layer:
         if layer.type != "Input":
