@@ -173,6 +173,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         _fatal("Interrupted.")
         return 130
+    except MemoryError as e:
+        _fatal(f"out of memory: {e}" if str(e) else "out of memory")
+        return 1
     except Exception as e:  # noqa: BLE001 - the one place that turns any failure into one line
         if _tracebacks():
             import traceback

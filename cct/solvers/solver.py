@@ -219,9 +219,16 @@ class Solver(abc.ABC):
         net_param.state.CopyFrom(state)
         return Net.from_param(net_param, source, self._executor_factory() if self._executor_factory else None)
 
-    def _init_train_net(self):
+    def _read_net(self, field: str, path: str) -> pb.NetParameter:
+        """The net file a solver field names; a missing file names the solver file and the field."""
         from cct.io.prototxt import read_net_param
 
+        if not os.path.isfile(path):
+            raise CctError(f"{self._source}: {field}: no such net file {path!r} (relative to the working directory "
+                           f"{os.getcwd()})")
+        return read_net_param(path)
+
+    def _init_train_net(self):
         p = self.param
         fields = ("net", "net_param", "train_net", "train_net_param")
         given = [f for f in fields if p.HasField(f)]
@@ -238,22 +245,20 @@ class Solver(abc.ABC):
             net_param.CopyFrom(p.train_net_param)
         elif p.HasField("train_net"):
             log.info("Creating training net from train_net file: %s", p.train_net)
-            net_param, source = read_net_param(p.train_net), p.train_net
+            net_param, source = self._read_net("train_net", p.train_net), p.train_net
         if p.HasField("net_param"):
             log.info("Creating training net specified in net_param.")
             net_param.CopyFrom(p.net_param)
             source = "<net_param>"
         if p.HasField("net"):
             log.info("Creating training net from net file: %s", p.net)
-            net_param, source = read_net_param(p.net), p.net
+            net_param, source = self._read_net("net", p.net), p.net
         net = self._build_net(net_param, pb.TRAIN, p.train_state, source)
         for weights in p.weights:
             load_net_weights(net, weights)
         return net
 
     def _init_test_nets(self) -> list:
-        from cct.io.prototxt import read_net_param
-
         p = self.param
         if p.HasField("net") and p.HasField("net_param"):
             raise CctError(f"{self._source}: Both net_param and net_file may not be specified.")
@@ -274,7 +279,7 @@ class Solver(abc.ABC):
             q.CopyFrom(tp)
             specs.append(("test_net_param", q, "<test_net_param>"))
         for f in p.test_net:
-            specs.append((f"test_net file: {f}", read_net_param(f), f))
+            specs.append((f"test_net file: {f}", self._read_net("test_net", f), f))
         remaining = n - len(specs)
         for _ in range(remaining):
             if p.HasField("net_param"):
@@ -282,7 +287,7 @@ class Solver(abc.ABC):
                 q.CopyFrom(p.net_param)
                 specs.append(("net_param", q, "<net_param>"))
             else:
-                specs.append((f"net file: {p.net}", read_net_param(p.net), p.net))
+                specs.append((f"net file: {p.net}", self._read_net("net", p.net), p.net))
         nets = []
         for i, (label, net_param, source) in enumerate(specs):
             log.info("Creating test net (#%d) specified by %s", i, label)
