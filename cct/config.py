@@ -14,7 +14,7 @@ setting               environment          flag             values
 conv_engine           CCT_CONV_ENGINE      -conv_engine     lowering | fft | auto (default)
 lowering              CCT_LOWERING         -lowering        1 | 2 | 3 | auto (default)
 partitions            CCT_PARTITIONS       -partitions      N | auto (default; None)
-autotune              CCT_AUTOTUNE                          auto (default) | 1 (always) | 0 (never)
+autotune              CCT_AUTOTUNE         -autotune        fast (default) | full | off (or auto | 1 | 0)
 devices               CCT_DEVICES          -devices         cpu, cpu:T, gpu:N list (default: none)
 split                 CCT_SPLIT            -split           auto (default) | fractions f1,f2,...
 lowering_max_mb       CCT_LOWERING_MAX_MB                   MiB of lowered matrices per layer call (128)
@@ -93,6 +93,18 @@ def tristate(value: Any, name: str, source: str) -> bool | str:
     raise CctError(f"{source}: {name} must be auto, 1 or 0 (got {value!r})")
 
 
+def autotune_mode(value: Any, name: str, source: str) -> bool | str:
+    """fast (= auto: "auto"), full (= 1: True), off (= 0: False)."""
+    v = _text(value).lower() if not isinstance(value, bool) else value
+    aliases = {"fast": "auto", "full": True, "off": False}
+    if v in aliases:
+        return aliases[v]
+    try:
+        return tristate(value, name, source)
+    except CctError:
+        raise CctError(f"{source}: {name} must be fast, full or off (got {value!r})") from None
+
+
 def boolean(value: Any, name: str, source: str) -> bool:
     if isinstance(value, bool):
         return value
@@ -158,8 +170,9 @@ SETTINGS = (
             "the lowering convolutions use: 1, 2, 3, or auto (per layer, by the calibrated cost model)"),
     Setting("partitions", "CCT_PARTITIONS", "partitions", count_or_auto,
             "batch partitions per layer: N, or auto (by the work per item)"),
-    Setting("autotune", "CCT_AUTOTUNE", None, tristate,
-            "whether engine choices measure candidates: auto (close calls), 1 (always), 0 (never)"),
+    Setting("autotune", "CCT_AUTOTUNE", "autotune", autotune_mode,
+            "whether engine choices measure candidates: fast (close calls, a few seconds per net), full (every "
+            "layer), off (the cost models alone)"),
     Setting("devices", "CCT_DEVICES", "devices", raw_text,
             "split each batch across these devices, e.g. cpu:1,cpu:1 or cpu,gpu:0"),
     Setting("split", "CCT_SPLIT", "split", raw_text,

@@ -36,7 +36,19 @@ class NetCore:
 
     # ---- construction --------------------------------------------------------------------------
     def _init_net(self, param: pb.NetParameter, source: str = "<net>", executor: Executor | None = None) -> None:
-        """Build the net from ``param``; ``executor`` runs its passes (default: the plain serial loop)."""
+        """Build the net from ``param``; ``executor`` runs its passes (default: the plain serial loop).  The
+        engines its layers measure to choose (autotuning) share one bounded budget, logged with its total."""
+        from cct.engines.autotune import measuring_session
+
+        with measuring_session() as ledger:
+            self._build(param, source, executor)
+        if ledger.measured or ledger.skipped:
+            log.info("Engine autotuning (%s): %d layer(s) measured in %.2f s%s; cached for the next runs",
+                     ledger.mode, ledger.measured, ledger.spent,
+                     f", {ledger.skipped} close call(s) left to the cost model after the {ledger.budget:g} s "
+                     "budget" if ledger.skipped else "")
+
+    def _build(self, param: pb.NetParameter, source: str, executor: Executor | None) -> None:
         self._source = source
         self.before_forward_hooks: list[Callable[[int], None]] = []
         self.after_forward_hooks: list[Callable[[int], None]] = []
@@ -128,6 +140,8 @@ class NetCore:
                 layer.setup_layer(self._bottom_vecs[layer_id], self._top_vecs[layer_id])
             except CctError as e:
                 self._fail(lp, str(e))
+            except MemoryError as e:
+                self._fail(lp, f"out of memory setting up the layer ({e})")
             for top_id, top in enumerate(self._top_vecs[layer_id]):
                 blob_id = self._top_id_vecs[layer_id][top_id]
                 if len(self._blob_loss_weights) <= blob_id:
@@ -313,13 +327,38 @@ class NetCore:
         """Run layers ``start..end`` (inclusive); return the summed weighted loss."""
         if not (0 <= start and end < len(self.layers)):
             raise CctError(f"forward range {start}..{end} outside 0..{len(self.layers) - 1}")
-        return self.executor.forward(self, start, end)
+        try:
+            return self.executor.forward(self, start, end)
+        except CctError as e:
+            raise CctError(self._in_context(str(e))) from None
 
     def backward_from_to(self, start: int, end: int) -> None:
         """Back-propagate through layers ``start`` down to ``end`` (inclusive, start >= end)."""
         if not (end >= 0 and start < len(self.layers)):
             raise CctError(f"backward range {start}..{end} outside 0..{len(self.layers) - 1}")
-        self.executor.backward(self, start, end)
+        try:
+            self.executor.backward(self, start, end)
+        except CctError as e:
+            raise CctError(self._in_context(str(e))) from None
+
+    def _in_context(self, message: str) -> str:
+        """A pass's error with the net's file and, unless it names one already, where its data comes from
+        (a bad label in a record is found by the loss layer, far from the file that holds it)."""
+        if message.startswith(self._source):
+            return message
+        sources = [s for s in self._data_sources() if s]
+        if sources and not any(s in message for s in sources):
+            message += f" (the net's data comes from {', '.join(sources)})"
+        return f"{self._source}: {message}"
+
+    def _data_sources(self) -> list[str]:
+        found = []
+        for layer in self.layers:
+            lp = layer.layer_param
+            for field in ("data_param", "image_data_param", "hdf5_data_param", "window_data_param"):
+                if lp.HasField(field):
+                    found.append(getattr(lp, field).source)
+        return found
 
     def forward_prefilled(self) -> float:
         """Caffe's ``Net::Forward(&loss)``: all layers; returns the loss."""

@@ -19,3 +19,13 @@ def set_random_seed(seed: int) -> None:
 def get_rng() -> np.random.Generator:
     """The global generator.  Components that need their own stream draw a seed from it."""
     return _rng
+
+
+def stream_state(gen: np.random.Generator | None = None) -> dict:
+    """The state of ``gen`` (default: the global stream) as JSON-able values."""
+    return (gen or _rng).bit_generator.state
+
+
+def restore_stream(state: dict, gen: np.random.Generator | None = None) -> None:
+    """Put ``gen`` (default: the global stream) back to a :func:`stream_state`."""
+    (gen or _rng).bit_generator.state = state

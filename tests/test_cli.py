@@ -210,6 +210,59 @@ def test_sigint_effect_none_ignores_the_signal(tiny_case, monkeypatch):
     assert sorted(p.name for p in tiny_case.glob("snap_*.caffemodel")) == ["snap_iter_8.caffemodel"]
 
 
+def test_sigterm_effect_snapshot_snapshots_once_and_stops(tiny_case, monkeypatch):
+    before = signal.getsignal(signal.SIGTERM)
+    _raise_signal_at(monkeypatch, signal.SIGTERM, 3)
+    rc, out = run("train", "-solver", "solver.prototxt", "-sigterm_effect", "snapshot")
+    msgs = messages(out)
+    assert rc == 0 and "Optimization stopped early." in msgs
+    assert msgs.count("Snapshotting to binary proto file snap_iter_3.caffemodel") == 1
+    assert sorted(p.name for p in tiny_case.glob("snap_*")) == ["snap_iter_3.caffemodel", "snap_iter_3.solverstate"]
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_sigterm_is_left_to_the_os_without_the_flag(tiny_case, monkeypatch):
+    from cct.solvers.sgd import SGDSolver
+
+    seen = []
+    real = SGDSolver.apply_update
+
+    def apply_update(self):
+        seen.append(signal.getsignal(signal.SIGTERM))
+        real(self)
+
+    monkeypatch.setattr(SGDSolver, "apply_update", apply_update)
+    before = signal.getsignal(signal.SIGTERM)
+    rc, _ = run("train", "-solver", "solver.prototxt")
+    assert rc == 0 and seen and all(h is before for h in seen)
+
+
+def test_a_failed_snapshot_write_is_one_line_and_keeps_the_previous_snapshot(tiny_case, monkeypatch):
+    import errno
+
+    p = tiny_solver_param(max_iter=8, snapshot=2, snapshot_prefix="snap", solver_mode=0)
+    p.ClearField("net_param")
+    p.net = "net.prototxt"
+    (tiny_case / "solver.prototxt").write_text(text_format.MessageToString(p))
+    real_replace = os.replace
+
+    def replace(src, dst):  # the disk fills up while the iteration-4 solver state is written
+        if str(dst).endswith("snap_iter_4.solverstate"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    rc, out = run("train", "-solver", "solver.prototxt")
+    assert rc == 1
+    line = one_fatal_line(out)
+    assert "snap_iter_4.solverstate" in line and "No space left on device" in line
+    assert sorted(q.name for q in tiny_case.glob("snap_*")) == ["snap_iter_2.caffemodel", "snap_iter_2.solverstate"]
+    assert not [q for q in tiny_case.iterdir() if q.name.startswith(".")]  # no temporary files left
+    monkeypatch.setattr(os, "replace", real_replace)
+    rc, out = run("train", "-solver", "solver.prototxt", "-snapshot", "snap_iter_2.solverstate")
+    assert rc == 0 and (tiny_case / "snap_iter_8.solverstate").exists()
+
+
 # ---- test, time, device_query, tools -------------------------------------------------------------
 
 def _reference_or_skip(*parts: str):

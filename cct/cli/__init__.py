@@ -146,7 +146,11 @@ def run(argv: Sequence[str]) -> int:
         raise CctError(f"Unknown action: {name} (available caffe actions: "
                        f"{', '.join(sorted(COMMANDS) + sorted(TOOLS))})")
     apply_settings(flags)
-    return command(flags)
+    import numpy as np
+
+    # numpy's floating-point warnings are not Caffe's log: a diverging run is reported once by the solver
+    with np.errstate(all="ignore"):
+        return command(flags)
 
 
 def _tracebacks() -> bool:
@@ -169,6 +173,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         _fatal("Interrupted.")
         return 130
+    except MemoryError as e:
+        _fatal(f"out of memory: {e}" if str(e) else "out of memory")
+        return 1
     except Exception as e:  # noqa: BLE001 - the one place that turns any failure into one line
         if _tracebacks():
             import traceback

@@ -26,6 +26,8 @@ FLAGS = [
     Flag("conv_engine", str, "", "Optional; convolution engine: lowering, fft or auto (default: CCT_CONV_ENGINE "
                                  "or auto: measured per layer where fft applies)."),
     Flag("lowering", str, "", "Optional; convolution lowering: 1, 2, 3 or auto (default: CCT_LOWERING or auto)."),
+    Flag("autotune", str, "", "Optional; measuring engine candidates: fast (close calls, a few seconds per net), "
+                              "full (every layer) or off (cost models only) (default: CCT_AUTOTUNE or fast)."),
     Flag("partitions", str, "", "Optional; batch partitions per layer: N or auto (default: CCT_PARTITIONS or "
          "auto)."),
     Flag("devices", str, "", "Optional; split each batch across these devices, e.g. cpu:1,cpu:1 or cpu,gpu:0 "

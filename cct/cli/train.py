@@ -6,10 +6,15 @@ from typing import Any
 from cct import log
 from cct.cli.common import parse_gpus, stages
 from cct.errors import CctError
-from cct.flags import Flags
+from cct.flags import Flag, Flags
 
 SUMMARY = "train or finetune a model"
-FLAGS: list = []
+FLAGS = [
+    Flag("sigterm_effect", str, "", "Optional (cct); action to take when a SIGTERM signal is received: "
+         "snapshot (snapshot and stop), stop or none (default: terminate, as Caffe)."),
+    Flag("stop_on_nan", bool, False, "Optional (cct); on the first non-finite loss or gradient, snapshot the last "
+         "finite state and exit with an error (default: report it once and go on, as Caffe)."),
+]
 
 
 def main(flags: Flags) -> int:
@@ -26,7 +31,7 @@ def main(flags: Flags) -> int:
     if flags.gpu and flags.devices:
         raise CctError(f"-gpu {flags.gpu} and -devices {flags.devices}: -gpu trains a batch per GPU (Caffe's data "
                        "parallelism), -devices splits each batch across devices; give one of them")
-    handler = SignalHandler(flags.sigint_effect, flags.sighup_effect)
+    handler = SignalHandler(flags.sigint_effect, flags.sighup_effect, flags.sigterm_effect)
     param = read_solver_file(flags.solver)
     param.train_state.level = flags.level
     param.train_state.stage.extend(stages(flags.stage))
@@ -64,6 +69,8 @@ def main(flags: Flags) -> int:
         else:
             trainer = root = create_solver(param, source=flags.solver)
         root.set_action_function(handler.get_action)
+        for solver in getattr(trainer, "solvers", [root]):
+            solver.stop_on_nan = flags.stop_on_nan
         if flags.snapshot:
             log.info("Resuming from %s", flags.snapshot)
             trainer.restore(flags.snapshot)

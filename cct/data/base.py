@@ -62,6 +62,21 @@ class PrefetchingDataLayer(Layer):
             blob.data[...] = blob.xp.asarray(arr)
         self._prefetcher.recycle(batch)
 
+    def resume_state(self) -> dict | None:
+        """The producer's cursor and streams after the last batch this layer gave out (not the read-ahead's)."""
+        if self._prefetcher is None or self._prefetcher.consumed_state is None:
+            return None
+        return {"producer": self._prefetcher.consumed_state}
+
+    def restore_resume_state(self, state: dict) -> None:
+        if self._prefetcher is None:
+            raise CctError(f"layer '{self.name}' ({self.type}) was not set up or has been closed")
+        try:
+            self._prefetcher.rewind(state["producer"])
+        except (KeyError, TypeError, ValueError, IndexError) as e:
+            raise CctError(f"layer '{self.name}' ({self.type}): its resume state does not fit the layer "
+                           f"({type(e).__name__}: {e})") from None
+
     def close(self) -> None:
         """Stop the prefetch thread now (it also stops when the layer is garbage-collected)."""
         if self._prefetcher is not None:

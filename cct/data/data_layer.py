@@ -104,6 +104,15 @@ class DbProducer:
             batch.label[...] = labels
         return batch
 
+    def state(self) -> dict:
+        """Records read so far (the cursor, sharding skips included) and the transformer's stream."""
+        return {"offset": self.offset, "rand": self.transformer.rand_state()}
+
+    def restore(self, state: dict) -> None:
+        self.offset = int(state["offset"])
+        self.reader.seek(self.offset)
+        self.transformer.restore_rand(state["rand"])
+
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True)

@@ -128,6 +128,7 @@ class LmdbReader:
         weakref.finalize(self, _release_env, key)
         self._txn = None
         self._cursor = None
+        self._start = 0
 
     def first(self) -> tuple[bytes, bytes]:
         with self._env.begin(buffers=False) as txn:
@@ -145,6 +146,9 @@ class LmdbReader:
             self._cursor = self._txn.cursor()
             if not self._cursor.first():
                 raise CctError(f"{self.path}: the database is empty")
+            for _ in range(self._start):
+                self._cursor.next()
+            self._start = 0
         key, value = self._cursor.item()
         key = bytes(key)
         if not self._cursor.next():
@@ -155,6 +159,12 @@ class LmdbReader:
     def skip(self) -> None:
         """Advance without reading (multi-rank sharding)."""
         self.next()
+
+    def seek(self, offset: int) -> None:
+        """Put the cursor on record ``offset`` (counted from the first, wrapping around); the transaction
+        is opened by the next :meth:`next`, in the thread that reads."""
+        self.close()
+        self._start = offset % len(self)
 
     def close(self) -> None:
         if self._txn is not None:
@@ -288,6 +298,15 @@ class LeveldbReader:
 
     def skip(self) -> None:
         self.next()
+
+    def seek(self, offset: int) -> None:
+        """Put the iterator on record ``offset`` (counted from the first, wrapping around)."""
+        self._it = self._db.raw_iterator()
+        self._it.seek_to_first()
+        if not self._it.valid():
+            raise CctError(f"{self.path}: the database is empty")
+        for _ in range(offset % len(self)):
+            self._it.next()
 
     def close(self) -> None:
         self._it = None

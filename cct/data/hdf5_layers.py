@@ -132,6 +132,35 @@ class HDF5DataLayer(Layer):
             self.current_row = 0
         self.offset += 1
 
+    def resume_state(self) -> dict:
+        """The file and row cursors, the shuffled orders and the shuffling stream."""
+        return {"current_file": self.current_file, "current_row": self.current_row, "offset": self.offset,
+                "file_order": self.file_order.tolist(), "rows": self.rows.tolist() if self.shuffle else None,
+                "rng": self._rng.bit_generator.state if self.shuffle else None}
+
+    def restore_resume_state(self, state: dict) -> None:
+        try:
+            file_order = np.asarray(state["file_order"], dtype=np.int64)
+            current = int(state["current_file"])
+            if sorted(file_order.tolist()) != list(range(len(self.files))) or not 0 <= current < len(self.files):
+                raise ValueError(f"the saved file order does not fit the {len(self.files)} listed files")
+            self.file_order = file_order
+            self.current_file = current
+            self._load(self.files[self.file_order[current]])
+            if self.shuffle:
+                rows = np.asarray(state["rows"], dtype=np.int64)
+                if rows.shape != self.rows.shape:
+                    raise ValueError(f"{rows.size} saved rows for a file of {self.rows.size}")
+                self.rows = rows
+                self._rng.bit_generator.state = state["rng"]
+            row = int(state["current_row"])
+            if not 0 <= row < self.rows.size:
+                raise ValueError(f"row {row} is outside the file's {self.rows.size} rows")
+            self.current_row, self.offset = row, int(state["offset"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise CctError(f"layer '{self.name}' ({self.type}): its resume state does not fit the layer "
+                           f"({type(e).__name__}: {e})") from None
+
     def reshape(self, bottom: list[Blob], top: list[Blob]) -> None:
         """Nothing: the shapes are fixed at setup."""
 

@@ -64,6 +64,8 @@ class ListProducer:
         self.batch_size = batch_size
         self.shuffle_rng = shuffle_rng
         self.pos = pos
+        self.listed = lines  # in the list file's order
+        self.order = np.arange(len(lines))  # self.lines[i] is self.listed[self.order[i]]
 
     def load(self, i: int) -> np.ndarray:
         path, _, lineno = self.lines[i]
@@ -74,8 +76,8 @@ class ListProducer:
 
     def shuffle(self) -> None:
         if self.shuffle_rng is not None:
-            order = self.shuffle_rng.permutation(len(self.lines))
-            self.lines = [self.lines[i] for i in order]
+            self.order = self.order[self.shuffle_rng.permutation(len(self.order))]
+            self.lines = [self.listed[i] for i in self.order]
 
     def next_batch(self, recycled: Batch | None) -> Batch:
         images, labels, names = [], [], []
@@ -96,6 +98,26 @@ class ListProducer:
         self.transformer.transform_batch(images, batch.data, names)
         batch.label[...] = labels
         return batch
+
+    def state(self) -> dict:
+        """The position in the (shuffled) list, the list's order and both streams."""
+        return {"pos": self.pos, "order": self.order.tolist() if self.shuffle_rng is not None else None,
+                "shuffle": None if self.shuffle_rng is None else self.shuffle_rng.bit_generator.state,
+                "rand": self.transformer.rand_state()}
+
+    def restore(self, state: dict) -> None:
+        if state["order"] is not None and self.shuffle_rng is not None:
+            order = np.asarray(state["order"], dtype=np.int64)
+            if sorted(order.tolist()) != list(range(len(self.listed))):
+                raise ValueError(f"the saved order is not a permutation of the {len(self.listed)} listed images")
+            self.order = order
+            self.lines = [self.listed[i] for i in order]
+            self.shuffle_rng.bit_generator.state = state["shuffle"]
+        pos = int(state["pos"])
+        if not 0 <= pos < len(self.lines):
+            raise ValueError(f"position {pos} is outside the {len(self.lines)} listed images")
+        self.pos = pos
+        self.transformer.restore_rand(state["rand"])
 
     def close(self) -> None:
         pass

@@ -79,6 +79,14 @@ class DataTransformer:
         self.rng = np.random.default_rng(int(get_rng().integers(1 << 63))) if self.needs_rand else None
 
     # ---- shapes ------------------------------------------------------------------------------
+    def rand_state(self) -> dict | None:
+        """The state of the mirror/crop stream (None when the transformer draws nothing)."""
+        return None if self.rng is None else self.rng.bit_generator.state
+
+    def restore_rand(self, state: dict | None) -> None:
+        if state is not None and self.rng is not None:
+            self.rng.bit_generator.state = state
+
     def infer_shape(self, shape: Sequence[int]) -> tuple[int, int, int]:
         """Output ``(C, H', W')`` for an input image of shape ``(C, H, W)``."""
         c, h, w = shape

@@ -215,6 +215,12 @@ class WindowProducer:
                 item += 1
         return batch
 
+    def state(self) -> dict:
+        return {"rng": self.rng.bit_generator.state}
+
+    def restore(self, state: dict) -> None:
+        self.rng.bit_generator.state = state["rng"]
+
     def close(self) -> None:
         pass
 

@@ -250,6 +250,7 @@ class DataParallel:
                                                       executor_factory=_on_device(self.devices[rank])))
         finally:
             get_rng().bit_generator.state = stream
+        root.replicas = self.solvers  # the root's snapshots carry every rank's data cursors
         self._sync = _Sync(self.solvers, timeout)
         for rank, s in enumerate(self.solvers):
             s.add_callback(_ReplicaSync(self._sync, rank))

@@ -16,10 +16,13 @@ setting, measurements by geometry, dtype and the same.  When to measure is the c
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import threading
 import time
-from dataclasses import asdict, replace
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +47,80 @@ ENGINE_AUTOTUNE_SECONDS = 0.25
 ENGINE_AUTOTUNE_ROUNDS = 3
 # ... both FFT layouts (all axes transformed, or the first lifted) measured when predicted within this factor
 FFT_LAYOUT_WINDOW = 1.5
+# -autotune fast (the default) measures a net's close calls, in build order, for at most this many seconds in
+# all; the close calls after that are decided by the cost model (and measured by a later run, budget allowing)
+FAST_BUDGET_SECONDS = 2.0
+FAST_ENGINE_SECONDS = 0.05
 _cache_lock = threading.Lock()
 _rates_memo: dict[str, MachineRates] = {}
+
+
+# ---- the budget of one net's measurements ---------------------------------------------------------------
+
+@dataclass
+class Ledger:
+    """What measuring a net's engines has cost: ``spent`` seconds over ``measured`` layers; ``skipped`` close
+    calls decided by the cost model once ``budget`` (seconds; infinite with ``-autotune full``) was spent."""
+
+    mode: str = "fast"
+    budget: float = FAST_BUDGET_SECONDS
+    spent: float = 0.0
+    measured: int = 0
+    skipped: int = 0
+    # fast: shorter steps and fewer rounds than a full measurement (enough for a clear winner; a close one is
+    # close either way)
+    engine_seconds: float = FAST_ENGINE_SECONDS
+    engine_rounds: int = 2
+    lowering_rounds: int = 1
+
+    def may_measure(self) -> bool:
+        if self.spent < self.budget:
+            return True
+        self.skipped += 1
+        return False
+
+
+_ledger: contextvars.ContextVar[Ledger | None] = contextvars.ContextVar("cct_autotune_ledger", default=None)
+
+
+@contextlib.contextmanager
+def measuring_session() -> Iterator[Ledger]:
+    """The budget of the measurements made while a net is built (nested nets share the outer one's)."""
+    outer = _ledger.get()
+    if outer is not None:
+        yield outer
+        return
+    full = settings.get("autotune") is True
+    ledger = Ledger("full", math.inf, engine_seconds=ENGINE_AUTOTUNE_SECONDS, engine_rounds=ENGINE_AUTOTUNE_ROUNDS,
+                    lowering_rounds=AUTOTUNE_ROUNDS) if full else Ledger("fast", FAST_BUDGET_SECONDS)
+    token = _ledger.set(ledger)
+    try:
+        yield ledger
+    finally:
+        _ledger.reset(token)
+
+
+def _may_measure() -> bool:
+    ledger = _ledger.get()
+    return ledger is None or ledger.may_measure()
+
+
+def _effort() -> Ledger:
+    """How hard to measure: the current net's ledger, or (outside a net) a full measurement."""
+    return _ledger.get() or Ledger("full", math.inf, engine_seconds=ENGINE_AUTOTUNE_SECONDS,
+                                   engine_rounds=ENGINE_AUTOTUNE_ROUNDS, lowering_rounds=AUTOTUNE_ROUNDS)
+
+
+@contextlib.contextmanager
+def _charged() -> Iterator[None]:
+    t = time.perf_counter()
+    try:
+        yield
+    finally:
+        ledger = _ledger.get()
+        if ledger is not None:
+            ledger.spent += time.perf_counter() - t
+            ledger.measured += 1
 
 
 def cache_path() -> Path:
@@ -216,20 +291,31 @@ def _measure_engines(engines: dict[Any, ConvEngine], g: ConvGeometry, dtype: Any
 
 
 def autotune(g: ConvGeometry, dtype: Any = np.float32, candidates: Any = None,
-             images: int | None = None) -> dict[int, float]:
+             images: int | None = None) -> dict[int, float] | None:
     """Seconds per image of forward + backward (data and weights) of each applicable strategy (or of
     ``candidates``) on ``g``, measured with the layer's partitions on ``images`` images per partition
     (default: enough for ``AUTOTUNE_COLUMNS`` GEMM columns and for buffers of ``AUTOTUNE_BYTES`` in all —
     out of the caches, as the full layer's — at most one chunk of a partition: what the layer runs at a
     time), strategies interleaved, the best of ``AUTOTUNE_ROUNDS`` after a warm-up; cached per geometry,
     dtype and thread setting."""
-    from cct.engines.lowering import LoweringEngine, Workspace, strategy_fallback
+    from cct.engines.lowering import strategy_fallback
 
     wanted = [s for s in (candidates or (1, 2, 3)) if strategy_fallback(s, g) is None]
     key = geometry_key(g, dtype)
     cached = _read_cache().get("autotune", {}).get(key) or {}
     if all(str(s) in cached for s in wanted):
         return {s: float(cached[str(s)]) for s in wanted}
+    if not _may_measure():
+        return None
+    with _charged():
+        result = _autotune_lowerings(g, dtype, wanted, images)
+    _write_cache({"autotune": {key: {**cached, **{str(s): t for s, t in result.items()}}}})
+    return result
+
+
+def _autotune_lowerings(g: ConvGeometry, dtype: Any, wanted: list[int], images: int | None) -> dict[int, float]:
+    from cct.engines.lowering import LoweringEngine, Workspace
+
     probe = LoweringEngine(1, workspace=Workspace())
     probe.configure(g, dtype)
     itemsize = np.dtype(dtype).itemsize
@@ -243,14 +329,12 @@ def autotune(g: ConvGeometry, dtype: Any = np.float32, candidates: Any = None,
     engines = {}
     for s in wanted:
         engines[s] = LoweringEngine(s, workspace=Workspace())
-    best = _measure_engines(engines, replace(g, num=n), dtype, AUTOTUNE_ROUNDS)
-    result = {s: t / n for s, t in best.items()}
-    _write_cache({"autotune": {key: {**cached, **{str(s): t for s, t in result.items()}}}})
-    return result
+    best = _measure_engines(engines, replace(g, num=n), dtype, _effort().lowering_rounds)
+    return {s: t / n for s, t in best.items()}
 
 
 def autotune_conv_engine(g: ConvGeometry, dtype: Any = np.float32, strategy: int = 1,
-                         predicted: float | None = None) -> dict[str, float]:
+                         predicted: float | None = None) -> dict[str, float] | None:
     """Seconds of one forward + backward (data and weights) of the whole layer ``g`` with the lowering engine
     (lowering ``strategy``, type 1 where it does not apply) and with the FFT engine in its layouts whose predictions
     are within ``FFT_LAYOUT_WINDOW`` of each other (else the predicted one): ``{"lowering": s, "fft full": s,
@@ -261,20 +345,33 @@ def autotune_conv_engine(g: ConvGeometry, dtype: Any = np.float32, strategy: int
     pools hand the cores over —, the best round).  A layer ``predicted`` (seconds) to take longer than
     ``ENGINE_AUTOTUNE_SECONDS`` is measured on fewer images and scaled to the batch — the FFT engine's kernel
     transforms, done once per batch, then count for more than in the layer, which favours the lowering
-    engine on such layers.  Cached per geometry, dtype, thread setting and lowering."""
-    from cct.engines.fft import FFTEngine
-    from cct.engines.lowering import LoweringEngine, Workspace, strategy_fallback
+    engine on such layers.  Cached per geometry, dtype, thread setting and lowering; None when nothing is cached
+    and the net's measuring budget is spent."""
+    from cct.engines.lowering import strategy_fallback
 
     strategy = strategy if strategy_fallback(strategy, g) is None else 1
     key = f"{geometry_key(g, dtype)}-lowering{strategy}"
     cached = _read_cache().get("conv_engine", {}).get(key)
     if cached and "lowering" in cached and any(k.startswith("fft ") for k in cached):
         return {k: float(t) for k, t in cached.items()}
+    if not _may_measure():
+        return None
+    with _charged():
+        result = _measure_conv_engines(g, dtype, strategy, predicted)
+    _write_cache({"conv_engine": {key: result}})
+    return result
+
+
+def _measure_conv_engines(g: ConvGeometry, dtype: Any, strategy: int, predicted: float | None) -> dict[str, float]:
+    from cct.engines.fft import FFTEngine
+    from cct.engines.lowering import LoweringEngine, Workspace
+
     if predicted is None:
         rates = machine_rates()
         lowering = {e.variant: e.seconds for e in LoweringEngine.estimates(g, dtype, rates)}
         predicted = max(lowering[f"lowering {strategy}"], min(e.seconds for e in FFTEngine.estimates(g, dtype, rates)))
-    n = max(1, min(g.num, int(g.num * ENGINE_AUTOTUNE_SECONDS / max(predicted, 1e-9))))
+    effort = _effort()
+    n = max(1, min(g.num, int(g.num * effort.engine_seconds / max(predicted, 1e-9))))
     est = FFTEngine.estimate(g, np.dtype(dtype).itemsize, machine_rates())  # the layouts' own model
     layouts = [k for k in ("full", "lifted") if k in est]
     if len(layouts) == 2 and max(est[k]["seconds"] for k in layouts) > FFT_LAYOUT_WINDOW * min(
@@ -282,7 +379,5 @@ def autotune_conv_engine(g: ConvGeometry, dtype: Any = np.float32, strategy: int
         layouts = [est["choice"]]  # a clear call: only the predicted layout
     engines: dict[str, ConvEngine] = {"lowering": LoweringEngine(strategy, workspace=Workspace())}
     engines.update({f"fft {k}": FFTEngine(lift=k == "lifted") for k in layouts})
-    best = _measure_engines(engines, replace(g, num=n), dtype, ENGINE_AUTOTUNE_ROUNDS, settle=0.1, decided=2.0)
-    result = {name: t * g.num / n for name, t in best.items()}
-    _write_cache({"conv_engine": {key: result}})
-    return result
+    best = _measure_engines(engines, replace(g, num=n), dtype, effort.engine_rounds, settle=0.1, decided=2.0)
+    return {name: t * g.num / n for name, t in best.items()}

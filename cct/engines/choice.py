@@ -10,9 +10,10 @@ cost models (:func:`cct.engines.estimate_convolution`).
   strided layers, and says why in the layer's log line;
 * ``lowering`` = ``1`` | ``2`` | ``3`` | ``auto``: force a lowering (a layer where it does not apply falls back
   to type 1 and says why) or choose per layer;
-* ``autotune`` = ``auto`` | ``1`` | ``0``: whether ``auto`` measures the candidates on the layer's geometry
-  (forward + backward, at its first reshape; cached) — where the models leave a close call, for every layer,
-  or never (the models alone).
+* ``autotune`` = ``fast`` (``auto``) | ``full`` (``1``) | ``off`` (``0``): whether ``auto`` measures the
+  candidates on the layer's geometry (forward + backward, at its first reshape; cached) — where the models leave
+  a close call, within a budget of a few seconds per net (:data:`cct.engines.autotune.FAST_BUDGET_SECONDS`;
+  later close calls go by the calibrated models), for every layer, or never (the models alone).
 
 Engine ``auto`` per layer (:func:`choose_conv_engine`, ZNN's layerwise autotuning): the lowering engine where
 the FFT engine does not apply, the layer is strided, or the FFT engine cannot plausibly save
@@ -58,8 +59,11 @@ AUTOTUNE_MIN_SECONDS = 0.05
 # ... where the calibrated model finds another lowering within this factor of its best (a close call);
 # only those candidates are measured
 AUTOTUNE_WINDOW = 1.15
-# auto engine choice: the FFT engine's prediction may be off by this factor (screening)
+# auto engine choice: the FFT engine's prediction may be off by this factor (screening; -autotune full) ...
 FFT_WINDOW = 2.0
+# ... and with -autotune fast, where a measurement must be worth its time: the FFT engine measured only where its
+# prediction is within this factor of a gain
+FAST_FFT_WINDOW = 1.3
 
 
 def engine_for_layer(kind: str = "Convolution") -> SelectedEngine:
@@ -198,10 +202,13 @@ def choose_conv_engine(g: ConvGeometry, dtype: Any = np.float32, xp: Any = None,
     if any(st != 1 for st in g.stride):  # fft would compute every stride-1 output and drop the rest
         st = g.stride[0] if len(set(g.stride)) == 1 else "x".join(map(str, g.stride))
         return "lowering", f"not fft: stride {st} > 1"
+    if all(k == 1 for k in g.kernel):  # a GEMM already: transforms can only add work
+        return "lowering", "not fft: a 1x1 kernel"
     t_fft = predicted_fft_seconds(g, dtype)
     t_low = _lowering_prediction(g, lowering)
     tune = settings.get("autotune")
-    if tune is not True and t_low - t_fft / FFT_WINDOW < PREFER_TYPE1_SECONDS:
+    window = FFT_WINDOW if tune is True else FAST_FFT_WINDOW
+    if tune is not True and t_low - t_fft / window < PREFER_TYPE1_SECONDS:
         return "lowering", ""  # the usual case (the layer's log line shows both predictions)
     if tune is False:
         t_low = _lowering_prediction(g, lowering, machine_rates(calibrate_if_missing=True))
@@ -210,6 +217,11 @@ def choose_conv_engine(g: ConvGeometry, dtype: Any = np.float32, xp: Any = None,
         return "lowering", f"engine by cost model (fft predicted {t_fft * 1e3:.3g} ms)"
     strategy = choose_strategy(g, dtype)[0] if lowering == "auto" else int(lowering)
     measured = autotune_conv_engine(g, dtype, strategy, max(t_low, t_fft))
+    if measured is None:  # the net's measuring budget is spent: the calibrated models decide
+        t_low = _lowering_prediction(g, lowering, machine_rates(calibrate_if_missing=True))
+        name = "fft" if t_low - t_fft >= max(PREFER_TYPE1_SECONDS, PREFER_TYPE1_FRACTION * t_low) else "lowering"
+        return name, f"engine by cost model, autotune budget spent (lowering {t_low * 1e3:.3g} ms, fft " \
+                     f"{t_fft * 1e3:.3g} ms predicted)"
     fft = min((k for k in measured if k.startswith("fft")), key=measured.__getitem__)
     name = fft if measured["lowering"] - measured[fft] >= PREFER_TYPE1_SECONDS else "lowering"
     return name, "engine autotuned: " + ", ".join(f"{k} {t * 1e3:.3g} ms" for k, t in measured.items())
@@ -249,7 +261,8 @@ def choose_strategy(g: ConvGeometry, dtype: Any = np.float32) -> tuple[int, str]
     tune = settings.get("autotune")
     if tune is True:
         measured = autotune(g, dtype)
-        return min(measured, key=measured.__getitem__), "autotuned"
+        if measured is not None:
+            return min(measured, key=measured.__getitem__), "autotuned"
     best = min(predicted, key=predicted.__getitem__)
     if predicted[1] - predicted[best] < PREFER_TYPE1_SECONDS:
         return 1, "cost model"  # nothing measurable to gain: keep Caffe's summation order
@@ -259,7 +272,9 @@ def choose_strategy(g: ConvGeometry, dtype: Any = np.float32) -> tuple[int, str]
         close = [s for s, t in predicted.items() if t <= AUTOTUNE_WINDOW * predicted[best]]
         if len(close) > 1:
             measured = autotune(g, dtype, close)
-            return min(measured, key=measured.__getitem__), "autotuned"
+            if measured is not None:
+                return min(measured, key=measured.__getitem__), "autotuned"
+            return best, "cost model, autotune budget spent"
         return best, "cost model"
     if predicted[1] - predicted[best] < max(PREFER_TYPE1_SECONDS, PREFER_TYPE1_FRACTION * predicted[best]):
         best = 1  # a close call: keep type 1, Caffe's own summation order

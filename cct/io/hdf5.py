@@ -128,8 +128,9 @@ def _read_groups(g: Any, prefix: str, out: dict[str, dict[int, np.ndarray]], sou
 # ------------------------------------------------------------------------------------------------
 
 def write_hdf5_solverstate(path: str | os.PathLike[str], iter: int, learned_net: str, current_step: int,
-                           history: Sequence[Any]) -> None:
-    """Write a solver state in Caffe's HDF5 layout (see the module docstring)."""
+                           history: Sequence[Any], resume_state: bytes = b"") -> None:
+    """Write a solver state in Caffe's HDF5 layout (see the module docstring); ``resume_state`` (cct's
+    data cursors and random streams) goes in the root attribute ``cct_resume_state``, which Caffe ignores."""
     h5py = _h5py()
 
     def write(tmp: str) -> None:
@@ -140,6 +141,8 @@ def write_hdf5_solverstate(path: str | os.PathLike[str], iter: int, learned_net:
             hist = f.create_group("history")
             for i, a in enumerate(history):
                 hist.create_dataset(str(i), data=_float32(a))
+            if resume_state:
+                f.attrs["cct_resume_state"] = np.void(resume_state)
 
     atomic_write_path(path, write)
 
@@ -192,6 +195,8 @@ def read_hdf5_solverstate(path: str | os.PathLike[str]) -> caffe_pb2.SolverState
             blob = Blob(a.shape, dtype=np.float32)
             blob.data[...] = a
             blob_to_proto(blob, state.history.add())
+        if "cct_resume_state" in f.attrs:
+            state.cct_resume_state = bytes(f.attrs["cct_resume_state"])
     return state
 
 

@@ -83,6 +83,16 @@ class Layer:
         """Whether ``force_backward`` may send a gradient into this bottom (labels: no)."""
         return True
 
+    # ---- exact resume --------------------------------------------------------------------------
+    def resume_state(self) -> dict | None:
+        """What the layer needs besides its blobs to go on exactly where it is — a data source's cursor,
+        a random stream — as JSON-able values, or None (most layers).  Written into snapshots."""
+        return None
+
+    def restore_resume_state(self, state: dict) -> None:
+        """Go back to a :meth:`resume_state` (a snapshot's)."""
+        raise CctError(f"layer '{self.name}' ({self.type}) keeps no resume state")
+
     # ---- framework ---------------------------------------------------------------------------
     def setup_layer(self, bottom: list[Blob], top: list[Blob]) -> None:
         """Caffe's ``Layer::SetUp``: check counts, setup, reshape, set loss weights."""

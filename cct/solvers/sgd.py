@@ -160,7 +160,7 @@ class SGDSolver(Solver):
             filename = self._snapshot_filename(".solverstate.h5")
             log.info("Snapshotting solver state to HDF5 file %s", filename)
             write_hdf5_solverstate(filename, self.iter, model_filename, self.current_step,
-                                   [h.data for h in self.history])
+                                   [h.data for h in self.history], self.resume_state())
             return
         from cct.io.weights import write_solverstate
 
@@ -170,6 +170,7 @@ class SGDSolver(Solver):
         state.current_step = self.current_step
         for h in self.history:
             blob_to_proto(h, state.history.add())
+        state.cct_resume_state = self.resume_state()
         filename = self._snapshot_filename(".solverstate")
         log.info("Snapshotting solver state to binary proto file %s", filename)
         write_solverstate(filename, state)
@@ -197,7 +198,13 @@ class SGDSolver(Solver):
         self.current_step = state.current_step
         log.info("SGDSolver: restoring history")
         for h, proto in zip(self.history, state.history):
-            blob_from_proto(proto, h)
+            try:
+                blob_from_proto(proto, h)
+            except CctError as e:
+                raise CctError(f"{source}: history: {e}") from None
+        from cct.solvers.resume import restore
+
+        restore(self, state.cct_resume_state, source)
 
 
 @register_solver

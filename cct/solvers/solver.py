@@ -22,6 +22,7 @@ The lines logged are Caffe's, character for character (``tools/extra/parse_log.p
 from __future__ import annotations
 
 import abc
+import contextlib
 import enum
 import importlib.util
 import os
@@ -45,6 +46,7 @@ class SolverAction(enum.IntEnum):
     NONE = 0
     STOP = 1
     SNAPSHOT = 2
+    SNAPSHOT_AND_STOP = 3  # cct: snapshot now, then stop (-sigterm_effect snapshot)
 
 
 class SolverCallback(Protocol):
@@ -152,14 +154,19 @@ class Solver(abc.ABC):
         self._iterations_last = 0
         self._iteration_timer = _CpuTimer()
         self._executor_factory = executor_factory
+        self.stop_on_nan = False  #: on the first non-finite loss or gradient: snapshot and stop (an error)
+        self._diverged = False
+        self._snapshot_iter = -1  # the iteration of the last snapshot written
         self._init(p)
 
     # ---- construction ------------------------------------------------------------------------
     def _init(self, param: pb.SolverParameter) -> None:
-        from cct.mode import solver_rank
+        from cct.mode import solver_count, solver_rank
         from cct.rng import set_random_seed
 
-        self.is_root = solver_rank() == 0
+        self.rank, self.solver_count = solver_rank(), solver_count()
+        self.is_root = self.rank == 0
+        self.replicas: list[Solver] | None = None  # under data parallelism, every rank's solver (the root's)
         log.info("Initializing solver from parameters: \n%s", _text(param))
         self.param = param
         if param.average_loss < 1:
@@ -212,9 +219,16 @@ class Solver(abc.ABC):
         net_param.state.CopyFrom(state)
         return Net.from_param(net_param, source, self._executor_factory() if self._executor_factory else None)
 
-    def _init_train_net(self):
+    def _read_net(self, field: str, path: str) -> pb.NetParameter:
+        """The net file a solver field names; a missing file names the solver file and the field."""
         from cct.io.prototxt import read_net_param
 
+        if not os.path.isfile(path):
+            raise CctError(f"{self._source}: {field}: no such net file {path!r} (relative to the working directory "
+                           f"{os.getcwd()})")
+        return read_net_param(path)
+
+    def _init_train_net(self):
         p = self.param
         fields = ("net", "net_param", "train_net", "train_net_param")
         given = [f for f in fields if p.HasField(f)]
@@ -231,22 +245,20 @@ class Solver(abc.ABC):
             net_param.CopyFrom(p.train_net_param)
         elif p.HasField("train_net"):
             log.info("Creating training net from train_net file: %s", p.train_net)
-            net_param, source = read_net_param(p.train_net), p.train_net
+            net_param, source = self._read_net("train_net", p.train_net), p.train_net
         if p.HasField("net_param"):
             log.info("Creating training net specified in net_param.")
             net_param.CopyFrom(p.net_param)
             source = "<net_param>"
         if p.HasField("net"):
             log.info("Creating training net from net file: %s", p.net)
-            net_param, source = read_net_param(p.net), p.net
+            net_param, source = self._read_net("net", p.net), p.net
         net = self._build_net(net_param, pb.TRAIN, p.train_state, source)
         for weights in p.weights:
             load_net_weights(net, weights)
         return net
 
     def _init_test_nets(self) -> list:
-        from cct.io.prototxt import read_net_param
-
         p = self.param
         if p.HasField("net") and p.HasField("net_param"):
             raise CctError(f"{self._source}: Both net_param and net_file may not be specified.")
@@ -267,7 +279,7 @@ class Solver(abc.ABC):
             q.CopyFrom(tp)
             specs.append(("test_net_param", q, "<test_net_param>"))
         for f in p.test_net:
-            specs.append((f"test_net file: {f}", read_net_param(f), f))
+            specs.append((f"test_net file: {f}", self._read_net("test_net", f), f))
         remaining = n - len(specs)
         for _ in range(remaining):
             if p.HasField("net_param"):
@@ -275,7 +287,7 @@ class Solver(abc.ABC):
                 q.CopyFrom(p.net_param)
                 specs.append(("net_param", q, "<net_param>"))
             else:
-                specs.append((f"net file: {p.net}", read_net_param(p.net), p.net))
+                specs.append((f"net file: {p.net}", self._read_net("net", p.net), p.net))
         nets = []
         for i, (label, net_param, source) in enumerate(specs):
             log.info("Creating test net (#%d) specified by %s", i, label)
@@ -339,13 +351,34 @@ class Solver(abc.ABC):
                 self._display()
             for cb in self.callbacks:
                 cb.on_gradients_ready()
+            self._watch_divergence(loss)
             self.apply_update()
             request = self.get_requested_action()
-            if self.is_root and ((p.snapshot and self.iter % p.snapshot == 0) or request == SolverAction.SNAPSHOT):
+            if self.is_root and ((p.snapshot and self.iter % p.snapshot == 0)
+                                 or request in (SolverAction.SNAPSHOT, SolverAction.SNAPSHOT_AND_STOP)):
                 self.snapshot()
-            if request == SolverAction.STOP:
+            if request in (SolverAction.STOP, SolverAction.SNAPSHOT_AND_STOP):
                 self.requested_early_exit = True
                 break
+
+    def _watch_divergence(self, loss: np.float32) -> None:
+        """Report the first non-finite loss or gradient of the run (one W line naming the iteration and the
+        layer it came from); with ``stop_on_nan``, snapshot the last finite weights and stop."""
+        from cct.solvers.divergence import first_nonfinite, gradients_finite
+
+        if self._diverged or (np.isfinite(loss) and gradients_finite(self.net)):
+            return
+        self._diverged = True
+        where = first_nonfinite(self.net) or "the loss only"
+        rank = f" (solver rank {self.rank})" if self.solver_count > 1 else ""
+        log.warning("Iteration %d%s: loss = %s; the first non-finite value: %s", self.iter, rank, log.fmt(loss),
+                    where)
+        if self.stop_on_nan:
+            if self.is_root and self.param.snapshot_prefix:
+                self.snapshot()  # the update has not been applied: these are the last finite weights
+            raise CctError(f"Iteration {self.iter}: training diverged (the first non-finite value: {where}); "
+                           "stopped by -stop_on_nan" + (", the last finite state is snapshotted"
+                                                        if self.param.snapshot_prefix else ""))
 
     def _display(self) -> None:
         p = self.param
@@ -383,7 +416,8 @@ class Solver(abc.ABC):
             self.restore(resume_file)
         start_iter = self.iter
         self.step(p.max_iter - self.iter)
-        if self.is_root and p.snapshot_after_train and (not p.snapshot or self.iter % p.snapshot != 0):
+        if self.is_root and p.snapshot_after_train and (not p.snapshot or self.iter % p.snapshot != 0) \
+                and self._snapshot_iter != self.iter:
             self.snapshot()
         if self.requested_early_exit:
             log.info("Optimization stopped early.")
@@ -414,9 +448,9 @@ class Solver(abc.ABC):
         for i in range(n):
             request = self.get_requested_action()
             while request != SolverAction.NONE:
-                if request == SolverAction.SNAPSHOT:
+                if request in (SolverAction.SNAPSHOT, SolverAction.SNAPSHOT_AND_STOP):
                     self.snapshot()
-                elif request == SolverAction.STOP:
+                if request in (SolverAction.STOP, SolverAction.SNAPSHOT_AND_STOP):
                     self.requested_early_exit = True
                 request = self.get_requested_action()
             if self.requested_early_exit:
@@ -467,7 +501,20 @@ class Solver(abc.ABC):
             self.net.to_hdf5(model_filename, write_diff=self.param.snapshot_diff)
         else:
             raise CctError(f"Unsupported snapshot format {fmt}.")
-        self.snapshot_solver_state(model_filename)
+        try:
+            self.snapshot_solver_state(model_filename)
+            self._snapshot_iter = self.iter
+        except BaseException:
+            # never leave a model without its state: the pair is the snapshot (earlier pairs are untouched)
+            with contextlib.suppress(OSError):
+                os.remove(model_filename)
+            raise
+
+    def resume_state(self) -> bytes:
+        """cct's resume document for the solverstate (:mod:`cct.solvers.resume`)."""
+        from cct.solvers.resume import capture
+
+        return capture(self)
 
     @abc.abstractmethod
     def snapshot_solver_state(self, model_filename: str) -> None:

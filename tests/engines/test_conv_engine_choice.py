@@ -207,3 +207,48 @@ def test_invalid_environment_is_one_line_from_the_command_line(tmp_path, monkeyp
                                               "(got 'many')"]
     rc, out = _run("time", "-model", model, "-iterations", "1", "-partitions", "1")
     assert rc == 0
+
+
+# ---- the measuring budget (-autotune fast | full | off) -------------------------------------------------
+
+def test_autotune_flag_values(monkeypatch):
+    for value, expected in (("fast", "auto"), ("full", True), ("off", False), ("auto", "auto"), ("1", True)):
+        settings.set("autotune", value, "-autotune")
+        assert settings.get("autotune") == expected
+    with pytest.raises(CctError, match=r"^-autotune: autotune must be fast, full or off \(got 'sometimes'\)"):
+        settings.set("autotune", "sometimes", "-autotune")
+    settings.reset()
+
+
+def test_a_1x1_convolution_is_never_measured_against_fft(monkeypatch):
+    _no_measuring(monkeypatch)
+    g = ConvGeometry(8, 512, 128, 1, (28, 28), (1, 1), (1, 1), (0, 0), (1, 1))
+    assert choice.choose_conv_engine(g) == ("lowering", "not fft: a 1x1 kernel")
+
+
+def test_fast_autotune_stops_measuring_when_the_nets_budget_is_spent(monkeypatch):
+    """A net's measurements share one budget; past it, close calls go by the cost model — with the real
+    measuring functions, not stand-ins, and a budget so small that only the first measurement happens."""
+    monkeypatch.setattr(autotune, "FAST_BUDGET_SECONDS", 1e-9)
+    layers = ['layer { name: "in" type: "Input" top: "c0" '
+              'input_param { shape { dim: 1 dim: 16 dim: 30 dim: 30 dim: 30 } } }']
+    for i, outputs in ((1, 16), (2, 12)):  # two geometries: the second is not in the cache the first filled
+        layers.append(f'layer {{ name: "c{i}" type: "Convolution" bottom: "c{i - 1}" top: "c{i}" convolution_param '
+                      f'{{ num_output: {outputs} kernel_size: 7 pad: 3 weight_filler {{ type: "xavier" }} }} }}')
+    net_text = "\n".join(layers)
+    from cct.io.prototxt import parse_net_param
+    from cct.pycaffe import Net
+
+    settings.set("autotune", "fast")
+    param = parse_net_param(net_text)
+    param.state.phase = 1
+    with captured_log() as buf:
+        net = Net.from_param(param, "budget.prototxt")
+    text = buf.getvalue()
+    engines = [layer.engine.describe() for layer in net.layers[1:]]
+    assert "engine autotuned" in engines[0]  # measured: the budget was not spent yet
+    assert "autotune budget spent" in engines[1]  # the same close call, now left to the models
+    line = [m for m in messages(text) if m.startswith("Engine autotuning")]
+    assert len(line) == 1 and line[0].startswith("Engine autotuning (fast): 1 layer(s) measured in ")
+    assert "1 close call(s) left to the cost model" in line[0]
+    settings.reset()
