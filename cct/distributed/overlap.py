@@ -285,14 +285,14 @@ class OverlapCallback:
         r = self._replicated_at.get(i)
         if r is not None:
             r.keep_error(self.pass_index)
-        if self.auto and self._last_pass():
-            self._t0 = time.perf_counter()
+        if self.auto and self._last_pass() and i == len(self.net.layers) - 1:
+            self._t0 = time.perf_counter()  # the backward pass starts: times are measured from here
 
     def _after_backward(self, i: int) -> None:
         if not self._active or not self._last_pass():
             return
         if self.auto:
-            self._backward_times[i] = time.perf_counter() - self._t0
+            self._backward_times[i] = time.perf_counter() - self._t0  # when layer i's backward ended
         for c in self._post_at.get(i, ()):
             self._post(c)
 
@@ -392,7 +392,7 @@ class OverlapCallback:
         per_value = seconds / max(total, 1)
         used = self.net.param_layers()
         counts = [p.count for p in self.net.learnable_params]
-        times = self._backward_times
+        times = self._backward_times  # seconds from the start of backprop to the end of each layer's backward
         end = max(times.values(), default=0.0)
         best, best_time = -1, float("inf")
         candidates = [i for i, layer in enumerate(self.net.layers) if layer.type == "Pooling"]

@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-
-GIGA = 1e9
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)

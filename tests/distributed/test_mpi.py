@@ -103,6 +103,12 @@ def reference(tmp_path_factory) -> dict[str, list[np.ndarray]]:
     solver = create_solver(solver_param(tmp, 128, "resumed"))
     solver.solve(str(tmp / "first_iter_5.solverstate"))
     out["resumed"] = [np.array(p.data) for p in solver.net.learnable_params]
+    finetune = solver_param(tmp, 128, "finetuned", max_iter=4)
+    finetune.weights.append(str(tmp / "first_iter_5.caffemodel"))
+    solver = create_solver(finetune)
+    solver.solve()
+    out["finetuned"] = [np.array(p.data) for p in solver.net.learnable_params]
+    out["weights_file"] = str(tmp / "first_iter_5.caffemodel")
     return out
 
 
@@ -149,6 +155,15 @@ def test_snapshot_then_resume_as_one_process(tmp_path, reference):
     assert run.returncode == 0, run.stderr[-3000:]
     assert "Resuming from" in run.stderr
     assert_same_weights(final_model(tmp_path, "resumed"), reference["resumed"])
+    assert ranks_identical(run.stderr)
+
+
+def test_weights_are_read_by_rank_0_and_broadcast(tmp_path, reference):
+    solver = write_solver(tmp_path, 64, "finetuned", max_iter=4)
+    run = mpirun("-solver", str(solver), "-weights", reference["weights_file"], "-overlap", "layer")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stderr.count("Finetuning from") == 1  # rank 0 only
+    assert_same_weights(final_model(tmp_path, "finetuned", 4), reference["finetuned"])
     assert ranks_identical(run.stderr)
 
 
