@@ -536,6 +536,16 @@ class NetCore:
     def output_loss_weights(self) -> list[float]:
         return [self._blob_loss_weights[i] for i in self._output_blob_indices]
 
+    def param_layers(self) -> list[list[int]]:
+        """For each learnable parameter (``learnable_params`` order), the indices of the layers that use it
+        (its owner first; more than one when layers share it by name): its diff is complete once the
+        backward pass has gone below the smallest."""
+        used: list[list[int]] = [[] for _ in self.learnable_params]
+        for i, ids in enumerate(self._param_id_vecs):
+            for net_param_id in ids:
+                used[self._learnable_param_ids[net_param_id]].append(i)
+        return used
+
     @property
     def layer_need_backward(self) -> list[bool]:
         return self._layer_need_backward

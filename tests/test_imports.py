@@ -111,3 +111,19 @@ def test_the_walker_sees_late_imports_and_skips_type_checking_ones():
     assert "cct.net" not in graph["cct.exec.base"]
     assert _cycles({"cct.a": {"cct.b"}, "cct.b": {"cct.c"}, "cct.c": {"cct.a"}, "cct.d": {"cct.a"}}) == \
         [["cct.a", "cct.b", "cct.c"]]
+
+
+def test_mpi4py_is_imported_only_inside_the_mpi_functions():
+    """mpi4py is loaded only when a launcher started the process: no module imports it at import time, and only
+    cct.distributed.mpi and cct.distributed.mpi_train import it at all (inside functions)."""
+    importers = set()
+    for path in PACKAGE.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        top_level = {id(n) for n in tree.body}
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if any(n.split(".")[0] == "mpi4py" for n in names):
+                importers.add(_module_name(path))
+                assert id(node) not in top_level, f"{_module_name(path)} imports mpi4py at import time"
+    assert importers == {"cct.distributed.mpi", "cct.distributed.mpi_train"}

@@ -9,11 +9,19 @@ from cct.errors import CctError
 from cct.flags import Flag, Flags
 
 SUMMARY = "train or finetune a model"
-FLAGS = [
+FLAGS: list = [
     Flag("sigterm_effect", str, "", "Optional (cct); action to take when a SIGTERM signal is received: "
          "snapshot (snapshot and stop), stop or none (default: terminate, as Caffe)."),
     Flag("stop_on_nan", bool, False, "Optional (cct); on the first non-finite loss or gradient, snapshot the last "
          "finite state and exit with an error (default: report it once and go on, as Caffe)."),
+    Flag("overlap", str, "lee", "Under mpiexec: how gradient reductions overlap backprop: none (one blocking "
+         "Allreduce), layer (one per layer as it is ready) or lee (two chunks, Lee et al.)."),
+    Flag("chunk_split", str, "auto", "Under mpiexec with -overlap lee: where chunk 1 ends: a layer name (chunk 1 = "
+         "the layers after it), k (the top k Convolution/Pooling/InnerProduct layers) or auto (measured)."),
+    Flag("replicate_fc", int, 0, "Under mpiexec with -overlap lee: replicate the gradient of the first f "
+         "InnerProduct layers (Allgather of activations and errors instead of Allreduce of weight gradients)."),
+    Flag("mpi_timeout", float, 600.0, "Under mpiexec: seconds any wait for the other ranks may last before the "
+         "job is aborted (longer than rank 0's test passes)."),
 ]
 
 
@@ -31,6 +39,9 @@ def main(flags: Flags) -> int:
     if flags.gpu and flags.devices:
         raise CctError(f"-gpu {flags.gpu} and -devices {flags.devices}: -gpu trains a batch per GPU (Caffe's data "
                        "parallelism), -devices splits each batch across devices; give one of them")
+    from cct.distributed.mpi import launcher_size
+
+    mpi_size, mpi_variable = launcher_size()
     handler = SignalHandler(flags.sigint_effect, flags.sighup_effect, flags.sigterm_effect)
     param = read_solver_file(flags.solver)
     param.train_state.level = flags.level
@@ -59,6 +70,18 @@ def main(flags: Flags) -> int:
     elif flags.weights:
         param.ClearField("weights")
         param.weights.append(flags.weights)
+    if mpi_size > 1:
+        if len(gpus) > 1:
+            raise CctError(f"-gpu {flags.gpu} under mpiexec ({mpi_variable}={mpi_size}): give each rank one "
+                           "device; the ranks are the data parallelism")
+        from cct.distributed import mpi_train
+
+        with handler:
+            mpi_train.train(param, source=flags.solver, size=mpi_size, variable=mpi_variable,
+                            snapshot=flags.snapshot, overlap=flags.overlap, chunk_split=flags.chunk_split,
+                            replicate_fc=flags.replicate_fc, timeout=flags.mpi_timeout, action=handler.get_action)
+        log.info("Optimization Done.")
+        return 0
     with handler:
         if len(gpus) > 1:  # Caffe's NCCL::Run: one solver replica per GPU, gradients averaged every iteration
             from cct.device import Device

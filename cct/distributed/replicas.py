@@ -45,6 +45,7 @@ import numpy as np
 from cct import log, mode
 from cct.device import get_array_module
 from cct.device.device import Device, copy_into
+from cct.distributed.exchange import ExchangeCallback, GradientExchange
 from cct.errors import CctError
 from cct.exec.base import Executor
 from cct.exec.device_split import split_executor
@@ -194,28 +195,32 @@ class _Sync:
         self.barrier.abort()
 
 
-class _ReplicaSync:
-    """One replica's :class:`~cct.solvers.solver.SolverCallback`: the broadcast before its first iteration,
-    the gradient averaging at every ``on_gradients_ready``."""
+class ThreadExchange(GradientExchange):
+    """Replica ``rank``'s side of the in-process exchange (:class:`GradientExchange` over threads): each call
+    arrives at the replicas' one barrier, whose action broadcasts or averages over the solver objects."""
 
     def __init__(self, sync: _Sync, rank: int):
         self.sync = sync
         self.rank = rank
+        self.size = len(sync.solvers)
 
     def _check(self) -> None:
         if not self.sync.active:
-            raise CctError(f"solver rank {self.rank} of {len(self.sync.solvers)} is a data-parallel replica: "
+            raise CctError(f"solver rank {self.rank} of {self.size} is a data-parallel replica: "
                            "train it with DataParallel.solve(), not on its own")
 
-    def on_start(self) -> None:
+    def broadcast_params(self, solver: Solver) -> None:
         self._check()
         if not self.sync.started[self.rank]:
             self.sync.started[self.rank] = True
             self.sync.wait(self.rank, "the initial broadcast")
 
-    def on_gradients_ready(self) -> None:
+    def allreduce_mean(self, solver: Solver) -> None:
         self._check()
         self.sync.wait(self.rank, "the gradient exchange")
+
+    def fail(self, error: BaseException | None) -> None:
+        self.sync.fail(self.rank, error)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -253,7 +258,7 @@ class DataParallel:
         root.replicas = self.solvers  # the root's snapshots carry every rank's data cursors
         self._sync = _Sync(self.solvers, timeout)
         for rank, s in enumerate(self.solvers):
-            s.add_callback(_ReplicaSync(self._sync, rank))
+            s.add_callback(ExchangeCallback(ThreadExchange(self._sync, rank), s))
 
     @property
     def root(self) -> Solver:

@@ -48,6 +48,7 @@ class SGDSolver(Solver):
 
     type = "SGD"
     history_sets = 1  #: how many history blobs per learnable parameter
+    _update_iter: int | None = None  #: the iteration whose gradient :meth:`update_params` is applying
 
     def _check_param(self) -> None:
         check_lr_policy(self.param, self._source)
@@ -85,13 +86,31 @@ class SGDSolver(Solver):
         p = self.param
         if p.display and self.iter % p.display == 0:
             log.info("Iteration %d, lr = %s", self.iter, log.fmt(rate))
-        self.clip_gradients()
-        for i in range(len(self.net.learnable_params)):
+        groups = self.update_groups(rate)
+        if p.clip_gradients >= 0:  # the norm needs every gradient: wait for all, then one group
+            for wait, _ in groups:
+                if wait is not None:
+                    wait()
+            groups = [(None, [i for _, ids in groups for i in ids])]
+            self.clip_gradients()
+        for wait, ids in groups:
+            if wait is not None:
+                wait()
+            self.update_params(ids, rate)
+        self.iter += 1
+
+    def update_params(self, ids: list[int], rate: np.float32, iteration: int | None = None) -> None:
+        """Steps 3-4 of the update for learnable parameters ``ids`` at learning rate ``rate``: normalize,
+        regularize, the rule, ``w -= g``.  ``iteration``: the iteration whose gradient this is (default the
+        current one; a delayed update passes its own, for the rules that count steps)."""
+        self._update_iter = self.iter if iteration is None else int(iteration)
+        params = self.net.learnable_params
+        for i in ids:
             self.normalize(i)
             self.regularize(i)
             self.compute_update_value(i, rate)
-        self.net.update()
-        self.iter += 1
+            params[i].update()
+        self._update_iter = None
 
     def clip_gradients(self) -> None:
         clip = f32(self.param.clip_gradients)
@@ -352,7 +371,7 @@ class AdamSolver(SGDSolver):
         g, m, v, t = p.diff, self.history[i].data, self.history[n + i].data, self._scratch(i)
         xp = _xp(g)
         beta1, beta2 = f32(self.param.momentum), f32(self.param.momentum2)
-        step = self.iter + 1
+        step = (self.iter if self._update_iter is None else self._update_iter) + 1
         correction = f32(np.sqrt(1.0 - np.float64(beta2) ** step) / (1.0 - np.float64(beta1) ** step))
         xp.multiply(g, f32(1) - beta1, out=t)             # m = β1 m + (1-β1) g
         m *= beta1

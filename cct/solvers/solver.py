@@ -59,6 +59,16 @@ class SolverCallback(Protocol):
         """After the gradients are accumulated, before the update rule runs."""
 
 
+# Optional callback methods (looked up with getattr; a callback may define any of them):
+#
+# * ``update_groups(rate) -> list[(wait, ids)] | None`` — the update in groups of learnable parameter ids, each
+#   preceded by ``wait()`` (None: nothing to wait for): how gradient reductions still in flight when the update
+#   starts are waited for chunk by chunk (the first callback that returns a list decides; ids left out are
+#   updated by the callback itself, later, with :meth:`Solver.update_params`).
+# * ``on_weights_needed()`` — before a test pass, before a snapshot and at the end of :meth:`Solver.step`: a
+#   callback that delays part of an update applies it now.
+
+
 class _FunctionCallback:
     """pycaffe's ``add_callback(on_start, on_gradients_ready)`` with two plain callables."""
 
@@ -360,6 +370,24 @@ class Solver(abc.ABC):
             if request in (SolverAction.STOP, SolverAction.SNAPSHOT_AND_STOP):
                 self.requested_early_exit = True
                 break
+        self.weights_needed()
+
+    def weights_needed(self) -> None:
+        """Let every callback that delays part of an update apply it (``on_weights_needed``)."""
+        for cb in self.callbacks:
+            flush = getattr(cb, "on_weights_needed", None)
+            if flush is not None:
+                flush()
+
+    def update_groups(self, rate: Any) -> list[tuple[Callable[[], Any] | None, list[int]]]:
+        """The update's groups of learnable parameter ids, each after its ``wait`` (see the callbacks above);
+        by default one group of every parameter."""
+        for cb in self.callbacks:
+            groups = getattr(cb, "update_groups", None)
+            found = groups(rate) if groups is not None else None
+            if found is not None:
+                return found
+        return [(None, list(range(len(self.net.learnable_params))))]
 
     def _watch_divergence(self, loss: np.float32) -> None:
         """Report the first non-finite loss or gradient of the run (one W line naming the iteration and the
@@ -431,6 +459,7 @@ class Solver(abc.ABC):
         log.info("Optimization Done.")
 
     def test_all(self) -> None:
+        self.weights_needed()
         for i in range(len(self.test_nets)):
             if self.requested_early_exit:
                 break
@@ -488,6 +517,7 @@ class Solver(abc.ABC):
 
     def snapshot(self) -> None:
         """Write ``<prefix>_iter_<iter>.caffemodel[.h5]`` and the matching ``.solverstate[.h5]``."""
+        self.weights_needed()
         fmt = self.param.snapshot_format
         if fmt == pb.SolverParameter.BINARYPROTO:
             from cct.io.weights import write_proto_binary
