@@ -79,7 +79,8 @@ def main(flags: Flags) -> int:
         with handler:
             mpi_train.train(param, source=flags.solver, size=mpi_size, variable=mpi_variable,
                             snapshot=flags.snapshot, overlap=flags.overlap, chunk_split=flags.chunk_split,
-                            replicate_fc=flags.replicate_fc, timeout=flags.mpi_timeout, action=handler.get_action)
+                            replicate_fc=flags.replicate_fc, timeout=flags.mpi_timeout, action=handler.get_action,
+                            stop_on_nan=flags.stop_on_nan)
         log.info("Optimization Done.")
         return 0
     with handler:

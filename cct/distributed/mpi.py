@@ -236,6 +236,23 @@ class MpiExchange(GradientExchange):
         self._blocking(self.comm.Iallgather(send, recv), what)
         return [recv[i * send.size:(i + 1) * send.size].tobytes() for i in range(self.size)]
 
+    def allgather_variable(self, data: bytes, what: str) -> list[bytes]:
+        """Every rank's ``data`` (lengths may differ: gathered first, the payloads padded to the longest)."""
+        lengths = np.empty(self.size, dtype=np.int64)
+        self._blocking(self.comm.Iallgather(np.array([len(data)], dtype=np.int64), lengths), what)
+        longest = int(lengths.max())
+        padded = data + b"\0" * (longest - len(data))
+        return [blob[:int(n)] for blob, n in zip(self.allgather_bytes(padded, what), lengths)]
+
+    def bcast_bytes(self, data: bytes, what: str) -> bytes:
+        """The root's ``data`` on every rank."""
+        length = np.array([len(data)], dtype=np.int64)
+        self.bcast(length, what)
+        buffer = np.frombuffer(data, dtype=np.uint8).copy() if self.rank == 0 else np.empty(int(length[0]), np.uint8)
+        if buffer.size:
+            self.bcast(buffer, what)
+        return buffer.tobytes()
+
     def broadcast_params(self, solver: Solver) -> None:
         """The root's solver state to every rank: learnable parameters, the update rule's history, ``iter``
         and ``current_step`` (so ``-snapshot`` and ``-weights`` are read by the root alone)."""

@@ -9,7 +9,9 @@ weights stay bitwise identical (a SHA-256 of each rank's weights is compared at 
 displays, snapshots and logs at INFO; the other ranks log warnings and errors only.  Rank 0's signal
 actions (SIGHUP: snapshot; SIGINT from ``kill -INT <rank 0's pid>``: stop) ride in one float of the last
 reduction of an iteration, so every rank takes them at the same iteration.  A failure on any rank is one line
-``rank r of P: <error>`` and ``MPI_Abort``: the whole job ends, never hangs.
+``rank r of P: <error>`` and ``MPI_Abort``: the whole job ends, never hangs.  Snapshots are exact resume
+points: every rank's data cursors and random streams are gathered into rank 0's solver state, and ``-snapshot``
+hands each rank its own.
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from cct.proto import caffe_pb2 as pb
 
 def train(param: pb.SolverParameter, *, source: str, size: int, variable: str, snapshot: str = "",
           overlap: str = "lee", chunk_split: str = "auto", replicate_fc: int = 0, timeout: float = 600.0,
-          action: Callable[[], int] | None = None) -> None:
+          action: Callable[[], int] | None = None, stop_on_nan: bool = False) -> None:
     """Train ``param`` as this process's rank of an MPI job of ``size`` ranks (see the module docstring)."""
     from cct.solvers import create_solver
 
@@ -62,10 +64,20 @@ def train(param: pb.SolverParameter, *, source: str, size: int, variable: str, s
         if rank == 0:
             exchange.root_action = action
         solver.set_action_function(exchange.requested_action)
+        solver.stop_on_nan = stop_on_nan
+        # exact resume: every rank's data cursors and streams go into the root's snapshots ...
+        solver.state_gather = lambda data: exchange.allgather_variable(data, "gather of the data cursors")
         if snapshot and rank == 0:
             log.info("Resuming from %s", snapshot)
             solver.restore(snapshot)
         exchange.broadcast_params(solver)
+        if snapshot:  # ... and each rank takes its own back
+            from cct.solvers.resume import read_resume_state, restore
+
+            doc = exchange.bcast_bytes(read_resume_state(snapshot) if rank == 0 else b"",
+                                       "broadcast of the snapshot's data cursors")
+            if rank != 0:
+                restore(solver, doc, snapshot)
         exchange.start()
         log.info("Starting Optimization")
         solver.solve()

@@ -7,14 +7,15 @@ writes, in ``SolverState.cct_resume_state`` (field 1001, which Caffe skips) or t
 ``cct_resume_state`` of a ``.solverstate.h5`` (which Caffe ignores), one JSON document::
 
     {"format": 1,
-     "rng": <the global stream: fillers, Dropout masks, stochastic pooling>,
-     "train": [{layer name: layer.resume_state()} for each solver rank],
+     "train": [{"layers": {layer name: layer.resume_state()}, "rng": <the global stream>} for each rank],
      "test": [{layer name: layer.resume_state()} for each test net]}
 
 The layers' states are data cursors and their private streams (transformer mirror/crop, list shuffling),
-taken *after the last batch the net consumed* (see :mod:`cct.data.prefetch`).  Under data parallelism the
-root writes every rank's train-net state and each replica restores its own.  A state without the field (made
-by Caffe, or before cct wrote it) restores as Caffe does, which is logged once.
+taken *after the last batch the net consumed* (see :mod:`cct.data.prefetch`); the global stream draws the
+fillers, Dropout masks and stochastic pooling.  Under data parallelism the root writes every rank's state —
+thread replicas' directly, MPI ranks' gathered at the snapshot (``Solver.state_gather``) — and each rank
+restores its own.  A state without the field (made by Caffe, or before cct wrote it) restores as Caffe does,
+which is logged once.
 """
 from __future__ import annotations
 
@@ -48,13 +49,36 @@ def restore_net_state(net: Any, states: dict[str, Any], source: str, what: str) 
         layer.restore_resume_state(state)
 
 
-def capture(solver: Any) -> bytes:
-    """The resume document of ``solver`` (the root: it writes every rank's train-net state)."""
-    replicas = getattr(solver, "replicas", None) or [solver]
-    doc = {"format": FORMAT, "rng": stream_state(),
-           "train": [net_state(s.net) for s in replicas],
-           "test": [net_state(n) for n in solver.test_nets]}
+def rank_state(solver: Any) -> dict[str, Any]:
+    """This rank's part of the document: its train net's layer states and the global stream."""
+    return {"layers": net_state(solver.net), "rng": stream_state()}
+
+
+def capture(solver: Any, gather: bool = True) -> bytes:
+    """The resume document of ``solver`` (the root: it writes every rank's train-net state; with ``gather``
+    False, an MPI root writes its own only)."""
+    if getattr(solver, "state_gather", None) is not None and gather:
+        train = [json.loads(b) for b in solver.state_gather(json.dumps(rank_state(solver)).encode("utf-8"))]
+    else:
+        train = [rank_state(s) for s in (getattr(solver, "replicas", None) or [solver])]
+    doc = {"format": FORMAT, "train": train, "test": [net_state(n) for n in solver.test_nets]}
     return json.dumps(doc, separators=(",", ":")).encode("utf-8")
+
+
+def share(solver: Any) -> None:
+    """A non-root MPI rank's part in a snapshot: hand its state to the gather."""
+    solver.state_gather(json.dumps(rank_state(solver)).encode("utf-8"))
+
+
+def read_resume_state(path: str) -> bytes:
+    """The cct field of a ``.solverstate`` or ``.solverstate.h5`` (empty if it has none)."""
+    if path.endswith(".h5"):
+        from cct.io.hdf5 import read_hdf5_solverstate
+
+        return read_hdf5_solverstate(path).cct_resume_state
+    from cct.io.weights import read_solverstate
+
+    return read_solverstate(path).cct_resume_state
 
 
 def restore(solver: Any, data: bytes, source: str) -> None:
@@ -81,10 +105,10 @@ def restore(solver: Any, data: bytes, source: str) -> None:
             states = train[-1]
         else:
             states = train[rank]
-        restore_net_state(solver.net, states, source, "train net")
-        for net, states in zip(solver.test_nets, doc["test"]):
-            restore_net_state(net, states, source, "test net")
-        restore_stream(doc["rng"])
+        restore_net_state(solver.net, states["layers"], source, "train net")
+        for net, test_states in zip(solver.test_nets, doc["test"]):
+            restore_net_state(net, test_states, source, "test net")
+        restore_stream(states["rng"])
     except CctError as e:
         raise CctError(f"{source}: cct_resume_state: {e}") from None
     except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as e:

@@ -177,6 +177,8 @@ class Solver(abc.ABC):
         self.rank, self.solver_count = solver_rank(), solver_count()
         self.is_root = self.rank == 0
         self.replicas: list[Solver] | None = None  # under data parallelism, every rank's solver (the root's)
+        # MPI ranks: every rank's resume state (bytes) to the root, called by all ranks at each snapshot
+        self.state_gather: Callable[[bytes], list[bytes]] | None = None
         log.info("Initializing solver from parameters: \n%s", _text(param))
         self.param = param
         if param.average_loss < 1:
@@ -364,8 +366,8 @@ class Solver(abc.ABC):
             self._watch_divergence(loss)
             self.apply_update()
             request = self.get_requested_action()
-            if self.is_root and ((p.snapshot and self.iter % p.snapshot == 0)
-                                 or request in (SolverAction.SNAPSHOT, SolverAction.SNAPSHOT_AND_STOP)):
+            if self._snapshots() and ((p.snapshot and self.iter % p.snapshot == 0)
+                                      or request in (SolverAction.SNAPSHOT, SolverAction.SNAPSHOT_AND_STOP)):
                 self.snapshot()
             if request in (SolverAction.STOP, SolverAction.SNAPSHOT_AND_STOP):
                 self.requested_early_exit = True
@@ -444,7 +446,7 @@ class Solver(abc.ABC):
             self.restore(resume_file)
         start_iter = self.iter
         self.step(p.max_iter - self.iter)
-        if self.is_root and p.snapshot_after_train and (not p.snapshot or self.iter % p.snapshot != 0) \
+        if self._snapshots() and p.snapshot_after_train and (not p.snapshot or self.iter % p.snapshot != 0) \
                 and self._snapshot_iter != self.iter:
             self.snapshot()
         if self.requested_early_exit:
@@ -515,8 +517,19 @@ class Solver(abc.ABC):
     def _snapshot_filename(self, extension: str) -> str:
         return f"{self.param.snapshot_prefix}_iter_{self.iter}{extension}"
 
+    def _snapshots(self) -> bool:
+        """Whether this solver takes part in snapshots: the root writes them; MPI ranks hand it their state."""
+        return self.is_root or self.state_gather is not None
+
     def snapshot(self) -> None:
         """Write ``<prefix>_iter_<iter>.caffemodel[.h5]`` and the matching ``.solverstate[.h5]``."""
+        if not self.is_root:
+            if self.state_gather is not None:
+                from cct.solvers.resume import share
+
+                share(self)
+                self._snapshot_iter = self.iter
+            return
         self.weights_needed()
         fmt = self.param.snapshot_format
         if fmt == pb.SolverParameter.BINARYPROTO:
@@ -544,7 +557,7 @@ class Solver(abc.ABC):
         """cct's resume document for the solverstate (:mod:`cct.solvers.resume`)."""
         from cct.solvers.resume import capture
 
-        return capture(self)
+        return capture(self, gather=not self._diverged)  # a diverged rank does not meet the others
 
     @abc.abstractmethod
     def snapshot_solver_state(self, model_filename: str) -> None:
