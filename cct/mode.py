@@ -77,4 +77,5 @@ def set_multiprocess(flag: bool) -> None:
 
 
 def has_nccl() -> bool:
-    return False
+    """True: ``caffe.NCCL`` works, for the processes of one machine (:mod:`cct.distributed.processes`)."""
+    return True

@@ -1,0 +1,119 @@
+"""pycaffe's multi-process training (Caffe's ``python/train.py``): one process per device, joined by
+``caffe.NCCL(solver, uid)`` — two processes of batch B train as one process of batch 2B, their weights
+bitwise identical; a process that fails stops the other with one error instead of a hang."""
+from __future__ import annotations
+
+import multiprocessing
+import os
+
+import numpy as np
+import pytest
+from google.protobuf import text_format
+
+from cct.compare.tolerance import assert_close
+from cct.data.datum import array_to_datum
+from cct.data.db import LmdbWriter
+from cct.proto import caffe_pb2 as pb
+
+NET = """
+layer { name: "data" type: "Data" top: "data" top: "label"
+        data_param { source: "SOURCE" batch_size: BATCH backend: LMDB } transform_param { scale: 0.00390625 } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+        convolution_param { num_output: 3 kernel_size: 3 weight_filler { type: "gaussian" std: 0.3 }
+                            bias_filler { type: "constant" value: 0.1 } } }
+layer { name: "relu" type: "ReLU" bottom: "conv" top: "conv" }
+layer { name: "ip" type: "InnerProduct" bottom: "conv" top: "ip"
+        inner_product_param { num_output: 3 weight_filler { type: "gaussian" std: 0.3 } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+"""
+STEPS = 6
+
+
+def _solver_file(folder, source: str, batch: int) -> str:
+    p = pb.SolverParameter()
+    text_format.Parse(NET.replace("SOURCE", source).replace("BATCH", str(batch)), p.net_param)
+    p.type, p.base_lr, p.lr_policy, p.momentum, p.weight_decay = "SGD", 0.05, "fixed", 0.9, 0.01
+    p.max_iter, p.random_seed, p.solver_mode, p.snapshot_after_train = STEPS, 3, pb.SolverParameter.CPU, False
+    path = os.path.join(folder, f"solver_{batch}.prototxt")
+    with open(path, "w") as f:
+        f.write(text_format.MessageToString(p))
+    return path
+
+
+def _solve(solver_file: str, uid: bytes, rank: int, count: int, out: str, fail_at: int = -1) -> None:
+    """What ``python/train.py``'s ``solve`` does in each process."""
+    import cct as caffe
+
+    caffe.init_log(stream=open(os.devnull, "w"))  # noqa: SIM115
+    caffe.set_mode_cpu()
+    caffe.set_solver_count(count)
+    caffe.set_solver_rank(rank)
+    caffe.set_multiprocess(True)
+    solver = caffe.SGDSolver(solver_file)
+    nccl = caffe.NCCL(solver, uid, timeout=20)
+    nccl.bcast()
+    solver.add_callback(nccl)
+    if solver.param.layer_wise_reduce:
+        solver.net.after_backward(nccl)
+    if fail_at >= 0:
+        def boom():
+            if solver.iter == fail_at:
+                raise RuntimeError(f"injected failure of rank {rank}")
+        solver.add_callback(lambda: None, boom)
+    try:
+        solver.step(solver.param.max_iter)
+    finally:
+        nccl.close()
+    np.savez(out, *[np.array(p.data) for p in solver.net.learnable_params])
+
+
+def _run_processes(solver_file: str, count: int, folder, fail_rank: int = -1) -> list[int]:
+    import cct
+
+    ctx = multiprocessing.get_context("spawn")
+    uid = cct.NCCL.new_uid()
+    procs = [ctx.Process(target=_solve, args=(solver_file, uid, r, count, os.path.join(folder, f"rank{r}.npz"),
+                                              3 if r == fail_rank else -1)) for r in range(count)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    codes = [p.exitcode for p in procs]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    return codes
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory) -> str:
+    path = str(tmp_path_factory.mktemp("nccl") / "train_lmdb")
+    rng = np.random.default_rng(9)
+    writer = LmdbWriter(path)
+    for i in range(24):
+        writer.put(b"%08d" % i, array_to_datum(rng.integers(0, 256, (6, 6, 1), dtype=np.uint8),
+                                               int(rng.integers(3))).SerializeToString())
+    writer.close()
+    return path
+
+
+def test_two_processes_train_as_one_of_the_doubled_batch(source, tmp_path):
+    import cct
+
+    assert cct.has_nccl()
+    codes = _run_processes(_solver_file(tmp_path, source, 4), 2, tmp_path)
+    assert codes == [0, 0]
+    ranks = [np.load(tmp_path / f"rank{r}.npz") for r in range(2)]
+    cct.init_log(stream=open(os.devnull, "w"))  # noqa: SIM115
+    single = cct.SGDSolver(_solver_file(tmp_path, source, 8))
+    single.step(STEPS)
+    cct.init_log()
+    for i, p in enumerate(single.net.learnable_params):
+        a, b = ranks[0][f"arr_{i}"], ranks[1][f"arr_{i}"]
+        assert np.array_equal(a, b), f"param {i}: the ranks differ"
+        assert_close(a, np.array(p.data), f"param {i}", rtol=1e-5, reference="one process of batch 8")
+
+
+def test_a_failing_process_stops_the_other(source, tmp_path):
+    codes = _run_processes(_solver_file(tmp_path, source, 4), 2, tmp_path, fail_rank=1)
+    assert codes[0] != 0 and codes[1] != 0  # both ended (rank 0 by the shared failure mark), none hangs
