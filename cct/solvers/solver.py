@@ -206,11 +206,11 @@ class Solver(abc.ABC):
 
     def _check_snapshot_write_permissions(self) -> None:
         p = self.param
-        if not p.snapshot:
+        if not p.snapshot or not self.is_root:  # as Caffe: the root alone writes snapshots and checks
             return
         if not p.HasField("snapshot_prefix"):
             raise CctError(f"{self._source}: In solver params, snapshot is specified but snapshot_prefix is not")
-        probe = self._snapshot_filename(".tempfile")
+        probe = self._snapshot_filename(f".{os.getpid()}.tempfile")  # several processes may probe at once
         try:
             with open(probe, "w"):
                 pass
