@@ -1,6 +1,8 @@
 """Helpers shared by test modules."""
 from __future__ import annotations
 
+import numpy as np
+
 from cct.config import settings
 
 
@@ -8,3 +10,17 @@ def use_flags(lowering: str | None = None, partitions: str | None = None, conv_e
     """What ``-lowering``, ``-partitions`` and ``-conv_engine`` on the command line do (None: not given)."""
     settings.apply_flags({"lowering": lowering or "", "partitions": partitions or "", "conv_engine": conv_engine or ""})
     settings.validate()
+
+
+def datum_lmdb(path, records: int, side: int, seed: int, classes: int = 3) -> str:
+    """An LMDB at ``path`` of ``records`` Datums: seeded 1 x side x side uint8 images, labels in [0, classes)."""
+    from cct.data.datum import array_to_datum
+    from cct.data.db import LmdbWriter
+
+    rng = np.random.default_rng(seed)
+    writer = LmdbWriter(str(path))
+    for i in range(records):
+        image = rng.integers(0, 256, (side, side, 1), dtype=np.uint8)
+        writer.put(b"%08d" % i, array_to_datum(image, int(rng.integers(classes))).SerializeToString())
+    writer.close()
+    return str(path)

@@ -11,9 +11,8 @@ import pytest
 from google.protobuf import text_format
 
 from cct.compare.tolerance import assert_close
-from cct.data.datum import array_to_datum
-from cct.data.db import LmdbWriter
 from cct.proto import caffe_pb2 as pb
+from tests.helpers import datum_lmdb
 
 NET = """
 layer { name: "data" type: "Data" top: "data" top: "label"
@@ -87,14 +86,7 @@ def _run_processes(solver_file: str, count: int, folder, fail_rank: int = -1) ->
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory) -> str:
-    path = str(tmp_path_factory.mktemp("nccl") / "train_lmdb")
-    rng = np.random.default_rng(9)
-    writer = LmdbWriter(path)
-    for i in range(24):
-        writer.put(b"%08d" % i, array_to_datum(rng.integers(0, 256, (6, 6, 1), dtype=np.uint8),
-                                               int(rng.integers(3))).SerializeToString())
-    writer.close()
-    return path
+    return datum_lmdb(tmp_path_factory.mktemp("nccl") / "train_lmdb", 24, 6, 9)
 
 
 def test_two_processes_train_as_one_of_the_doubled_batch(source, tmp_path):

@@ -13,14 +13,13 @@ from google.protobuf import text_format
 from cct import cli, mode
 from cct.cli import train as train_command
 from cct.compare.tolerance import assert_close as assert_arrays_close
-from cct.data.datum import array_to_datum
-from cct.data.db import LmdbWriter
 from cct.device import Device, backend, cupy_available
 from cct.distributed import replicas as data_parallel
 from cct.distributed.replicas import DataParallel
 from cct.errors import CctError
 from cct.proto import caffe_pb2 as pb
 from cct.solvers import SolverAction, create_solver
+from tests.helpers import datum_lmdb
 from tests.solvers.helpers import captured_log, key_lines, messages, set_fields, split_numbers
 
 CPU1 = Device("cpu", 0, 1)
@@ -55,14 +54,7 @@ layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "
 @pytest.fixture(scope="module")
 def source(tmp_path_factory) -> str:
     """An LMDB of 32 Datums of 1x4x4 with labels 0..2."""
-    path = str(tmp_path_factory.mktemp("dp") / "train_lmdb")
-    rng = np.random.default_rng(5)
-    writer = LmdbWriter(path)
-    for i in range(RECORDS):
-        image = rng.integers(0, 256, (4, 4, 1), dtype=np.uint8)
-        writer.put(b"%08d" % i, array_to_datum(image, int(rng.integers(3))).SerializeToString())
-    writer.close()
-    return path
+    return datum_lmdb(tmp_path_factory.mktemp("dp") / "train_lmdb", RECORDS, 4, 5)
 
 
 @pytest.fixture(autouse=True)

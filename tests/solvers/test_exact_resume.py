@@ -12,13 +12,12 @@ from google.protobuf import text_format
 from PIL import Image
 
 from cct import mode
-from cct.data.datum import array_to_datum
-from cct.data.db import LmdbWriter
 from cct.device import Device
 from cct.distributed.replicas import DataParallel
 from cct.io.weights import read_solverstate, write_solverstate
 from cct.proto import caffe_pb2 as pb
 from cct.solvers import create_solver
+from tests.helpers import datum_lmdb
 from tests.solvers.helpers import captured_log, messages, set_fields
 
 RECORDS = 37  # not a multiple of any batch: the cursor is mid-pass at every snapshot
@@ -61,14 +60,7 @@ TYPES = {
 
 @pytest.fixture(scope="module")
 def lmdb_source(tmp_path_factory) -> str:
-    path = str(tmp_path_factory.mktemp("resume") / "train_lmdb")
-    rng = np.random.default_rng(3)
-    writer = LmdbWriter(path)
-    for i in range(RECORDS):
-        image = rng.integers(0, 256, (8, 8, 1), dtype=np.uint8)
-        writer.put(b"%08d" % i, array_to_datum(image, int(rng.integers(3))).SerializeToString())
-    writer.close()
-    return path
+    return datum_lmdb(tmp_path_factory.mktemp("resume") / "train_lmdb", RECORDS, 8, 3)
 
 
 @pytest.fixture(scope="module")
