@@ -158,6 +158,22 @@ def test_snapshot_then_resume_as_one_process(tmp_path, reference):
     assert ranks_identical(run.stderr)
 
 
+def test_mpi_ranks_and_thread_replicas_agree(tmp_path):
+    """The exchange seam's two implementations: 2 MPI ranks and 2 thread replicas (CPU stand-in devices) of
+    batch 64 end within 1e-6 of each other (the same sums; only the order inside MPI's reduction may differ)."""
+    from cct.device import Device
+    from cct.distributed.replicas import DataParallel
+
+    solver = write_solver(tmp_path, 64, "mpi", max_iter=4)
+    run = mpirun("-solver", str(solver), "-overlap", "layer")
+    assert run.returncode == 0, run.stderr[-3000:]
+    dp = DataParallel(solver_param(tmp_path, 64, "threads", max_iter=4), [Device("cpu", 0, 1), Device("cpu", 1, 1)])
+    dp.solve()
+    threads = [np.array(p.data).reshape(-1) for p in dp.root.net.learnable_params]
+    for i, (a, b) in enumerate(zip(final_model(tmp_path, "mpi", 4), threads)):
+        assert_close(a, b, f"param {i}", rtol=1e-6, reference="two thread replicas")
+
+
 def test_weights_are_read_by_rank_0_and_broadcast(tmp_path, reference):
     solver = write_solver(tmp_path, 64, "finetuned", max_iter=4)
     run = mpirun("-solver", str(solver), "-weights", reference["weights_file"], "-overlap", "layer")
