@@ -89,6 +89,8 @@ class Op:
 
     label: str
     start_request: Callable[[Any], Any]
+    kind: str = ""   # "reduce" | "gather": what the volume counts
+    floats: int = 0  # float32 values reduced, or received by a gather (all ranks' parts)
     done: threading.Event = field(default_factory=threading.Event)
     error: BaseException | None = None
     started: float = 0.0
@@ -108,25 +110,30 @@ class CommStats:
         with self._lock:
             self.ops.append(op)
 
-    def take(self) -> tuple[int, float, float]:
-        """``(ops, Σ T_c, Σ T_b)`` of the finished communications since the last call (seconds)."""
+    def take(self) -> tuple[int, float, float, int, int]:
+        """``(ops, Σ T_c, Σ T_b, floats reduced, floats gathered)`` of the finished communications since the
+        last call (seconds; the volumes of Eqs. 9-10 and of the replicated layers' gathers)."""
         with self._lock:
             done = [op for op in self.ops if op.done.is_set()]
             self.ops = [op for op in self.ops if not op.done.is_set()]
         t_c = t_b = 0.0
+        reduced = gathered = 0
         for op in done:
             t_c += op.ended - op.started
             for ws, we in op.waits:  # the main thread's waits that fell while this communication ran
                 t_b += max(0.0, min(we, op.ended) - max(ws, op.started))
-        return len(done), t_c, t_b
+            reduced += op.floats if op.kind == "reduce" else 0
+            gathered += op.floats if op.kind == "gather" else 0
+        return len(done), t_c, t_b, reduced, gathered
 
     def log_line(self, size: int) -> str:
         """The line of the iterations since the last one (and a fresh count)."""
-        n, t_c, t_b = self.take()
+        n, t_c, t_b, reduced, gathered = self.take()
         iterations, self.iterations = max(self.iterations, 1), 0
         ratio = 100.0 * (t_c - t_b) / t_c if t_c > 0 else 0.0
         return (f"MPI {size} ranks: {n / iterations:g} ops, T_c {1e3 * t_c / iterations:.1f} ms, "
-                f"T_b {1e3 * t_b / iterations:.1f} ms, overlap R {ratio:.1f}% (Eq. 11)")
+                f"T_b {1e3 * t_b / iterations:.1f} ms, overlap R {ratio:.1f}% (Eq. 11); per iteration "
+                f"{reduced / iterations:.0f} floats reduced, {gathered / iterations:.0f} gathered")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -306,12 +313,13 @@ class MpiExchange(GradientExchange):
     def post_allreduce(self, buffer: np.ndarray, label: str) -> Op:
         """Sum ``buffer`` (float32, contiguous) over the ranks, in place, on the communication thread."""
         MPI = self.MPI
-        return self._post(Op(label, lambda comm: comm.Iallreduce(MPI.IN_PLACE, buffer, op=MPI.SUM)))
+        return self._post(Op(label, lambda comm: comm.Iallreduce(MPI.IN_PLACE, buffer, op=MPI.SUM), "reduce",
+                             buffer.size))
 
     def post_allgather(self, send: np.ndarray, recv: np.ndarray, label: str) -> Op:
         """``recv`` := every rank's ``send`` in rank order, on the communication thread (``send`` must not
         change until the op is waited for)."""
-        return self._post(Op(label, lambda comm: comm.Iallgather(send, recv)))
+        return self._post(Op(label, lambda comm: comm.Iallgather(send, recv), "gather", recv.size))
 
     def _post(self, op: Op) -> Op:
         if self._thread is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -156,6 +157,31 @@ def test_snapshot_then_resume_as_one_process(tmp_path, reference):
     assert "Resuming from" in run.stderr
     assert_same_weights(final_model(tmp_path, "resumed"), reference["resumed"])
     assert ranks_identical(run.stderr)
+
+
+@pytest.mark.parametrize("flags, replicated", [(("-overlap", "none"), 0), (("-overlap", "layer"), 0),
+                                               (("-overlap", "lee", "-chunk_split", "pool1", "-replicate_fc", "1"), 1)],
+                         ids=["none", "layer", "lee-f1"])
+def test_communication_volume_is_eqs_9_and_10(tmp_path, flags, replicated):
+    """Per iteration, the reductions move every learnable value once (Eqs. 9-10; plus the one float carrying
+    rank 0's signal action) less the replicated layers', and each replicated InnerProduct gathers its input
+    and its output error of the whole batch, (K_b + K_c) * N floats."""
+    solver = write_solver(tmp_path, 64, "volume", max_iter=6)
+    run = mpirun("-solver", str(solver), *flags)
+    assert run.returncode == 0, run.stderr[-3000:]
+    net = create_solver(solver_param(tmp_path, 64, "count")).net
+    params = sum(p.count for p in net.learnable_params)
+    ip1 = next(layer for layer in net.layers if layer.name == "ip1")
+    k_b, k_c = ip1.blobs[0].shape[1], ip1.blobs[0].shape[0]
+    lines = [line for line in run.stderr.splitlines() if "floats reduced" in line][1:]  # past the first iteration
+    assert lines
+    for line in lines:
+        reduced, gathered = (int(x) for x in re.search(r"(\d+) floats reduced, (\d+) gathered", line).groups())
+        if replicated:
+            assert reduced == params + 1 - sum(b.count for b in ip1.blobs)
+            assert gathered == (k_b + k_c) * 128
+        else:
+            assert (reduced, gathered) == (params + 1, 0)
 
 
 def test_mpi_ranks_and_thread_replicas_agree(tmp_path):
