@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from cct import log
-from cct.cli.common import parse_gpus, stages
+from cct.cli.common import parse_gpus, planned_factory, stages
 from cct.errors import CctError
 from cct.flags import Flags
 
@@ -26,6 +26,7 @@ def main(flags: Flags) -> int:
     if flags.gpu and flags.devices:
         raise CctError(f"-gpu {flags.gpu} and -devices {flags.devices}: -gpu trains a batch per GPU (Caffe's data "
                        "parallelism), -devices splits each batch across devices; give one of them")
+    factory = planned_factory(flags)
     handler = SignalHandler(flags.sigint_effect, flags.sighup_effect)
     param = read_solver_file(flags.solver)
     param.train_state.level = flags.level
@@ -62,7 +63,7 @@ def main(flags: Flags) -> int:
             trainer: Any = DataParallel(param, [Device("gpu", g) for g in gpus], source=flags.solver)
             root = trainer.root
         else:
-            trainer = root = create_solver(param, source=flags.solver)
+            trainer = root = create_solver(param, source=flags.solver, executor_factory=factory)
         root.set_action_function(handler.get_action)
         if flags.snapshot:
             log.info("Resuming from %s", flags.snapshot)
