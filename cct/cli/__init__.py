@@ -3,8 +3,8 @@ plus cct's own commands; one module per command (``cct.cli.<command>``: ``SUMMAR
 ``main(flags) -> exit status``).
 
 Commands: ``train`` (-solver, -snapshot | -weights a,b, -gpu, -level, -stage, -sigint_effect,
--sighup_effect), ``test`` (-model -weights -iterations -level -stage -gpu), ``time`` (-model -phase
--iterations -level -stage -gpu), ``device_query`` (-gpu, or -devices: each device's peak GFLOP/s), ``plan``
+-sighup_effect, -plan), ``test`` (-model -weights -iterations -level -stage -gpu), ``time`` (-model -phase
+-iterations -level -stage -gpu -plan), ``device_query`` (-gpu, or -devices: each device's peak GFLOP/s), ``plan``
 (-model -workers or -costs: DeePa's per-layer parallelism), plus
 ``convert_imageset`` and ``compute_image_mean`` (Caffe's separate tools, same arguments).  cct's own knobs
 (``-conv_engine``, ``-lowering``, ``-partitions``, ``-devices``, ``-split``) apply to every command.  Flags

@@ -34,6 +34,8 @@ FLAGS = [
          "(cpu = all cores, cpu:T = T threads, gpu:N = CUDA device N; default: CCT_DEVICES or none)."),
     Flag("split", str, "", "Optional; with -devices, each device's share of a batch: auto (by peak FLOPS) or "
          "fractions f1,f2,... summing to 1 (default: CCT_SPLIT or auto)."),
+    Flag("plan", str, "", "Optional; train/time: run each layer as this plan file (cct plan -format json "
+         "-output) splits it across -devices (sample and channel splits)."),
 ]
 
 
@@ -83,3 +85,23 @@ def phase(value: str) -> int:
     if value == "TEST":
         return TEST
     raise CctError(f"-phase {value}: phase must be \"TRAIN\" or \"TEST\"")
+
+
+def planned_factory(flags):
+    """``-plan plan.json`` with ``-devices``: the executor factory of a planned run (None without ``-plan``);
+    a plan with ``-gpu`` or ``-split``, or without devices, is a one-line error."""
+    if not flags.plan:
+        return None
+    from cct.exec.device_split import device_setting
+    from cct.exec.planned import planned_executor_factory
+
+    if flags.gpu:
+        raise CctError(f"-gpu {flags.gpu} and -plan {flags.plan}: a plan runs on -devices; give one of them")
+    setting = device_setting()
+    if setting is None:
+        raise CctError(f"-plan {flags.plan} needs -devices (the devices the plan's workers run on, e.g. "
+                       "cpu:1,cpu:1)")
+    if setting.fractions is not None:
+        raise CctError(f"{setting.split_source} {flags.split or 'fractions'} and -plan {flags.plan}: the plan "
+                       "decides every layer's split; drop the split")
+    return planned_executor_factory(flags.plan, setting.devices, setting.source)

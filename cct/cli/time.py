@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from cct import log
-from cct.cli.common import parse_gpus, phase, stages, use_single_device
+from cct.cli.common import parse_gpus, phase, planned_factory, stages, use_single_device
 from cct.errors import CctError
 from cct.flags import Flags
 
@@ -22,8 +22,10 @@ def main(flags: Flags) -> int:
     if not flags.model:
         raise CctError("Need a model definition to time.")
     net_phase = phase(flags.phase)
+    factory = planned_factory(flags)
     use_single_device(parse_gpus(flags.gpu))
-    net = Net(flags.model, net_phase, level=flags.level, stages=stages(flags.stage))
+    net = Net(flags.model, net_phase, level=flags.level, stages=stages(flags.stage),
+              executor=factory() if factory else None)
     log.info("Performing Forward")
     log.info("Initial loss: %s", log.fmt(np.float32(net.forward_prefilled())))
     log.info("Performing Backward")

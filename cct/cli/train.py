@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from cct import log
-from cct.cli.common import parse_gpus, stages
+from cct.cli.common import parse_gpus, planned_factory, stages
 from cct.errors import CctError
 from cct.flags import Flag, Flags
 
@@ -42,6 +42,7 @@ def main(flags: Flags) -> int:
     from cct.distributed.mpi import launcher_size
 
     mpi_size, mpi_variable = launcher_size()
+    factory = planned_factory(flags)
     handler = SignalHandler(flags.sigint_effect, flags.sighup_effect, flags.sigterm_effect)
     param = read_solver_file(flags.solver)
     param.train_state.level = flags.level
@@ -71,6 +72,9 @@ def main(flags: Flags) -> int:
         param.ClearField("weights")
         param.weights.append(flags.weights)
     if mpi_size > 1:
+        if factory is not None:
+            raise CctError(f"-plan {flags.plan} under mpiexec ({mpi_variable}={mpi_size}): a plan splits layers across "
+                           "one process's devices; run it without mpiexec")
         if len(gpus) > 1:
             raise CctError(f"-gpu {flags.gpu} under mpiexec ({mpi_variable}={mpi_size}): give each rank one "
                            "device; the ranks are the data parallelism")
@@ -91,7 +95,7 @@ def main(flags: Flags) -> int:
             trainer: Any = DataParallel(param, [Device("gpu", g) for g in gpus], source=flags.solver)
             root = trainer.root
         else:
-            trainer = root = create_solver(param, source=flags.solver)
+            trainer = root = create_solver(param, source=flags.solver, executor_factory=factory)
         root.set_action_function(handler.get_action)
         for solver in getattr(trainer, "solvers", [root]):
             solver.stop_on_nan = flags.stop_on_nan

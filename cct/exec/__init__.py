@@ -10,7 +10,8 @@ executor, which whoever builds the net gives it (the pycaffe :class:`cct.Net` co
 * :class:`SerialExecutor` (:mod:`cct.exec.serial`) — Caffe's loop, layer after layer, with the net's
   per-layer callbacks and ``debug_info`` lines; each layer is run by its :class:`LayerRunner`:
   the plain one (the layer on the whole batch where its blobs live) or the device split
-  (:class:`cct.exec.device_split.DeviceSplitRunner`: batch-separable layers on per-device shares);
+  (:class:`cct.exec.device_split.DeviceSplitRunner`: batch-separable layers on per-device shares) or a
+  plan's (:class:`cct.exec.planned.PlannedRunner`: each layer's sample and channel splits from a plan file);
 * :func:`executor_from_settings` — what a net gets when its builder names none: the device split of
   ``cct.set_devices`` / ``-devices`` / ``CCT_DEVICES``, or Caffe's GPU mode, else the plain serial loop.
 """
