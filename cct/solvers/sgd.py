@@ -93,6 +93,14 @@ class SGDSolver(Solver):
         self.net.update()
         self.iter += 1
 
+    def update_param(self, i: int, rate: Any) -> None:
+        """Learnable parameter ``i`` alone: normalize, regularize, the rule at ``rate``, ``data -= diff`` (what
+        :meth:`apply_update` does for every parameter, when no step needs them all: no clipping)."""
+        self.normalize(i)
+        self.regularize(i)
+        self.compute_update_value(i, rate)
+        self.net.learnable_params[i].update()
+
     def clip_gradients(self) -> None:
         clip = f32(self.param.clip_gradients)
         if clip < 0:

@@ -331,21 +331,58 @@ class Solver(abc.ABC):
             display = self.is_root and bool(p.display) and self.iter % p.display == 0
             self.net.debug_info = display and p.debug_info
             loss = f32(0)
-            for _ in range(p.iter_size):
-                loss += f32(self.net.forward_backward())
+            eager = self._eager_updates() and not self.net.debug_info
+            if eager:  # the executor applies each parameter's update as soon as its gradient is complete
+                rate = self.get_learning_rate()
+                self.net.executor.arm_updates(lambda i, rate=rate: self.update_param(i, rate))
+            try:
+                for _ in range(p.iter_size):
+                    loss += f32(self.net.forward_backward())
+            finally:
+                if eager:
+                    self.net.executor.arm_updates(None)
             loss /= f32(p.iter_size)
             self._update_smoothed_loss(loss, start_iter, p.average_loss)
             if display:
                 self._display()
             for cb in self.callbacks:
                 cb.on_gradients_ready()
-            self.apply_update()
+            if eager:
+                if p.display and self.iter % p.display == 0:
+                    log.info("Iteration %d, lr = %s", self.iter, log.fmt(rate))
+                self.iter += 1
+            else:
+                self.apply_update()
             request = self.get_requested_action()
             if self.is_root and ((p.snapshot and self.iter % p.snapshot == 0) or request == SolverAction.SNAPSHOT):
                 self.snapshot()
             if request == SolverAction.STOP:
                 self.requested_early_exit = True
                 break
+        self.net.executor.sync()
+
+    def _eager_updates(self) -> bool:
+        """Whether the train net's executor applies updates during backward (ZNN's eager updates): it can
+        (``arm_updates``) and nothing needs all gradients first; the reasons against are logged once as
+        ``barrier updates: ...``."""
+        decided = getattr(self, "_eager_decision", None)
+        executor = self.net.executor
+        if decided is not None and decided[0] is executor:
+            return decided[1]
+        eager = False
+        if hasattr(executor, "arm_updates"):
+            from cct.exec.taskgraph import barrier_reasons
+
+            reasons = barrier_reasons(self)
+            if reasons:
+                log.info("barrier updates: %s", ", ".join(reasons))
+            eager = not reasons
+        self._eager_decision = (executor, eager)
+        return eager
+
+    def update_param(self, i: int, rate: Any) -> None:
+        """One learnable parameter's update at ``rate`` (eager updates; barrier ones: :meth:`apply_update`)."""
+        raise NotImplementedError(f"{type(self).__name__} updates all parameters together")
 
     def _display(self) -> None:
         p = self.param
@@ -397,6 +434,7 @@ class Solver(abc.ABC):
         log.info("Optimization Done.")
 
     def test_all(self) -> None:
+        self.net.executor.sync()
         for i in range(len(self.test_nets)):
             if self.requested_early_exit:
                 break
@@ -454,6 +492,7 @@ class Solver(abc.ABC):
 
     def snapshot(self) -> None:
         """Write ``<prefix>_iter_<iter>.caffemodel[.h5]`` and the matching ``.solverstate[.h5]``."""
+        self.net.executor.sync()
         fmt = self.param.snapshot_format
         if fmt == pb.SolverParameter.BINARYPROTO:
             from cct.io.weights import write_proto_binary
