@@ -44,5 +44,6 @@ __all__ = [
     "get_solver", "Classifier", "Detector", "NetSpec", "layers", "params", "to_proto",
     "Layer", "Net", "TEST", "TRAIN", "__version__", "caffe_pb2", "has_nccl", "init_log", "io",
     "layer_type_list", "log", "set_device", "set_mode_cpu", "set_mode_gpu", "set_multiprocess",
-    "set_devices", "set_executor", "set_random_seed", "set_solver_count", "set_solver_rank", "solver_count", "solver_rank",
+    "set_devices",
+    "set_executor", "set_random_seed", "set_solver_count", "set_solver_rank", "solver_count", "solver_rank",
 ]

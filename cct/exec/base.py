@@ -29,7 +29,7 @@ class Executor(ABC):
     def backward(self, net: NetCore, start: int, end: int) -> None:
         """Back-propagate through layers ``start`` down to ``end``."""
 
-    def sync(self) -> None:
+    def sync(self) -> None:  # noqa: B027 - a no-op by default, not abstract
         """Finish any work still running in the background (weight updates applied lazily); a no-op for
         executors that finish everything inside a pass."""
 

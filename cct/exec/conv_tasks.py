@@ -272,7 +272,6 @@ class ConvUnit:
             _col2im(z, g, dx)
 
     def _edge_weights(self, o: int, c: int) -> None:
-        g = self.geometry
         (o0, o1), (c0, c1) = self.out_blocks[o], self.in_blocks[c]
         dw = self.layer.blobs[0].diff[o0:o1, c0:c1]
         ds = self._state[("ds", o)]

@@ -83,6 +83,8 @@ class ConcurrentSum:
     def add(self, v: Any, index: int = 0) -> bool:
         if self.deterministic:
             with self._lock:
+                if index in self._parts:
+                    raise RuntimeError(f"sum part {index} added twice")
                 self._parts[index] = v
                 self.total += 1
                 if self.total != self.required:
