@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import cct
+from cct.blob import default_dtype
 from cct.compare.tolerance import assert_close as _close
 from cct.config import settings
 from cct.errors import CctError
@@ -110,15 +111,33 @@ def _znn_run(param: pb.NetParameter, executor, steps: int = 2) -> dict[str, np.n
 ZNN_CASES = [("ctm_valid", 30), ("ctm_valid+mf", 29), ("ctm2d_valid", 40), ("ctm2d_valid+mf", 29)]
 
 
+def _forward_data(blobs: dict) -> dict:
+    return {k: v for k, v in blobs.items() if k.startswith("0/data/")}
+
+
 @pytest.mark.parametrize("engine", ["fft", "lowering"])
 @pytest.mark.parametrize("workers", [1, 2])
 @pytest.mark.parametrize("case", ZNN_CASES, ids=[c[0] for c in ZNN_CASES])
 def test_znn_nets_taskgraph_equals_layer(case, workers, engine):
+    """float32 as the nets run, and float64.  The edge groups sum in another order than the layer's engine
+    (FFT: other transforms too), so float32 results differ by rounding — about 1e-5 of the largest value in
+    the dense weight-gradient sums, the same as either executor's distance from the float64 result.  A
+    max-filter twin then routes some gradients differently: its dense windows overlap, and a near-tie
+    (relative distance below the rounding) goes to another element.  So the twins are compared in float32
+    on the first forward only (before any argmax decides anything) and in float64 everywhere, where the
+    executors agree to about 1e-13."""
     settings.set("conv_engine", engine)
     param = _znn_param(case[0], case[1], batch=2)
-    plain = _znn_run(param, SerialExecutor())
-    for _ in range(2 if workers == 2 else 1):  # two runs with two workers: a race would differ
-        _assert_same(_znn_run(param, TaskGraphExecutor(workers, min_task_ms=0.0)), plain, f"{case[0]} x{workers}")
+    twin = "+mf" in case[0]
+    for dtype in ("float32", "float64"):
+        with default_dtype(dtype):
+            plain = _znn_run(param, SerialExecutor())
+            for _ in range(2 if workers == 2 else 1):  # two runs with two workers: a race would differ
+                ours = _znn_run(param, TaskGraphExecutor(workers, min_task_ms=0.0))
+                if twin and dtype == "float32":
+                    _assert_same(_forward_data(ours), _forward_data(plain), f"{case[0]} x{workers} {dtype}")
+                else:
+                    _assert_same(ours, plain, f"{case[0]} x{workers} {dtype}")
 
 
 def test_fft_counts_match_znn_table():
