@@ -23,13 +23,16 @@ So per layer and iteration, with ``S`` images, ``f`` input and ``f'`` output cha
 memoized): forward ``S·f + f'·f + S·f'`` transforms, backward ``S·f' + S·f`` (the second term only where the
 bottom needs a gradient), update ``f'·f`` inverses — :attr:`ConvUnit.counts`.
 
-**Direct** (lowering): node task: the block's lowered input (im2col, ``|c|·k^d`` rows); edge:
-``Y[o] += W[o, c]·cols[c]``; completion: bias (+ReLU).  Backward: data edge ``dcols[c] += W[o, c]ᵀ·dY[o]``,
-completion col2im; weight edge ``dW[o, c] += dY[o]·cols[c]ᵀ``.
+**Direct** (lowering): each edge group runs the layer's lowering engine (:mod:`cct.engines.lowering`, the
+same CcT lowering type, on the group's ``|o|×|c|`` sub-convolution; lowered matrices live in the workspace
+of the worker's thread): forward ``Y[o] += conv(X[c], W[o, c])``, completion bias (+ReLU); backward one task
+per edge group for both gradients, sharing the unlifted ``dY[o]``: ``dW[o, c] += corr(X[c], dY[o])`` and
+``dX[c] += conv_transpose(dY[o], W[o, c])``, completion the sum.  The node tasks only compute the bias
+gradient.
 """
 from __future__ import annotations
 
-import itertools
+import dataclasses
 import math
 import threading
 from typing import TYPE_CHECKING, Any
@@ -39,6 +42,7 @@ import numpy as np
 from cct.engines.base import ConvGeometry
 from cct.engines.fft import fft_transform_size
 from cct.engines.fft_plan import FFTPlan, fft_workers, positions
+from cct.engines.lowering import LoweringEngine
 from cct.exec.scheduler import ConcurrentSum, Task
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -100,13 +104,17 @@ class ConvUnit:
         C, O = lay.channels, lay.num_output
         g = lay._geometry()
         work = self._edge_seconds(g, C, O)  # all edges of the layer, one thread
-        target = max(1, min(2 * workers, int(work / max(min_s, 1e-9))))
-        n_c = min(C, workers, target)
-        n_o = min(O, max(1, -(-target // n_c)))
+        target = 1 if workers == 1 else max(1, min(2 * workers, int(work / max(min_s, 1e-9))))
+        if primitive == "direct":  # input blocks only: each input block is lowered once, by its own edge
+            n_c, n_o = min(C, workers, target), 1
+        else:
+            n_c = min(C, workers, target)
+            n_o = min(O, max(1, -(-target // n_c)))
         self.in_blocks = _blocks(C, n_c)
         self.out_blocks = _blocks(O, n_o)
         self.predicted_edge_ms = 1e3 * work / (len(self.in_blocks) * len(self.out_blocks))
         self._state: dict[str, Any] = {}
+        self._engines: dict[tuple[int, int], LoweringEngine] = {}
 
     @staticmethod
     def _zero_counts() -> dict[str, dict[str, int]]:
@@ -143,10 +151,25 @@ class ConvUnit:
                 self.pos_y = [positions(p, o, -1, t) for p, o, t in zip(g.pad, g.out_shape, T)]
                 self.pos_dx = [positions(p, n, 1, t) for p, n, t in zip(g.pad, g.in_shape, T)]
                 self.pos_dw = [positions(p, k, -d, t) for p, k, d, t in zip(g.pad, g.kernel, g.dilation, T)]
+            else:
+                self._configure_engines(g)
         self.counts = self._zero_counts()
         s = self._state
         s.clear()
         s["ysum"] = {o: ConcurrentSum(len(self.in_blocks), self.deterministic) for o in range(len(self.out_blocks))}
+
+    def _configure_engines(self, g: ConvGeometry) -> None:
+        """One lowering engine per edge group, on the group's sub-geometry, with the layer's lowering type."""
+        engine = getattr(self.layer, "engine", None)
+        strategy = getattr(engine, "strategy", 1) if getattr(engine, "name", "") == "lowering" else 1
+        dtype = self.layer.blobs[0].data.dtype
+        for o, (o0, o1) in enumerate(self.out_blocks):
+            for c, (c0, c1) in enumerate(self.in_blocks):
+                sub = dataclasses.replace(g, in_channels=c1 - c0, out_channels=o1 - o0)
+                eng = self._engines.get((o, c))
+                if eng is None:
+                    eng = self._engines[(o, c)] = LoweringEngine(strategy, source="task graph")
+                eng.configure(sub, dtype)
 
     def _x(self) -> Any:
         lay = self.layer
@@ -183,8 +206,6 @@ class ConvUnit:
             np.conjugate(spec, out=spec)
             self._state[("xs", c)] = spec
             self._count("forward", "input", g.num * (c1 - c0))
-        else:
-            self._state[("cols", c)] = _im2col(x, g)
 
     def _edge_forward(self, o: int, c: int) -> None:
         g = self.geometry
@@ -196,7 +217,8 @@ class ConvUnit:
             self._count("forward", "kernel", w.shape[0] * w.shape[1])
             z = np.matmul(self._state[("xs", c)], ks.transpose(0, 2, 1))
         else:
-            z = np.matmul(w.reshape(w.shape[0], -1), self._state[("cols", c)])
+            z = np.empty((g.num, w.shape[0]) + g.out_shape, dtype=w.dtype)
+            self._engines[(o, c)].forward(self._x()[:, slice(*self.in_blocks[c])], w, None, z)
         self._state["ysum"][o].add(z, c)
 
     def _complete_forward(self, o: int) -> None:
@@ -246,17 +268,23 @@ class ConvUnit:
             spec = self.plan.forward(self._spatial_first(dy), None, fft_workers()).reshape(-1, g.num, o1 - o0)
             self._state[("ds", o)] = spec
             self._count("backward", "input", g.num * (o1 - o0))
-        else:
-            self._state[("ds", o)] = dy.reshape(g.num, o1 - o0, -1)
 
     def _edge_data(self, c: int, o: int) -> None:
-        ds = self._state[("ds", o)]
-        if self.primitive == "fft":
-            z = np.matmul(ds, self._state[("ks", o, c)])
-        else:
-            w = self._w_block(o, c)
-            z = np.matmul(w.reshape(w.shape[0], -1).T, ds)
+        z = np.matmul(self._state[("ds", o)], self._state[("ks", o, c)])
         self._state["dxsum"][c].add(z, o)
+
+    def _edge_backward_direct(self, o: int, c: int, want_dx: bool, want_w: bool) -> None:
+        """Both gradients of edge group ``(o, c)`` with its lowering engine (one unlifting of ``dY[o]``)."""
+        (o0, o1), (c0, c1) = self.out_blocks[o], self.in_blocks[c]
+        g, lay = self.geometry, self.layer
+        dx = np.empty((g.num, c1 - c0) + g.in_shape, dtype=lay.blobs[0].dtype) if want_dx else None
+        dw = np.zeros((o1 - o0, c1 - c0) + g.kernel, dtype=lay.blobs[0].dtype) if want_w else None
+        self._engines[(o, c)].backward(self._x()[:, c0:c1], self._y(diff=True)[:, o0:o1], self._w_block(o, c),
+                                       dx, dw)
+        if want_w:
+            lay.blobs[0].diff[o0:o1, c0:c1] += dw
+        if want_dx:
+            self._state["dxsum"][c].add(dx, o)
 
     def _complete_data(self, c: int) -> None:
         g = self.geometry
@@ -269,21 +297,17 @@ class ConvUnit:
             dx[...] = self._from_spatial_first(sig)
             self._count("backward", "inverse", g.num * (c1 - c0))
         else:
-            _col2im(z, g, dx)
+            dx[...] = z
 
     def _edge_weights(self, o: int, c: int) -> None:
         (o0, o1), (c0, c1) = self.out_blocks[o], self.in_blocks[c]
         dw = self.layer.blobs[0].diff[o0:o1, c0:c1]
         ds = self._state[("ds", o)]
-        if self.primitive == "fft":
-            q = np.matmul(ds.transpose(0, 2, 1), self._state[("xs", c)])
-            taps = self.plan.inverse(q.reshape(self.plan.spectrum_shape + (o1 - o0, c1 - c0)), self.pos_dw,
-                                     fft_workers())
-            dw += self._from_spatial_first(taps)
-            self._count("update", "inverse", (o1 - o0) * (c1 - c0))
-        else:
-            cols = self._state[("cols", c)]
-            dw += np.tensordot(ds, cols, axes=([0, 2], [0, 2])).reshape(dw.shape)
+        q = np.matmul(ds.transpose(0, 2, 1), self._state[("xs", c)])
+        taps = self.plan.inverse(q.reshape(self.plan.spectrum_shape + (o1 - o0, c1 - c0)), self.pos_dw,
+                                 fft_workers())
+        dw += self._from_spatial_first(taps)
+        self._count("update", "inverse", (o1 - o0) * (c1 - c0))
 
     def _backward_setup(self) -> None:
         self._state["dxsum"] = {c: ConcurrentSum(len(self.out_blocks), self.deterministic)
@@ -306,6 +330,21 @@ class ConvUnit:
         setup.then(*nodes)
         release = Task(f"{self.name}:release", self._release)
         tasks = [setup, *nodes]
+        if self.primitive != "fft" and (want_dx or want_w):
+            done = [Task(f"{self.name}:dx{c}", lambda c=c: self._complete_data(c)) for c in range(len(self.in_blocks))]
+            for o in range(len(self.out_blocks)):
+                for c in range(len(self.in_blocks)):
+                    e = Task(f"{self.name}:b{o},{c}",
+                             lambda o=o, c=c: self._edge_backward_direct(o, c, want_dx, want_w))
+                    nodes[o].then(e)
+                    e.then(done[c] if want_dx else release)
+                    tasks.append(e)
+            if want_dx:
+                tasks += done
+                for d in done:
+                    d.then(release)
+            tasks.append(release)
+            return tasks, [setup], [release]
         if want_dx:
             done = [Task(f"{self.name}:dx{c}", lambda c=c: self._complete_data(c)) for c in range(len(self.in_blocks))]
             for c in range(len(self.in_blocks)):
@@ -329,35 +368,3 @@ class ConvUnit:
                 n.then(release)
         tasks.append(release)
         return tasks, [setup], [release]
-
-
-# ---- lowering helpers ---------------------------------------------------------------------------------------
-def _offsets(g: ConvGeometry) -> list[tuple[slice, ...]]:
-    return [tuple(slice(k * d, k * d + o) for k, d, o in zip(off, g.dilation, g.out_shape))
-            for off in itertools.product(*(range(k) for k in g.kernel))]
-
-
-def _im2col(x: Any, g: ConvGeometry) -> Any:
-    """``(N, c, *in)`` → ``(N, c·K, P)``: row ``(ch, k)`` holds input channel ``ch`` at kernel tap ``k`` for
-    every output position (zero padding, dilation)."""
-    n, c = x.shape[:2]
-    if any(g.pad):
-        xp = np.zeros((n, c) + tuple(i + 2 * p for i, p in zip(g.in_shape, g.pad)), dtype=x.dtype)
-        xp[(slice(None), slice(None)) + tuple(slice(p, p + i) for p, i in zip(g.pad, g.in_shape))] = x
-    else:
-        xp = x
-    cols = np.empty((n, c, g.kernel_count) + g.out_shape, dtype=x.dtype)
-    for k, sl in enumerate(_offsets(g)):
-        cols[:, :, k] = xp[(slice(None), slice(None)) + sl]
-    return cols.reshape(n, c * g.kernel_count, -1)
-
-
-def _col2im(cols: Any, g: ConvGeometry, dx: Any) -> None:
-    """``dx[...] =`` the sum of ``cols`` ``(N, c·K, P)`` over the taps, at the input positions they came from."""
-    n, c = dx.shape[:2]
-    padded = tuple(i + 2 * p for i, p in zip(g.in_shape, g.pad))
-    acc = np.zeros((n, c) + padded, dtype=dx.dtype)
-    cc = cols.reshape((n, c, g.kernel_count) + g.out_shape)
-    for k, sl in enumerate(_offsets(g)):
-        acc[(slice(None), slice(None)) + sl] += cc[:, :, k]
-    dx[...] = acc[(slice(None), slice(None)) + tuple(slice(p, p + i) for p, i in zip(g.pad, g.in_shape))]

@@ -188,19 +188,25 @@ class Scheduler:
             t.start()
 
     def _worker(self) -> None:
-        ctx = self._budget() if self._budget is not None else None
-        if ctx is not None:
-            ctx.__enter__()
+        """A pool thread: runs queued tasks inside its thread budget, which it gives back while it waits (an
+        idle pool must not hold the process's BLAS threads down)."""
+        ctx = None
         try:
             while True:
                 with self._cv:
                     task = self._queue.pop()
+                    if task is None and ctx is not None:
+                        ctx.__exit__(None, None, None)
+                        ctx = None
                     while task is None:
                         if self._closed:
                             return
                         self._cv.wait()
                         task = self._queue.pop()
                     task.state = RUNNING
+                if ctx is None and self._budget is not None:
+                    ctx = self._budget()
+                    ctx.__enter__()
                 self._execute(task)
         finally:
             if ctx is not None:
