@@ -3,7 +3,7 @@
 Prints, measured in one run on this machine (forward + backward per iteration, median of ``--iters`` after
 ``--warmup``):
 
-* the task graph with 1 and 2 workers (one BLAS/FFT thread each), the speedup 2 vs 1;
+* the task graph with 1 worker (all cores' BLAS/FFT threads) and 2 workers (half each), the speedup 2 vs 1;
 * the layer executor with 2 BLAS threads (the baseline the 2-worker run is compared with);
 * the 2-worker task graph with priority, FIFO and LIFO queues;
 * the Brent bound ``S_P >= S_inf / (1 + (S_inf - 1)/P)`` for widths 5-40 (direct convolution work model of
