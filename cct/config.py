@@ -239,10 +239,11 @@ class Settings:
         with self._lock:
             self._explicit.pop(name, None)
 
-    def apply_flags(self, flags: Any) -> None:
-        """The command line's flags for every setting that has one (empty: leave the setting as it is)."""
+    def apply_flags(self, flags: Any, skip: Any = ()) -> None:
+        """The command line's flags for every setting that has one (empty: leave the setting as it is);
+        ``skip``: flag names that mean something else to the command (its own flags of the same name)."""
         for spec in self.specs.values():
-            if spec.flag is not None:
+            if spec.flag is not None and spec.flag not in skip:
                 value = flags.get(spec.flag)
                 if value not in (None, ""):
                     self.set(spec.name, value, f"-{spec.flag}")

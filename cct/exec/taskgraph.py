@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -416,31 +416,3 @@ def _topological(tasks: list[Task]) -> list[Task]:
         raise CctError("taskgraph: the layer dependencies form a cycle")
     return out
 
-
-def make_executor(name: str, workers: int | None = None) -> Executor:
-    """The executor a setting names: ``layer`` (the serial loop with the device settings) or ``taskgraph``."""
-    from cct.exec import executor_from_settings
-
-    if name == "taskgraph":
-        return TaskGraphExecutor(workers)
-    return executor_from_settings()
-
-
-def barrier_reasons(solver: Any) -> list[str]:
-    """Why ``solver`` must apply its updates after the whole pass (empty: updates may run eagerly)."""
-    from cct.solvers.sgd import AdamSolver, SGDSolver
-
-    reasons = []
-    p = solver.param
-    if p.clip_gradients >= 0:
-        reasons.append("clip_gradients")
-    if p.iter_size > 1:
-        reasons.append("iter_size > 1")
-    if any(o >= 0 for o in solver.net._param_owners):
-        reasons.append("shared parameters")
-    if solver.callbacks:
-        reasons.append("on_gradients_ready callbacks")
-    if not isinstance(solver, SGDSolver) or isinstance(solver, AdamSolver) \
-            or type(solver).apply_update is not SGDSolver.apply_update:
-        reasons.append(f"{solver.type} solver")
-    return reasons

@@ -93,6 +93,9 @@ class SGDSolver(Solver):
         self.net.update()
         self.iter += 1
 
+    def updates_per_parameter(self) -> bool:
+        return type(self).apply_update is SGDSolver.apply_update
+
     def update_param(self, i: int, rate: Any) -> None:
         """Learnable parameter ``i`` alone: normalize, regularize, the rule at ``rate``, ``data -= diff`` (what
         :meth:`apply_update` does for every parameter, when no step needs them all: no clipping)."""
@@ -345,6 +348,9 @@ class AdamSolver(SGDSolver):
     """
 
     type = "Adam"
+
+    def updates_per_parameter(self) -> bool:
+        return False  # the rule reads the iteration count
     history_sets = 2
 
     def compute_update_value(self, i: int, rate: np.float32) -> None:

@@ -371,9 +371,7 @@ class Solver(abc.ABC):
             return decided[1]
         eager = False
         if hasattr(executor, "arm_updates"):
-            from cct.exec.taskgraph import barrier_reasons
-
-            reasons = barrier_reasons(self)
+            reasons = self.barrier_reasons()
             if reasons:
                 log.info("barrier updates: %s", ", ".join(reasons))
             eager = not reasons
@@ -383,6 +381,27 @@ class Solver(abc.ABC):
     def update_param(self, i: int, rate: Any) -> None:
         """One learnable parameter's update at ``rate`` (eager updates; barrier ones: :meth:`apply_update`)."""
         raise NotImplementedError(f"{type(self).__name__} updates all parameters together")
+
+    def updates_per_parameter(self) -> bool:
+        """Whether :meth:`update_param` applies this solver's rule to one parameter exactly as
+        :meth:`apply_update` would (no rule needs all gradients or the iteration count)."""
+        return False
+
+    def barrier_reasons(self) -> list[str]:
+        """Why the updates must wait for the whole pass (empty: each may run as its gradient is complete)."""
+        reasons = []
+        p = self.param
+        if p.clip_gradients >= 0:
+            reasons.append("clip_gradients")
+        if p.iter_size > 1:
+            reasons.append("iter_size > 1")
+        if any(o >= 0 for o in self.net._param_owners):
+            reasons.append("shared parameters")
+        if self.callbacks:
+            reasons.append("on_gradients_ready callbacks")
+        if not self.updates_per_parameter():
+            reasons.append(f"{self.type} solver")
+        return reasons
 
     def _display(self) -> None:
         p = self.param
