@@ -7,6 +7,7 @@ from cct import io, layers, log
 from cct.classifier import Classifier
 from cct.detector import Detector
 from cct.distributed.processes import NCCL
+from cct.exec import set_executor
 from cct.exec.device_split import set_devices
 from cct.layers.base import Layer
 from cct.layers.registry import layer_type_list
@@ -44,5 +45,6 @@ __all__ = [
     "get_solver", "Classifier", "Detector", "NCCL", "NetSpec", "layers", "params", "to_proto",
     "Layer", "Net", "TEST", "TRAIN", "__version__", "caffe_pb2", "has_nccl", "init_log", "io",
     "layer_type_list", "log", "set_device", "set_mode_cpu", "set_mode_gpu", "set_multiprocess",
-    "set_devices", "set_random_seed", "set_solver_count", "set_solver_rank", "solver_count", "solver_rank",
+    "set_devices",
+    "set_executor", "set_random_seed", "set_solver_count", "set_solver_rank", "solver_count", "solver_rank",
 ]

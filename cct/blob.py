@@ -3,7 +3,8 @@
 Memory is a flat buffer with a capacity, as in Caffe: reshaping within the capacity keeps the buffer (and
 its contents), growing it allocates a new zero-filled one.  ``data``/``diff`` are views of the buffer in
 the blob's shape, so pycaffe code such as ``net.blobs['data'].data[...] = x`` writes into the net.
-Buffers are allocated lazily (zero-filled) on first access.  Two blobs can share data or diff memory
+Buffers are allocated lazily (zero-filled) on first access, under a lock so that threads touching a
+fresh blob at once share one buffer.  Two blobs can share data or diff memory
 (Split tops, Flatten/Reshape, weight sharing, in-place layers use the very same Blob object).
 A :class:`RowView` (``Blob.view_rows(parent, start, stop)``) is a sub-batch: rows of a parent blob along
 axis 0, in the parent's memory (the device split of :mod:`cct.exec.device_split` runs layers on them).
@@ -11,6 +12,7 @@ axis 0, in the parent's memory (the device split of :mod:`cct.exec.device_split`
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from types import ModuleType
 from typing import Any
@@ -22,6 +24,10 @@ from cct.errors import CctError
 MAX_AXES = 32
 DTYPE = np.float32
 _default_dtype: Any = DTYPE
+# Taken on the first access of a blob's data or diff only: two threads touching a fresh blob at once (the
+# workers of the task-graph executor writing the channel blocks of one top) must get the same buffer, not
+# one each with the writes to the other lost.
+_ALLOC_LOCK = threading.Lock()
 
 
 @contextlib.contextmanager
@@ -146,20 +152,24 @@ class Blob:
     @property
     def data(self) -> Any:
         """The data as an array of the blob's shape (a live view: writes go into the blob)."""
-        if self._data is None:
-            if self._data_buf is None:
-                self._data_buf = _Buffer(self.xp, self._count, self.dtype)
-            self._data = self._data_buf.array[: self._count].reshape(self._shape)
-        return self._data
+        data = self._data
+        if data is None:
+            with _ALLOC_LOCK:
+                if self._data_buf is None:
+                    self._data_buf = _Buffer(self.xp, self._count, self.dtype)
+                data = self._data = self._data_buf.array[: self._count].reshape(self._shape)
+        return data
 
     @property
     def diff(self) -> Any:
         """The gradient, same shape as ``data`` (a live view)."""
-        if self._diff is None:
-            if self._diff_buf is None:
-                self._diff_buf = _Buffer(self.xp, self._count, self.dtype)
-            self._diff = self._diff_buf.array[: self._count].reshape(self._shape)
-        return self._diff
+        diff = self._diff
+        if diff is None:
+            with _ALLOC_LOCK:
+                if self._diff_buf is None:
+                    self._diff_buf = _Buffer(self.xp, self._count, self.dtype)
+                diff = self._diff = self._diff_buf.array[: self._count].reshape(self._shape)
+        return diff
 
     def share_data(self, other: Blob) -> None:
         """Use ``other``'s data memory (counts must match)."""

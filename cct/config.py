@@ -17,6 +17,8 @@ partitions            CCT_PARTITIONS       -partitions      N | auto (default; N
 autotune              CCT_AUTOTUNE         -autotune        fast (default) | full | off (or auto | 1 | 0)
 devices               CCT_DEVICES          -devices         cpu, cpu:T, gpu:N list (default: none)
 split                 CCT_SPLIT            -split           auto (default) | fractions f1,f2,...
+executor              CCT_EXECUTOR         -executor        layer (default) | taskgraph
+workers               CCT_WORKERS          -workers         N | auto (default: the cores), task-graph workers
 lowering_max_mb       CCT_LOWERING_MAX_MB                   MiB of lowered matrices per layer call (128)
 fft_memoize           CCT_FFT_MEMOIZE                       1 (default) | 0: keep spectra between passes
 fft_memo_mb           CCT_FFT_MEMO_MB                       MiB of kept spectra per layer (1024)
@@ -177,6 +179,10 @@ SETTINGS = (
             "split each batch across these devices, e.g. cpu:1,cpu:1 or cpu,gpu:0"),
     Setting("split", "CCT_SPLIT", "split", raw_text,
             "with devices, each device's share of a batch: auto (by peak FLOPS) or fractions summing to 1"),
+    Setting("executor", "CCT_EXECUTOR", "executor", choice("taskgraph", "layer"),
+            "how passes run: layer (Caffe's loop, default) or taskgraph (ZNN's task graph, a worker pool)"),
+    Setting("workers", "CCT_WORKERS", "workers", count_or_auto,
+            "task-graph worker threads: N, or auto (the cores)"),
     Setting("lowering_max_mb", "CCT_LOWERING_MAX_MB", None, number(1e-6),
             "MiB of lowered matrices a convolution holds per call (default 128)"),
     Setting("fft_memoize", "CCT_FFT_MEMOIZE", None, lambda v, n, s: boolean("1" if v is None else v, n, s),
@@ -246,10 +252,11 @@ class Settings:
         with self._lock:
             self._explicit.pop(name, None)
 
-    def apply_flags(self, flags: Any) -> None:
-        """The command line's flags for every setting that has one (empty: leave the setting as it is)."""
+    def apply_flags(self, flags: Any, skip: Any = ()) -> None:
+        """The command line's flags for every setting that has one (empty: leave the setting as it is);
+        ``skip``: flag names that mean something else to the command (its own flags of the same name)."""
         for spec in self.specs.values():
-            if spec.flag is not None:
+            if spec.flag is not None and spec.flag not in skip:
                 value = flags.get(spec.flag)
                 if value not in (None, ""):
                     self.set(spec.name, value, f"-{spec.flag}")

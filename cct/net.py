@@ -385,9 +385,9 @@ class NetCore:
             p.update()
 
     def clear_param_diffs(self) -> None:
-        """Zero the diffs of all learnable parameters (shared copies share the memory)."""
-        for p in self.learnable_params:
-            p.diff[...] = 0
+        """Zero the diffs of all learnable parameters (shared copies share the memory), as the executor
+        says (an executor applying updates lazily zeroes a parameter's diff after its update)."""
+        self.executor.clear_param_diffs(self)
 
     def reshape(self) -> None:
         """Propagate input shapes through every layer's reshape."""

@@ -111,13 +111,16 @@ def _fatal(message: str) -> None:
     log.logger.critical("%s", " ".join(message.split("\n")).strip(), stacklevel=2)
 
 
-def apply_settings(flags: Flags) -> None:
-    """cct's knobs from the command line (every command), then every setting checked: a bad flag or
-    environment variable is one line before any work."""
+def apply_settings(flags: Flags, command: str = "") -> None:
+    """cct's knobs from the command line (every command; a command's own flag of the same name, such as
+    ``cct plan -workers``, is the command's), then every setting checked: a bad flag or environment variable
+    is one line before any work."""
     from cct.config import settings
     from cct.exec.device_split import device_setting
 
-    settings.apply_flags(flags)
+    module = COMMAND_MODULES.get(command)
+    own = {f.name for f in importlib.import_module(module).FLAGS} if module else set()
+    settings.apply_flags(flags, skip=own)
     settings.validate()
     device_setting()  # devices and split checked against each other
 
@@ -145,7 +148,7 @@ def run(argv: Sequence[str]) -> int:
     if command is None:
         raise CctError(f"Unknown action: {name} (available caffe actions: "
                        f"{', '.join(sorted(COMMANDS) + sorted(TOOLS))})")
-    apply_settings(flags)
+    apply_settings(flags, name)
     import numpy as np
 
     # numpy's floating-point warnings are not Caffe's log: a diverging run is reported once by the solver

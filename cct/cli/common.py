@@ -32,6 +32,10 @@ FLAGS = [
          "auto)."),
     Flag("devices", str, "", "Optional; split each batch across these devices, e.g. cpu:1,cpu:1 or cpu,gpu:0 "
          "(cpu = all cores, cpu:T = T threads, gpu:N = CUDA device N; default: CCT_DEVICES or none)."),
+    Flag("executor", str, "", "Optional; how passes run: layer (layer by layer) or taskgraph (ZNN's task graph "
+         "with a worker pool; default: CCT_EXECUTOR or layer)."),
+    Flag("workers", str, "", "Optional; with -executor taskgraph, worker threads: N or auto (the cores; default: "
+         "CCT_WORKERS or auto)."),
     Flag("split", str, "", "Optional; with -devices, each device's share of a batch: auto (by peak FLOPS) or "
          "fractions f1,f2,... summing to 1 (default: CCT_SPLIT or auto)."),
     Flag("plan", str, "", "Optional; train/time: run each layer as this plan file (cct plan -format json "

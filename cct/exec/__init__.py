@@ -21,12 +21,36 @@ from cct.exec.base import Executor, ExecutorFactory
 
 
 def executor_from_settings() -> Executor:
-    """The executor a net gets when its builder names none: the device split the settings ask for
-    (``set_devices`` / ``-devices`` / ``CCT_DEVICES``, or Caffe's GPU mode), else the plain serial loop."""
+    """The executor a net gets when its builder names none: the task graph when ``set_executor`` /
+    ``-executor`` / ``CCT_EXECUTOR`` say ``taskgraph`` (with ``workers`` threads); else the device split the
+    settings ask for (``set_devices`` / ``-devices`` / ``CCT_DEVICES``, or Caffe's GPU mode), else the plain
+    serial loop."""
+    from cct.config import settings
     from cct.exec.device_split import runner_from_settings
     from cct.exec.serial import SerialExecutor
 
+    if settings.get("executor") == "taskgraph":
+        from cct import mode
+        from cct.errors import CctError
+        from cct.exec.taskgraph import TaskGraphExecutor
+
+        source = settings.source("executor")
+        if settings.get("devices") is not None:
+            raise CctError(f"{source} taskgraph: the task graph runs on the CPU's cores; it does not split batches "
+                           f"across devices ({settings.source('devices')} {settings.get('devices')})")
+        if mode.mode() == mode.GPU:
+            raise CctError(f"{source} taskgraph: the task graph runs numpy arrays on the CPU, not in GPU mode")
+        return TaskGraphExecutor(settings.get("workers"))
     return SerialExecutor(runner_from_settings())
 
 
-__all__ = ["Executor", "ExecutorFactory", "executor_from_settings"]
+def set_executor(name: str | None, workers: int | str | None = None) -> None:
+    """Run the passes of nets built afterwards with ``name``: ``"layer"`` (Caffe's loop) or ``"taskgraph"``
+    (ZNN's task graph with ``workers`` threads, default the cores); None: back to ``CCT_EXECUTOR``."""
+    from cct.config import settings
+
+    settings.set("executor", name, "set_executor")
+    settings.set("workers", workers, "set_executor")
+
+
+__all__ = ["Executor", "ExecutorFactory", "executor_from_settings", "set_executor"]

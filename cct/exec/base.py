@@ -29,6 +29,19 @@ class Executor(ABC):
     def backward(self, net: NetCore, start: int, end: int) -> None:
         """Back-propagate through layers ``start`` down to ``end``."""
 
+    def sync(self) -> None:  # noqa: B027 - a no-op by default, not abstract
+        """Finish any work still running in the background (weight updates applied lazily); a no-op for
+        executors that finish everything inside a pass."""
+
+    def clear_param_diffs(self, net: NetCore) -> None:
+        """Zero the diffs of all learnable parameters (shared copies share the memory)."""
+        for p in net.learnable_params:
+            p.diff[...] = 0
+
+    def close(self) -> None:
+        """Release threads and buffers (the executor may not be used afterwards)."""
+        self.sync()
+
     def describe(self) -> str:
         """One line for logs: what runs the passes."""
         return type(self).__name__

@@ -77,11 +77,14 @@ class Pooler:
     """
 
     def __init__(self, method: int, in_shape: Sequence[int], kernel: Sequence[int], stride: Sequence[int],
-                 pad: Sequence[int], ceil_mode: bool = True):
+                 pad: Sequence[int], ceil_mode: bool = True, dilation: Sequence[int] | None = None):
         self.method = method
         self.in_shape, self.kernel = tuple(in_shape), tuple(kernel)
         self.stride, self.pad = tuple(stride), tuple(pad)
-        self.out_shape = pooled_shape(in_shape, kernel, stride, pad, ceil_mode)
+        self.dilation = tuple(dilation) if dilation is not None else (1,) * len(self.kernel)
+        # the window's extent: cell j of a window sits j*dilation after its start (sparse max-filtering)
+        self.extent = tuple((k - 1) * d + 1 for k, d in zip(self.kernel, self.dilation))
+        self.out_shape = pooled_shape(in_shape, self.extent, stride, pad, ceil_mode)
         if any(o <= 0 for o in self.out_shape):
             raise ParamError("pooling_param.kernel_size",
                              f"kernel larger than padded input: input {_dims(self.in_shape)}, pad "
@@ -89,7 +92,7 @@ class Pooler:
                              f"{_dims(self.out_shape)}")
         # padded extent: the image plus pad, plus whatever the (ceil-mode) last window overhangs
         self.padded_shape = tuple(max(n + 2 * p, (o - 1) * s + k) for n, p, o, s, k
-                                  in zip(self.in_shape, self.pad, self.out_shape, self.stride, self.kernel))
+                                  in zip(self.in_shape, self.pad, self.out_shape, self.stride, self.extent))
         self._buffers: dict[str, Any] = {}
         self._index: Any = None
         self._tables: dict[Any, Any] = {}  # per array module (and dtype): offset tables, divisors
@@ -131,12 +134,14 @@ class Pooler:
     def _offset_entry(self, off: tuple[int, ...], xp: Any) -> tuple[tuple[slice, ...], Any, Any]:
         nd = len(off)
         sl = (slice(None), slice(None)) + tuple(
-            slice(q, q + s * (o - 1) + 1, s) for q, s, o in zip(off, self.stride, self.out_shape))
+            slice(q * d, q * d + s * (o - 1) + 1, s) for q, s, o, d in zip(off, self.stride, self.out_shape,
+                                                                         self.dilation))
         index, inside, mult = 0, True, 1
         for i in reversed(range(nd)):
             shape = [1] * nd
             shape[i] = self.out_shape[i]
-            pos = (xp.arange(self.out_shape[i]) * self.stride[i] - self.pad[i] + off[i]).reshape(shape)
+            pos = (xp.arange(self.out_shape[i]) * self.stride[i] - self.pad[i]
+                   + off[i] * self.dilation[i]).reshape(shape)
             index = index + pos * mult
             inside = inside & (pos >= 0) & (pos < self.in_shape[i])
             mult *= self.in_shape[i]
@@ -411,6 +416,14 @@ class Pooling(Layer):
         names = ("kernel_size" if kernel_nd is None else "kernel_nd", "stride" if stride_nd is None else "stride_nd",
                  "pad" if pad_nd is None else "pad_nd")
         check_pool_window(self.method, self.kernel, self.stride, self.pad, f, names)
+        dilation_nd = self._nd_field(p, "dilation", bottom[0], f)
+        self.dilation = dilation_nd if dilation_nd is not None else (1,) * nd
+        if any(d < 1 for d in self.dilation):
+            raise ParamError(f"{f}.dilation_nd", f"dilation_nd must be >= 1 (got {_dims(self.dilation)})")
+        if any(d != 1 for d in self.dilation) and (self.method != MAX or self.global_pooling):
+            what = "global pooling" if self.global_pooling else _METHOD_NAMES.get(self.method, self.method)
+            raise ParamError(f"{f}.dilation_nd", f"dilation_nd {_dims(self.dilation)} applies to MAX pooling "
+                                                 f"only (sparse max-filtering), not {what}")
         self.ceil_mode = p.round_mode == pb.PoolingParameter.CEIL
         self.pooler: Pooler | None = None
 
@@ -430,7 +443,8 @@ class Pooling(Layer):
         if not values:
             return None
         scalar = "kernel_size" if name == "kernel" else name
-        given = [g for g in (scalar, f"{name}_h", f"{name}_w") if p.HasField(g)]
+        known = p.DESCRIPTOR.fields_by_name
+        given = [g for g in (scalar, f"{name}_h", f"{name}_w") if g in known and p.HasField(g)]
         if given:
             raise ParamError(f"{f}.{name}_nd", f"{name}_nd is {name}_nd OR {scalar} (or {name}_h and {name}_w); "
                                                f"not both ({name}_nd with {', '.join(given)})")
@@ -457,7 +471,7 @@ class Pooling(Layer):
             self.kernel = in_shape
         pl = self.pooler
         if pl is None or pl.in_shape != in_shape or pl.kernel != self.kernel:
-            pl = Pooler(self.method, in_shape, self.kernel, self.stride, self.pad, self.ceil_mode)
+            pl = Pooler(self.method, in_shape, self.kernel, self.stride, self.pad, self.ceil_mode, self.dilation)
             self.pooler = pl
             self._part_poolers: list[Pooler] = [pl]
         for t in top:
@@ -474,7 +488,7 @@ class Pooling(Layer):
         while len(self._part_poolers) < len(ranges):
             pl = self.pooler
             self._part_poolers.append(Pooler(self.method, pl.in_shape, self.kernel, self.stride, self.pad,
-                                             self.ceil_mode))
+                                             self.ceil_mode, self.dilation))
         self._last_ranges = ranges
         self.last_partitions = len(ranges)  # shown by cct.engines.choice.describe_layer_engine
         return ranges

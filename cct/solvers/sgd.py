@@ -112,6 +112,17 @@ class SGDSolver(Solver):
             params[i].update()
         self._update_iter = None
 
+    def updates_per_parameter(self) -> bool:
+        return type(self).apply_update is SGDSolver.apply_update
+
+    def update_param(self, i: int, rate: Any) -> None:
+        """Learnable parameter ``i`` alone: normalize, regularize, the rule at ``rate``, ``data -= diff`` (what
+        :meth:`apply_update` does for every parameter, when no step needs them all: no clipping)."""
+        self.normalize(i)
+        self.regularize(i)
+        self.compute_update_value(i, rate)
+        self.net.learnable_params[i].update()
+
     def clip_gradients(self) -> None:
         clip = f32(self.param.clip_gradients)
         if clip < 0:
@@ -363,6 +374,9 @@ class AdamSolver(SGDSolver):
     """
 
     type = "Adam"
+
+    def updates_per_parameter(self) -> bool:
+        return False  # the rule reads the iteration count
     history_sets = 2
 
     def compute_update_value(self, i: int, rate: np.float32) -> None:

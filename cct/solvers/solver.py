@@ -355,8 +355,16 @@ class Solver(abc.ABC):
             display = self.is_root and bool(p.display) and self.iter % p.display == 0
             self.net.debug_info = display and p.debug_info
             loss = f32(0)
-            for _ in range(p.iter_size):
-                loss += f32(self.net.forward_backward())
+            eager = self._eager_updates() and not self.net.debug_info
+            if eager:  # the executor applies each parameter's update as soon as its gradient is complete
+                rate = self.get_learning_rate()
+                self.net.executor.arm_updates(lambda i, rate=rate: self.update_param(i, rate))
+            try:
+                for _ in range(p.iter_size):
+                    loss += f32(self.net.forward_backward())
+            finally:
+                if eager:
+                    self.net.executor.arm_updates(None)
             loss /= f32(p.iter_size)
             self._update_smoothed_loss(loss, start_iter, p.average_loss)
             if display:
@@ -364,7 +372,12 @@ class Solver(abc.ABC):
             for cb in self.callbacks:
                 cb.on_gradients_ready()
             self._watch_divergence(loss)
-            self.apply_update()
+            if eager:
+                if p.display and self.iter % p.display == 0:
+                    log.info("Iteration %d, lr = %s", self.iter, log.fmt(rate))
+                self.iter += 1
+            else:
+                self.apply_update()
             request = self.get_requested_action()
             if self._snapshots() and ((p.snapshot and self.iter % p.snapshot == 0)
                                       or request in (SolverAction.SNAPSHOT, SolverAction.SNAPSHOT_AND_STOP)):
@@ -372,6 +385,7 @@ class Solver(abc.ABC):
             if request in (SolverAction.STOP, SolverAction.SNAPSHOT_AND_STOP):
                 self.requested_early_exit = True
                 break
+        self.net.executor.sync()
         self.weights_needed()
 
     def weights_needed(self) -> None:
@@ -409,6 +423,50 @@ class Solver(abc.ABC):
             raise CctError(f"Iteration {self.iter}: training diverged (the first non-finite value: {where}); "
                            "stopped by -stop_on_nan" + (", the last finite state is snapshotted"
                                                         if self.param.snapshot_prefix else ""))
+
+    def _eager_updates(self) -> bool:
+        """Whether the train net's executor applies updates during backward (ZNN's eager updates): it can
+        (``arm_updates``) and nothing needs all gradients first; the reasons against are logged once as
+        ``barrier updates: ...``."""
+        decided = getattr(self, "_eager_decision", None)
+        executor = self.net.executor
+        if decided is not None and decided[0] is executor:
+            return decided[1]
+        eager = False
+        if hasattr(executor, "arm_updates"):
+            reasons = self.barrier_reasons()
+            if reasons:
+                log.info("barrier updates: %s", ", ".join(reasons))
+            eager = not reasons
+        self._eager_decision = (executor, eager)
+        return eager
+
+    def update_param(self, i: int, rate: Any) -> None:
+        """One learnable parameter's update at ``rate`` (eager updates; barrier ones: :meth:`apply_update`)."""
+        raise NotImplementedError(f"{type(self).__name__} updates all parameters together")
+
+    def updates_per_parameter(self) -> bool:
+        """Whether :meth:`update_param` applies this solver's rule to one parameter exactly as
+        :meth:`apply_update` would (no rule needs all gradients or the iteration count)."""
+        return False
+
+    def barrier_reasons(self) -> list[str]:
+        """Why the updates must wait for the whole pass (empty: each may run as its gradient is complete)."""
+        reasons = []
+        p = self.param
+        if p.clip_gradients >= 0:
+            reasons.append("clip_gradients")
+        if p.iter_size > 1:
+            reasons.append("iter_size > 1")
+        if any(o >= 0 for o in self.net._param_owners):
+            reasons.append("shared parameters")
+        if self.callbacks:
+            reasons.append("on_gradients_ready callbacks")
+        if self.stop_on_nan:
+            reasons.append("stop_on_nan (the last finite weights must still be there to snapshot)")
+        if not self.updates_per_parameter():
+            reasons.append(f"{self.type} solver")
+        return reasons
 
     def _display(self) -> None:
         p = self.param
@@ -461,6 +519,7 @@ class Solver(abc.ABC):
         log.info("Optimization Done.")
 
     def test_all(self) -> None:
+        self.net.executor.sync()
         self.weights_needed()
         for i in range(len(self.test_nets)):
             if self.requested_early_exit:
@@ -530,6 +589,7 @@ class Solver(abc.ABC):
                 share(self)
                 self._snapshot_iter = self.iter
             return
+        self.net.executor.sync()
         self.weights_needed()
         fmt = self.param.snapshot_format
         if fmt == pb.SolverParameter.BINARYPROTO:
