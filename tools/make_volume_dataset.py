@@ -23,6 +23,13 @@ skips the training files:
     cct infer -model models/znn/deploy/ctm_valid.prototxt -input models/znn/data/volume.h5:raw \
               -output models/znn/data/prediction.h5 -memory_budget 1GiB
 
+``--dense FOV`` writes ``train_dense3d.h5`` / ``test_dense3d.h5`` (and lists) for the max-filter nets of
+``models/znn/`` instead: a label for every output voxel of a net with that field of view (``--dims 2``: 2-D
+slices, ``*_dense2d``):
+
+    python tools/make_volume_dataset.py --dense 26 --patch 37 --train 64 --test 16
+    python tools/make_volume_dataset.py --dense 26 --patch 37 --dims 2 --train 256 --test 64
+
 The files are generated, not committed (``models/znn/.gitignore``); run this once before
 ``cct train -solver models/znn/<net>/solver.prototxt`` (from the repository root).
 """
@@ -120,6 +127,34 @@ def sample_patches(volumes: list[tuple[np.ndarray, np.ndarray]], count: int, pat
     return data, label
 
 
+def sample_dense_patches(volumes: list[tuple[np.ndarray, np.ndarray]], count: int, patch: int, fov: int, dims: int,
+                         rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """``count`` random crops for dense training (max-filter nets, ZNN): data ``(N, 1) + (patch,) * dims`` and a
+    label for every output voxel, ``(N, 1) + (patch - fov + 1,) * dims``: output voxel ``z`` sees ``input[z : z +
+    fov]`` and is scored against the membrane at the window's centre voxel ``z + fov // 2``.  ``dims`` 2: one
+    random slice of each crop (the 2-D twin)."""
+    out = patch - fov + 1
+    data = np.empty((count, 1) + (patch,) * dims, dtype=np.float32)
+    label = np.empty((count, 1) + (out,) * dims, dtype=np.float32)
+    inner = tuple(slice(fov // 2, fov // 2 + out) for _ in range(dims))
+    for i in range(count):
+        image, membrane = volumes[int(rng.integers(len(volumes)))]
+        o = rng.integers(0, image.shape[0] - patch + 1, 3)
+        crop = tuple(slice(int(a), int(a) + patch) for a in o)
+        x, m = image[crop], membrane[crop]
+        order = tuple(rng.permutation(3))
+        x, m = x.transpose(order), m.transpose(order)
+        for axis in range(3):
+            if rng.integers(2):
+                x, m = np.flip(x, axis), np.flip(m, axis)
+        if dims == 2:
+            z = int(rng.integers(patch))
+            x, m = x[z], m[z]
+        data[i, 0] = x
+        label[i, 0] = m[inner]
+    return data, label
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="models/znn/data", help="output directory (default models/znn/data)")
@@ -133,8 +168,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--inference-volume", type=int, default=0, metavar="N",
                     help="also write volume.h5, one N^3 volume for cct infer (0: none)")
     ap.add_argument("--only-inference", action="store_true", help="only volume.h5 (no training files)")
+    ap.add_argument("--dense", type=int, default=0, metavar="FOV",
+                    help="dense labels for a max-filter net of this field of view (ZNN's dense training): "
+                         "writes <name>_dense<dims>d.h5 with a label per output voxel")
+    ap.add_argument("--dims", type=int, default=3, choices=(2, 3), help="with --dense: 3-D crops or 2-D slices")
     args = ap.parse_args(argv)
-    if args.patch % args.stride or args.patch > args.volume:
+    if args.dense:
+        if not 0 < args.dense <= args.patch <= args.volume:
+            ap.error(f"--dense {args.dense} needs a field of view <= --patch ({args.patch}) <= --volume")
+    elif args.patch % args.stride or args.patch > args.volume:
         ap.error(f"--patch ({args.patch}) must be a multiple of --stride ({args.stride}) and <= --volume")
     try:
         import h5py
@@ -155,7 +197,11 @@ def main(argv: list[str] | None = None) -> int:
     # separate volumes for training and testing: test patches are never crops of training volumes
     for name, count, n_volumes in (("train", args.train, 4), ("test", args.test, 1)):
         volumes = [make_volume(args.volume, args.cell, rng) for _ in range(n_volumes)]
-        data, label = sample_patches(volumes, count, args.patch, args.stride, rng)
+        if args.dense:
+            data, label = sample_dense_patches(volumes, count, args.patch, args.dense, args.dims, rng)
+            name = f"{name}_dense{args.dims}d"
+        else:
+            data, label = sample_patches(volumes, count, args.patch, args.stride, rng)
         path = out / f"{name}.h5"
         with h5py.File(path, "w") as f:
             f.create_dataset("data", data=data)
