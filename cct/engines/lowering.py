@@ -62,6 +62,9 @@ DIRECT_MIN_COLS = 128
 # col2im by contiguous shifts (LoweringEngine._col2im_flat) below this output width, stride and dilation 1: on
 # 4-wide outputs 25% faster than a strided slice per kernel offset, even at 7, 10% slower at 8
 FLAT_COL2IM_MAX_WIDTH = 6
+# forward keeps its lowered matrix for backward's weight gradient when the whole batch's is at most this big
+# (small layers, where lowering costs as much as the GEMMs); reused only while its input is bitwise unchanged
+KEEP_LOWERED_MAX_BYTES = 4 << 20
 
 STRATEGY_NAMES = {1: "expensive lowering", 2: "balanced", 3: "expensive lifting"}
 
@@ -208,6 +211,8 @@ class LoweringEngine(ConvEngine):
         self._shared: dict[tuple[str, str], Workspace] = {}  # strong references keep shared workspaces alive
         self._current: Workspace | None = None
         self._chunk_memo: dict[tuple[int, int, Any], list[list[tuple[int, int]]]] = {}
+        # per image range: (layout, copy of the input, lowered matrix) kept by forward (small layers only)
+        self._kept: dict[tuple[int, int], tuple[Any, Any, Any]] = {}
 
     # ---- cost ----------------------------------------------------------------------------------
     @classmethod
@@ -544,10 +549,34 @@ class LoweringEngine(ConvEngine):
             view[lead + (slice(None),) + src] = dyt[lead + (slice(None),) + dst]
 
     # ---- per chunk bodies ----------------------------------------------------------------------
-    def _forward_chunk(self, ws: dict[str, Any], x: Any, wm: Any, b: Any | None, y: Any) -> None:
+    def _forward_chunk(self, ws: dict[str, Any], x: Any, wm: Any, b: Any | None, y: Any,
+                       keep: tuple[int, int] | None = None) -> None:
+        """One chunk's forward; ``keep``: the chunk's image range, under which its lowered matrix and a copy
+        of its input are kept for :meth:`_kept_lowered`."""
         L = self._lay()
         col = self._lower(ws, x).reshape(L.G, L.K, x.shape[0] * L.cols)
+        if keep is not None:
+            xp = get_array_module(x)
+            kept = self._kept.get(keep)
+            if kept is None or kept[0] is not L or kept[1].shape != x.shape or kept[1].dtype != x.dtype \
+                    or get_array_module(kept[1]) is not xp:
+                kept = self._kept[keep] = (L, xp.empty_like(x), xp.empty_like(col))
+            xp.copyto(kept[1], x)
+            xp.copyto(kept[2], col)
         self._forward_lowered(ws, col, wm, b, y)
+
+    def _kept_lowered(self, key: tuple[int, int], x: Any) -> Any | None:
+        """The lowered matrix forward kept for images ``key`` if ``x`` is bitwise what it lowered, else None."""
+        kept = self._kept.get(key)
+        if kept is None or kept[0] is not self._lay() or kept[1].shape != x.shape or kept[1].dtype != x.dtype:
+            return None
+        xp = get_array_module(x)
+        if get_array_module(kept[1]) is not xp:
+            return None
+        bits = f"u{x.dtype.itemsize}"
+        if not bool(xp.array_equal(kept[1].view(bits), x.view(bits))):
+            return None
+        return kept[2]
 
     def _forward_lowered(self, ws: dict[str, Any], col: Any, wm: Any, b: Any | None, y: Any) -> None:
         """``y`` (n, O, *out) from the lowered ``col`` (G, K, n·cols): GEMM, lift, transpose (+ bias)."""
@@ -613,8 +642,13 @@ class LoweringEngine(ConvEngine):
     # ---- the engine interface -----------------------------------------------------------------
     def forward(self, x: Any, w: Any, b: Any | None, y: Any) -> Any:
         wm = self._weight_matrix(w)
+        L = self._lay()
+        keep = L.G * L.K * x.shape[0] * L.cols * x.itemsize <= KEEP_LOWERED_MAX_BYTES
+        if not keep:
+            self._kept.clear()
         self._run(self._space(x), self._chunks(x.shape[0], x.itemsize),
-                  lambda ws, part, n0, n1: self._forward_chunk(ws, x[n0:n1], wm, b, y[n0:n1]))
+                  lambda ws, part, n0, n1: self._forward_chunk(ws, x[n0:n1], wm, b, y[n0:n1],
+                                                               (n0, n1) if keep else None))
         return y
 
     def _weight_accumulators(self, space: Workspace, dw: Any | None, parts: int) -> list[Any]:
@@ -648,7 +682,8 @@ class LoweringEngine(ConvEngine):
         def body(ws: dict[str, Any], part: int, n0: int, n1: int) -> None:
             dz = self._grad_z(ws, dy[n0:n1])
             if dw is not None:
-                self._weight_grad_chunk(ws, x[n0:n1], dz, accs[part], n0 in firsts)
+                self._weight_grad_chunk(ws, x[n0:n1], dz, accs[part], n0 in firsts,
+                                        self._kept_lowered((n0, n1), x[n0:n1]))
             if dx is not None:
                 dcol = self._view(ws, "col", (L.G, L.K, (n1 - n0) * L.cols), dy)
                 for gi in range(L.G):
