@@ -63,7 +63,8 @@ DIRECT_MIN_COLS = 128
 # 4-wide outputs 25% faster than a strided slice per kernel offset, even at 7, 10% slower at 8
 FLAT_COL2IM_MAX_WIDTH = 6
 # forward keeps its lowered matrix for backward's weight gradient when the whole batch's is at most this big
-# (small layers, where lowering costs as much as the GEMMs); reused only while its input is bitwise unchanged
+# (small layers, where lowering costs as much as the GEMMs) and the engine has computed a weight gradient
+# before (inference keeps nothing); reused only while its input is bitwise unchanged
 KEEP_LOWERED_MAX_BYTES = 4 << 20
 
 STRATEGY_NAMES = {1: "expensive lowering", 2: "balanced", 3: "expensive lifting"}
@@ -212,7 +213,9 @@ class LoweringEngine(ConvEngine):
         self._current: Workspace | None = None
         self._chunk_memo: dict[tuple[int, int, Any], list[list[tuple[int, int]]]] = {}
         # per image range: (layout, copy of the input, lowered matrix) kept by forward (small layers only)
+        # once a weight gradient has been asked for (never for an engine that only runs forward)
         self._kept: dict[tuple[int, int], tuple[Any, Any, Any]] = {}
+        self._trains = False
 
     # ---- cost ----------------------------------------------------------------------------------
     @classmethod
@@ -643,7 +646,7 @@ class LoweringEngine(ConvEngine):
     def forward(self, x: Any, w: Any, b: Any | None, y: Any) -> Any:
         wm = self._weight_matrix(w)
         L = self._lay()
-        keep = L.G * L.K * x.shape[0] * L.cols * x.itemsize <= KEEP_LOWERED_MAX_BYTES
+        keep = self._trains and L.G * L.K * x.shape[0] * L.cols * x.itemsize <= KEEP_LOWERED_MAX_BYTES
         if not keep:
             self._kept.clear()
         self._run(self._space(x), self._chunks(x.shape[0], x.itemsize),
@@ -678,6 +681,7 @@ class LoweringEngine(ConvEngine):
         chunks = self._chunks(n, dy.itemsize)
         accs = self._weight_accumulators(space, dw, len(chunks))
         firsts = {c[0][0] for c in chunks}
+        self._trains = self._trains or dw is not None
 
         def body(ws: dict[str, Any], part: int, n0: int, n1: int) -> None:
             dz = self._grad_z(ws, dy[n0:n1])

@@ -299,7 +299,8 @@ class Pooler:
         (the window's start plus the winning offset's delta, plus the plane's base) and one in-order scatter."""
         winner = self._winners(xp)
         index = self._buf("flat_index", dy.shape, dy, dtype=np.intp)
-        xp.take(self._cell_deltas(xp), winner, out=index, mode="clip")  # codes are in range: no bounds check
+        clip = {"mode": "clip"} if xp is np else {}  # codes are in range: numpy skips its bounds check
+        xp.take(self._cell_deltas(xp), winner, out=index, **clip)
         index += self._window_start(xp)
         index += self._plane_base(dy.shape, xp)
         self._scatter_add(dy, dx, index, None if winner.all() else winner > 0, accumulate, xp)

@@ -230,6 +230,9 @@ def test_backward_reuses_forwards_lowering_only_for_unchanged_input(strategy, mo
     eng = LoweringEngine(strategy, workspace=Workspace())
     eng.configure(g, np.float32)
     eng.forward(x, w, b, np.empty_like(dy))
+    assert not eng._kept  # nothing kept before the engine has computed a weight gradient (inference)
+    eng.backward(x, dy, w, None, np.zeros_like(w))
+    eng.forward(x, w, b, np.empty_like(dy))
     assert eng._kept  # the lowered matrix was kept
     calls = []
     lower = eng._lower
