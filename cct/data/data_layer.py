@@ -11,6 +11,7 @@ rank.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -29,6 +30,19 @@ from cct.proto import caffe_pb2 as pb
 
 def _key_name(key: bytes) -> str:
     return key.decode("utf-8", "backslashreplace")
+
+
+class _RecordNames(Sequence[str]):
+    """``"<db>: record <key>"`` for each key, made only when an error message asks for one."""
+
+    def __init__(self, path: str, keys: list[bytes]):
+        self.path, self.keys = path, keys
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return f"{self.path}: record {_key_name(self.keys[i])}"
 
 
 class DbProducer:
@@ -93,7 +107,7 @@ class DbProducer:
         decoded = self._decode_all(records)
         images = [im for im, _ in decoded]
         labels = [lab for _, lab in decoded]
-        names = [f"{self.reader.path}: record {_key_name(k)}" for k in keys]
+        names = _RecordNames(self.reader.path, keys)
         try:
             shape = (self.batch_size,) + self.transformer.infer_shape(images[0].shape)
         except CctError as e:

@@ -36,12 +36,33 @@ def raw_view(value) -> tuple[np.ndarray, int] | None:
     pos = 0
     c = h = w = label = 0
     data = None
+    # the usual layout (fields in number order, small dimensions): channels, height and width as one-byte
+    # varints, then the pixels; read without the general loop, which then parses only what follows
+    if end > 8 and mv[0] == 0x08 and mv[2] == 0x10 and mv[4] == 0x18 and mv[6] == 0x22 \
+            and (mv[1] | mv[3] | mv[5]) < 0x80:
+        c, h, w = mv[1], mv[3], mv[5]
+        try:
+            n, pos = read_varint(mv, 7, end)
+        except ValueError:
+            return None
+        if pos + n > end:
+            return None
+        data = (pos, n)
+        pos += n
     try:
         while pos < end:
-            tag, pos = read_varint(mv, pos, end)
+            tag = mv[pos]  # one-byte varints (the usual tags and small values) inline
+            if tag < 0x80:
+                pos += 1
+            else:
+                tag, pos = read_varint(mv, pos, end)
             field, wire = tag >> 3, tag & 7
             if wire == 0:
-                v, pos = read_varint(mv, pos, end)
+                v = mv[pos] if pos < end else 0x80
+                if v < 0x80:
+                    pos += 1
+                else:
+                    v, pos = read_varint(mv, pos, end)
                 if field == 1:
                     c = v
                 elif field == 2:

@@ -138,7 +138,11 @@ class DataTransformer:
         _, oc, oh, ow = out.shape
         mean = self.mean
         crop = self.crop_size
+        first: dict[tuple[int, ...], int] = {}  # each distinct shape checked once, on its first image
         for i, im in enumerate(images):
+            first.setdefault(im.shape, i)
+        for i in first.values():
+            im = images[i]
             try:
                 self.check(im.shape)
                 if crop and (im.shape[1] < crop or im.shape[2] < crop):
@@ -156,6 +160,9 @@ class DataTransformer:
         if mean is None:
             floats = any(im.dtype != np.uint8 for im in images)
             staged = np.empty(out.shape, dtype=np.float32 if floats else np.uint8)
+        if staged is not None and not crop and not mirrors.any():
+            np.stack(images, out=staged)  # one copy of the whole batch
+            images = ()
         for i, im in enumerate(images):
             do_mirror, h_off, w_off = bool(mirrors[i]), int(h_offs[i]), int(w_offs[i])
             src = im[:, h_off:h_off + crop, w_off:w_off + crop] if crop else im

@@ -12,8 +12,9 @@ once.  What a device offers:
   wide, threadpoolctl via :func:`cct.runtime.threads.blas_threads`) and scipy.fft's workers (per thread);
   a GPU device makes itself cupy's current device.  :meth:`thread_context` is the per-thread part only, for
   code running concurrently with other devices under one process-wide BLAS setting;
-* :meth:`peak_gflops` — single-precision GEMM speed: for a CPU measured by a short sgemm probe (about
-  0.1-0.3 s) with the device's thread count, cached per machine, device and thread count in
+* :meth:`peak_gflops` — single-precision GEMM speed: for a CPU measured by a short sgemm probe with the
+  device's thread count (the best of three or more square products, 1024 wide on one thread, 1536 on two or
+  three, 2048 from four; about 0.3-0.6 s), cached per machine, device and thread count in
   ``devices.json`` of the user cache dir (``$CCT_CACHE_DIR``, else ``$XDG_CACHE_HOME/cct``, else
   ``~/.cache/cct``); for a GPU the vendor's FP32 figure from :data:`GPU_PEAK_TFLOPS` when the product is
   listed there, else a measured cupy sgemm (cached the same way).
@@ -41,7 +42,8 @@ from cct.device.query import cpu_model, machine_key
 from cct.errors import CctError
 
 CACHE_FILE = "devices.json"
-PROBE_SECONDS = 0.15  # timed sgemm calls stop after this (at least two always run)
+PROBE_SECONDS = 0.4  # timed sgemm calls stop after this (at least two, three on a CPU, always run)
+PROBE_VERSION = 2  # part of the cache key: figures of an earlier probe (768-wide on 2 threads) are not reused
 
 # Vendor FP32 (non-tensor-core) peaks, TFLOP/s, matched as substrings of the CUDA device name (longest key first).
 GPU_PEAK_TFLOPS: dict[str, float] = {
@@ -170,7 +172,7 @@ class Device:
                     return GPU_PEAK_TFLOPS[key] * 1e3, "spec sheet"
             key = f"{machine_key()}|gpu|{name}"
             return _cached_or_measured(key, lambda: _probe_gpu(self.index))
-        key = f"{machine_key()}|cpu|threads={self.threads}"
+        key = f"{machine_key()}|probe{PROBE_VERSION}|cpu|threads={self.threads}"
         return _cached_or_measured(key, lambda: _probe_cpu(self.threads))
 
 
@@ -249,11 +251,11 @@ def _cached_or_measured(key: str, probe: Any) -> tuple[float, str]:
         return value, "measured"
 
 
-def _best_gflops(n: int, run: Any, sync: Any = lambda: None) -> float:
+def _best_gflops(n: int, run: Any, sync: Any = lambda: None, min_reps: int = 2) -> float:
     run()  # warm-up (and the BLAS thread pool's start)
     sync()
     best, reps, stop = float("inf"), 0, time.perf_counter() + PROBE_SECONDS
-    while reps < 2 or (reps < 20 and time.perf_counter() < stop):
+    while reps < min_reps or (reps < 20 and time.perf_counter() < stop):
         t = time.perf_counter()
         run()
         sync()
@@ -262,17 +264,25 @@ def _best_gflops(n: int, run: Any, sync: Any = lambda: None) -> float:
     return 2.0 * n ** 3 / best / 1e9
 
 
+def _probe_size(threads: int) -> int:
+    """The probe's square size: big enough that every thread gets whole cache blocks and the thread pool's
+    start-up is a few per cent of a call — ~0.1 s per call at peak."""
+    return 1024 if threads <= 1 else 1536 if threads < 4 else 2048
+
+
 def _probe_cpu(threads: int) -> float:
-    """sgemm GFLOP/s with ``threads`` BLAS threads (n = 768, or 1024 from 4 threads on)."""
+    """sgemm GFLOP/s with ``threads`` BLAS threads: the best of at least three square products of
+    :func:`_probe_size` (smaller ones, 768 on two threads, read a third of the peak: the threads' hand-off
+    and cache fills dominate them)."""
     from cct.runtime.threads import blas_threads
 
-    n = 1024 if threads >= 4 else 768
+    n = _probe_size(threads)
     rng = np.random.default_rng(0)
     a = rng.standard_normal((n, n), dtype=np.float32)
     b = rng.standard_normal((n, n), dtype=np.float32)
     c = np.empty_like(a)
     with blas_threads(threads):
-        return _best_gflops(n, lambda: np.matmul(a, b, out=c))
+        return _best_gflops(n, lambda: np.matmul(a, b, out=c), min_reps=3)
 
 
 def _probe_gpu(index: int) -> float:  # pragma: no cover - needs a GPU

@@ -59,6 +59,13 @@ from cct.runtime.partition import batch_ranges, in_partition, partitions_for, ru
 _DEFAULT_MAX_MB = 128.0
 # type 1 forward: one GEMM per image straight into the output when an image has at least this many columns
 DIRECT_MIN_COLS = 128
+# col2im by contiguous shifts (LoweringEngine._col2im_flat) below this output width, stride and dilation 1: on
+# 4-wide outputs 25% faster than a strided slice per kernel offset, even at 7, 10% slower at 8
+FLAT_COL2IM_MAX_WIDTH = 6
+# forward keeps its lowered matrix for backward's weight gradient when the whole batch's is at most this big
+# (small layers, where lowering costs as much as the GEMMs) and the engine has computed a weight gradient
+# before (inference keeps nothing); reused only while its input is bitwise unchanged
+KEEP_LOWERED_MAX_BYTES = 4 << 20
 
 STRATEGY_NAMES = {1: "expensive lowering", 2: "balanced", 3: "expensive lifting"}
 
@@ -205,6 +212,10 @@ class LoweringEngine(ConvEngine):
         self._shared: dict[tuple[str, str], Workspace] = {}  # strong references keep shared workspaces alive
         self._current: Workspace | None = None
         self._chunk_memo: dict[tuple[int, int, Any], list[list[tuple[int, int]]]] = {}
+        # per image range: (layout, copy of the input, lowered matrix) kept by forward (small layers only)
+        # once a weight gradient has been asked for (never for an engine that only runs forward)
+        self._kept: dict[tuple[int, int], tuple[Any, Any, Any]] = {}
+        self._trains = False
 
     # ---- cost ----------------------------------------------------------------------------------
     @classmethod
@@ -465,12 +476,43 @@ class LoweringEngine(ConvEngine):
         target = self._view(ws, "x_pad", shape, dx)  # the padded input's slot: it is dead by now
         target.fill(0)
         lead = (slice(None),) * (2 + f)
+        if L.outL[-1] < FLAT_COL2IM_MAX_WIDTH and all(s == 1 for s in g.stride[f:]) \
+                and all(d == 1 for d in g.dilation[f:]):
+            self._col2im_flat(ws, col, target)
+        else:
+            self._col2im_slices(col, target)
+        xp.copyto(dx, xp.moveaxis(target[lead + tuple(slice(p, p + i) for i, p in zip(sizes, L.padL))], 0, 1))
+        return dx
+
+    def _col2im_slices(self, col: Any, target: Any) -> None:
+        """``target`` (C, n, *in_F, *padded L) += every kernel offset's col block, one strided slice each."""
+        g, L = self._geom(), self._lay()
+        f = L.f
+        lead = (slice(None),) * (2 + f)
         for off in itertools.product(*(range(k) for k in L.kL)):
             cells = tuple(slice(o * d, o * d + s * (m - 1) + 1, s)
                           for o, d, s, m in zip(off, g.dilation[f:], g.stride[f:], L.outL))
             target[lead + cells] += col[(slice(None),) + off]
-        xp.copyto(dx, xp.moveaxis(target[lead + tuple(slice(p, p + i) for i, p in zip(sizes, L.padL))], 0, 1))
-        return dx
+
+    def _col2im_flat(self, ws: dict[str, Any], col: Any, target: Any) -> None:
+        """:meth:`_col2im_slices` for stride and dilation 1 on narrow images, where every slice row is a few
+        cells long: ``col`` is first laid out with the padded image's row strides (zeros between rows), so that
+        each kernel offset becomes one shift of a contiguous run per (channel, image) — the same additions in
+        the same order, each cell gaining exact zeros besides."""
+        L = self._lay()
+        padded = target.shape[2 + L.f:]
+        plane, lead = _prod(padded), _prod(target.shape[1:2 + L.f])
+        mult = [_prod(padded[a + 1:]) for a in range(len(padded))]
+        span = sum((o - 1) * m for o, m in zip(L.outL, mult)) + 1
+        kernel = _prod(L.kL)
+        spread = self._view(ws, "col_flat", (L.C, kernel, lead, plane), col)
+        spread.fill(0)
+        spread.reshape((L.C, kernel, lead) + padded)[(Ellipsis,) + tuple(slice(0, o) for o in L.outL)] = \
+            col.reshape((L.C, kernel, lead) + L.outL)
+        flat = target.reshape(L.C, lead, plane)
+        for j, off in enumerate(itertools.product(*(range(k) for k in L.kL))):
+            shift = sum(k * m for k, m in zip(off, mult))
+            flat[:, :, shift:shift + span] += spread[:, j, :, :span]
 
     def _lift(self, z: Any, yt: Any) -> None:
         """``yt`` (G, Og, n, *out) = Σ_{k_F} shifted slices of ``z`` (G, KF, Og, n, *in_F, *out_L)."""
@@ -510,10 +552,34 @@ class LoweringEngine(ConvEngine):
             view[lead + (slice(None),) + src] = dyt[lead + (slice(None),) + dst]
 
     # ---- per chunk bodies ----------------------------------------------------------------------
-    def _forward_chunk(self, ws: dict[str, Any], x: Any, wm: Any, b: Any | None, y: Any) -> None:
+    def _forward_chunk(self, ws: dict[str, Any], x: Any, wm: Any, b: Any | None, y: Any,
+                       keep: tuple[int, int] | None = None) -> None:
+        """One chunk's forward; ``keep``: the chunk's image range, under which its lowered matrix and a copy
+        of its input are kept for :meth:`_kept_lowered`."""
         L = self._lay()
         col = self._lower(ws, x).reshape(L.G, L.K, x.shape[0] * L.cols)
+        if keep is not None:
+            xp = get_array_module(x)
+            kept = self._kept.get(keep)
+            if kept is None or kept[0] is not L or kept[1].shape != x.shape or kept[1].dtype != x.dtype \
+                    or get_array_module(kept[1]) is not xp:
+                kept = self._kept[keep] = (L, xp.empty_like(x), xp.empty_like(col))
+            xp.copyto(kept[1], x)
+            xp.copyto(kept[2], col)
         self._forward_lowered(ws, col, wm, b, y)
+
+    def _kept_lowered(self, key: tuple[int, int], x: Any) -> Any | None:
+        """The lowered matrix forward kept for images ``key`` if ``x`` is bitwise what it lowered, else None."""
+        kept = self._kept.get(key)
+        if kept is None or kept[0] is not self._lay() or kept[1].shape != x.shape or kept[1].dtype != x.dtype:
+            return None
+        xp = get_array_module(x)
+        if get_array_module(kept[1]) is not xp:
+            return None
+        bits = f"u{x.dtype.itemsize}"
+        if not bool(xp.array_equal(kept[1].view(bits), x.view(bits))):
+            return None
+        return kept[2]
 
     def _forward_lowered(self, ws: dict[str, Any], col: Any, wm: Any, b: Any | None, y: Any) -> None:
         """``y`` (n, O, *out) from the lowered ``col`` (G, K, n·cols): GEMM, lift, transpose (+ bias)."""
@@ -579,8 +645,13 @@ class LoweringEngine(ConvEngine):
     # ---- the engine interface -----------------------------------------------------------------
     def forward(self, x: Any, w: Any, b: Any | None, y: Any) -> Any:
         wm = self._weight_matrix(w)
+        L = self._lay()
+        keep = self._trains and L.G * L.K * x.shape[0] * L.cols * x.itemsize <= KEEP_LOWERED_MAX_BYTES
+        if not keep:
+            self._kept.clear()
         self._run(self._space(x), self._chunks(x.shape[0], x.itemsize),
-                  lambda ws, part, n0, n1: self._forward_chunk(ws, x[n0:n1], wm, b, y[n0:n1]))
+                  lambda ws, part, n0, n1: self._forward_chunk(ws, x[n0:n1], wm, b, y[n0:n1],
+                                                               (n0, n1) if keep else None))
         return y
 
     def _weight_accumulators(self, space: Workspace, dw: Any | None, parts: int) -> list[Any]:
@@ -610,11 +681,13 @@ class LoweringEngine(ConvEngine):
         chunks = self._chunks(n, dy.itemsize)
         accs = self._weight_accumulators(space, dw, len(chunks))
         firsts = {c[0][0] for c in chunks}
+        self._trains = self._trains or dw is not None
 
         def body(ws: dict[str, Any], part: int, n0: int, n1: int) -> None:
             dz = self._grad_z(ws, dy[n0:n1])
             if dw is not None:
-                self._weight_grad_chunk(ws, x[n0:n1], dz, accs[part], n0 in firsts)
+                self._weight_grad_chunk(ws, x[n0:n1], dz, accs[part], n0 in firsts,
+                                        self._kept_lowered((n0, n1), x[n0:n1]))
             if dx is not None:
                 dcol = self._view(ws, "col", (L.G, L.K, (n1 - n0) * L.cols), dy)
                 for gi in range(L.G):

@@ -93,6 +93,10 @@ class Pooler:
         # padded extent: the image plus pad, plus whatever the (ceil-mode) last window overhangs
         self.padded_shape = tuple(max(n + 2 * p, (o - 1) * s + k) for n, p, o, s, k
                                   in zip(self.in_shape, self.pad, self.out_shape, self.stride, self.extent))
+        # the padded extent split by stride phase: padded cell p of axis i is held in phase p % stride at
+        # position p // stride, so each kernel offset's cells form one unit-stride block (vectorised loops)
+        self.phase_extent = tuple(-(-e // s) for e, s in zip(self.padded_shape, self.stride))
+        self._blocks: list[tuple[tuple[Any, ...], tuple[slice, ...]]] | None = None
         self._buffers: dict[str, Any] = {}
         self._index: Any = None
         self._tables: dict[Any, Any] = {}  # per array module (and dtype): offset tables, divisors
@@ -112,17 +116,46 @@ class Pooler:
             self._buffers[name] = b
         return b
 
-    def _interior(self) -> tuple[slice, ...]:
-        return (slice(None), slice(None)) + tuple(slice(p, p + n) for p, n in zip(self.pad, self.in_shape))
+    def _phase_blocks(self) -> list[tuple[tuple[Any, ...], tuple[slice, ...]]]:
+        """Per stride phase holding image cells: its block in the phase buffer and the matching strided slice
+        of the image (every image cell in exactly one block)."""
+        if self._blocks is None:
+            self._blocks = []
+            for phase in itertools.product(*(range(s) for s in self.stride)):
+                bsl, xsl = [], []
+                for r, s, p, n in zip(phase, self.stride, self.pad, self.in_shape):
+                    first, last = -((r - p) // s), (n - 1 + p - r) // s  # positions whose cell is in the image
+                    if last < first:
+                        break
+                    bsl.append(slice(first, last + 1))
+                    xsl.append(slice(r + s * first - p, r + s * last - p + 1, s))
+                else:
+                    self._blocks.append((phase + (slice(None), slice(None)) + tuple(bsl),
+                                         (slice(None), slice(None)) + tuple(xsl)))
+        return self._blocks
+
+    def _phase_buffer(self, name: str, like: Any, fill: float = 0.0) -> Any:
+        """A buffer ``(*stride, N, C, *phase_extent)`` for the padded extent of ``like``'s batch; the cells
+        outside the image keep ``fill`` (written once)."""
+        return self._buf(name, self.stride + like.shape[:2] + self.phase_extent, like, fill)
 
     def _padded(self, x: Any, fill: float) -> Any:
-        """``x`` inside a buffer whose border (padding and overhang) holds ``fill``."""
-        buf = self._buf(f"x_pad{fill}", x.shape[:2] + self.padded_shape, x, fill)
-        buf[self._interior()] = x
+        """``x`` in a phase buffer whose border (padding and overhang) holds ``fill``."""
+        buf = self._phase_buffer(f"x_pad{fill}", x, fill)
+        for bsl, xsl in self._phase_blocks():
+            buf[bsl] = x[xsl]
         return buf
 
+    def _unpad(self, gbuf: Any, dx: Any, accumulate: bool) -> None:
+        """The image cells of the phase buffer ``gbuf`` into ``dx`` (added when ``accumulate``)."""
+        for bsl, xsl in self._phase_blocks():
+            if accumulate:
+                dx[xsl] += gbuf[bsl]
+            else:
+                dx[xsl] = gbuf[bsl]
+
     def _offsets(self, xp: Any = np) -> list[tuple[tuple[slice, ...], Any, Any]]:
-        """Per kernel offset (row-major): the slices of the padded buffer holding that cell of every window,
+        """Per kernel offset (row-major): the index of the phase buffer holding that cell of every window,
         the cell's flat index within the channel plane (``h*W + w`` in 2-D) and whether it lies inside the
         image — arrays shaped ``out_shape`` (computed once per array module)."""
         table = self._tables.get(xp)
@@ -133,9 +166,10 @@ class Pooler:
 
     def _offset_entry(self, off: tuple[int, ...], xp: Any) -> tuple[tuple[slice, ...], Any, Any]:
         nd = len(off)
-        sl = (slice(None), slice(None)) + tuple(
-            slice(q * d, q * d + s * (o - 1) + 1, s) for q, s, o, d in zip(off, self.stride, self.out_shape,
-                                                                         self.dilation))
+        # kernel offset q of a window with dilation d is padded cell s*o + q*d: phase (q*d) % s, from (q*d) // s
+        cells = tuple(q * d for q, d in zip(off, self.dilation))
+        sl = tuple(c % s for c, s in zip(cells, self.stride)) + (slice(None), slice(None)) + tuple(
+            slice(c // s, c // s + o) for c, s, o in zip(cells, self.stride, self.out_shape))
         index, inside, mult = 0, True, 1
         for i in reversed(range(nd)):
             shape = [1] * nd
@@ -172,10 +206,7 @@ class Pooler:
         """``y`` (N, C, *out) from ``x`` (N, C, *in); MAX writes its argmax into ``mask`` if given."""
         xp = get_array_module(x)
         if self.method == MAX:
-            if mask is None:
-                self._forward_max_values(x, y, xp)
-            else:
-                self._forward_max(x, y, mask, xp)
+            self._forward_max(x, y, mask, xp)
         elif self.method == AVE:
             buf = self._padded(x, 0.0)
             for j, (sl, _, _) in enumerate(self._offsets(xp)):
@@ -204,55 +235,90 @@ class Pooler:
             raise ParamError("pooling_param.pool", f"Unknown pooling method {self.method}")
 
     def _forward_max(self, x: Any, y: Any, mask: Any | None, xp: Any) -> None:
+        """MAX: the maxima by ``fmax`` over the kernel offsets (NaN never wins, as with Caffe's strictly-greater
+        scan), kept privately for backward (the top may be changed in place after forward); with a mask top,
+        also the argmax (``-1`` for a window without a cell above ``-FLT_MAX``)."""
         buf = self._padded(x, float("-inf"))  # padded cells never win against -FLT_MAX
-        idx = self._buf("index", y.shape, y, dtype=np.int64)
-        better = self._buf("better", y.shape, y, dtype=bool)
-        y.fill(-FLT_MAX)
-        idx.fill(-1)
-        for sl, index, _ in self._offsets(xp):
-            cell = buf[sl]
-            xp.greater(cell, y, out=better)  # strictly greater: ties keep the earlier (lower) index
-            xp.copyto(y, cell, where=better)
-            xp.copyto(idx, index, where=better)
-        self._index = idx
-        if mask is not None:
-            mask[...] = idx
-
-    def _forward_max_values(self, x: Any, y: Any, xp: Any) -> None:
-        """MAX without a mask top (the fast path): only the maxima, ``fmax`` over the kernel offsets (NaN never
-        wins, as with Caffe's strictly-greater scan); the winners are found again in backward from a private
-        copy of the maxima (the top may be changed in place after forward)."""
-        buf = self._padded(x, float("-inf"))
         ymax = self._buf("ymax", y.shape, y)
         ymax.fill(-FLT_MAX)
         for sl, _, _ in self._offsets(xp):
             xp.fmax(ymax, buf[sl], out=ymax)
         xp.copyto(y, ymax)
         self._index = None
+        if mask is not None:
+            winner = self._winners(xp)
+            local = self._window_start(xp) + xp.take(self._cell_deltas(xp), winner)
+            mask[...] = xp.where(winner > 0, local, -1)
 
-    def _backward_max_values(self, dy: Any, dx: Any, accumulate: bool, xp: Any) -> None:
-        """Route ``dy`` to the first cell (row-major kernel order) equal to its window's maximum — the cell
-        Caffe's strictly-greater scan keeps; a window without cells (max ``-FLT_MAX``) routes nothing."""
+    def _winners(self, xp: Any) -> Any:
+        """Per window, 1 + the row-major kernel offset of the cell Caffe's strictly-greater scan keeps (the
+        first cell equal to the window's maximum), 0 when no cell exceeds ``-FLT_MAX``; small unsigned codes,
+        found from forward's padded input and maxima with one comparison per offset."""
         buf, ymax = self._buffers["x_pad-inf"], self._buffers["ymax"]
-        direct = not accumulate and self.padded_shape == self.in_shape  # no border: write dx itself
-        gbuf = dx if direct else self._buf("g_pad", dy.shape[:2] + self.padded_shape, dy)
-        gbuf.fill(0)
-        taken = self._buf("taken", dy.shape, dy, dtype=bool)
-        xp.less_equal(ymax, -FLT_MAX, out=taken)
-        hit = self._buf("better", dy.shape, dy, dtype=bool)
-        routed = self._buf("routed", dy.shape, dy)
-        for sl, _, _ in self._offsets(xp):
-            xp.equal(buf[sl], ymax, out=hit)
-            xp.greater(hit, taken, out=hit)  # hit and not taken
-            taken |= hit
-            xp.multiply(dy, hit, out=routed)
-            gbuf[sl] += routed
-        if direct:
-            return
-        if accumulate:
-            dx += gbuf[self._interior()]
-        else:
-            dx[...] = gbuf[self._interior()]
+        offsets = self._offsets(xp)
+        code = np.uint8 if len(offsets) < 255 else np.uint16 if len(offsets) < 65535 else np.int64
+        winner = self._buf("winner", ymax.shape, ymax, dtype=code)
+        step = self._buf("step", ymax.shape, ymax, dtype=code)
+        hit = self._buf("better", ymax.shape, ymax, dtype=bool)
+        hit_code = hit.view(np.uint8) if code == np.uint8 else hit
+        winner.fill(0)
+        for j in reversed(range(len(offsets))):  # the last write is the lowest offset equal to the maximum
+            xp.equal(buf[offsets[j][0]], ymax, out=hit)
+            xp.subtract(code(j + 1), winner, out=step)  # winner = hit ? j + 1 : winner (modular arithmetic)
+            xp.multiply(step, hit_code, out=step)
+            winner += step
+        xp.greater(ymax, -FLT_MAX, out=hit)
+        xp.multiply(winner, hit_code, out=winner)
+        return winner
+
+    def _window_start(self, xp: Any) -> Any:
+        """The flat in-plane index (``h*W + w``) of each window's first (possibly padded) cell, ``out_shape``."""
+        key = ("start", xp)
+        if key not in self._tables:
+            start, mult = 0, 1
+            nd = len(self.kernel)
+            for i in reversed(range(nd)):
+                shape = [1] * nd
+                shape[i] = self.out_shape[i]
+                start = start + (xp.arange(self.out_shape[i]) * self.stride[i] - self.pad[i]).reshape(shape) * mult
+                mult *= self.in_shape[i]
+            self._tables[key] = xp.asarray(start, dtype=np.intp)
+        return self._tables[key]
+
+    def _cell_deltas(self, xp: Any) -> Any:
+        """Per winner code (0: none, ``j + 1``: kernel offset ``j``): the cell's flat in-plane offset from its
+        window's first cell."""
+        key = ("deltas", xp)
+        if key not in self._tables:
+            deltas = [0]
+            for off in itertools.product(*(range(k) for k in self.kernel)):
+                d, mult = 0, 1
+                for i in reversed(range(len(off))):
+                    d += off[i] * self.dilation[i] * mult
+                    mult *= self.in_shape[i]
+                deltas.append(d)
+            self._tables[key] = xp.asarray(deltas, dtype=np.intp)
+        return self._tables[key]
+
+    def _backward_max(self, dy: Any, dx: Any, accumulate: bool, xp: Any) -> None:
+        """Route each window's ``dy`` to the cell its forward scan kept: the flat index of that cell in ``dx``
+        (the window's start plus the winning offset's delta, plus the plane's base) and one in-order scatter."""
+        winner = self._winners(xp)
+        index = self._buf("flat_index", dy.shape, dy, dtype=np.intp)
+        clip = {"mode": "clip"} if xp is np else {}  # codes are in range: numpy skips its bounds check
+        xp.take(self._cell_deltas(xp), winner, out=index, **clip)
+        index += self._window_start(xp)
+        index += self._plane_base(dy.shape, xp)
+        self._scatter_add(dy, dx, index, None if winner.all() else winner > 0, accumulate, xp)
+
+    def _plane_base(self, shape: tuple[int, ...], xp: Any) -> Any:
+        """``(n*C + c) * plane`` for a top of ``shape``, broadcastable against it."""
+        key = ("base", xp, shape[:2])
+        if key not in self._tables:
+            planes = shape[0] * shape[1]
+            base = xp.arange(planes, dtype=np.intp) * self.plane
+            self._tables[key] = base.reshape(shape[:2] + (1,) * (len(shape) - 2))
+        return self._tables[key]
 
     def _forward_stochastic_train(self, x: Any, y: Any, xp: Any) -> None:
         buf = self._padded(x, 0.0)
@@ -287,18 +353,24 @@ class Pooler:
         """``dx`` from ``dy``: overwritten, or accumulated when ``accumulate``.  MAX routes through
         ``mask`` (the float mask top) if given, else the argmax kept by forward."""
         xp = get_array_module(dy)
-        if self.method == MAX and mask is None and self._index is None and "ymax" in self._buffers:
-            self._backward_max_values(dy, dx, accumulate, xp)
+        if self.method == MAX and mask is None:
+            if "ymax" not in self._buffers:
+                raise CctError("pooling backward called before forward")
+            self._backward_max(dy, dx, accumulate, xp)
             return
         if self.method == MAX or (self.method == STOCHASTIC and train):
-            index = self._index if mask is None else mask.astype(np.int64)
+            index = self._index if mask is None else mask.astype(np.intp)
             if index is None:
                 raise CctError("pooling backward called before forward")
-            self._scatter(dy, dx, index, accumulate, xp)
+            top_index = int(index.max()) if index.size else -1
+            if top_index >= self.plane:
+                raise CctError(f"pooling mask index {top_index} out of range for a plane of {self.plane}")
+            valid = None if not index.size or int(index.min()) >= 0 else index >= 0
+            self._scatter_add(dy, dx, index + self._plane_base(dy.shape, xp), valid, accumulate, xp)
             return
         if self.method == AVE:
             g = dy * self._pool_size(xp, dy.dtype)[1]
-            gbuf = self._buf("g_pad", dy.shape[:2] + self.padded_shape, dy)
+            gbuf = self._phase_buffer("g_pad", dy)
             gbuf.fill(0)
             for sl, _, _ in self._offsets(xp):
                 gbuf[sl] += g
@@ -309,32 +381,31 @@ class Pooler:
             s1, s2 = self._stats
             a, b = -dy * s2 / (s1 * s1), 2 * dy / s1
             xbuf = self._padded(x, 0.0)
-            gbuf = self._buf("g_pad", dy.shape[:2] + self.padded_shape, dy)
+            gbuf = self._phase_buffer("g_pad", dy)
             gbuf.fill(0)
             for sl, _, _ in self._offsets(xp):
                 gbuf[sl] += a + b * xbuf[sl]
-        if accumulate:
-            dx += gbuf[self._interior()]
-        else:
-            dx[...] = gbuf[self._interior()]
+        self._unpad(gbuf, dx, accumulate)
 
-    def _scatter(self, dy: Any, dx: Any, index: Any, accumulate: bool, xp: Any) -> None:
-        """``dx[n, c, index[n, c, o]] += dy[n, c, o]``; index -1 (a window without cells) is dropped, as
-        Caffe's GPU code does (its CPU code writes one element before the plane)."""
-        planes = dy.shape[0] * dy.shape[1]
-        index = index.reshape(planes, -1)
-        top_index = int(index.max()) if index.size else -1
-        if top_index >= self.plane:
-            raise CctError(f"pooling mask index {top_index} out of range for a plane of {self.plane}")
-        valid = index >= 0
-        flat = xp.where(valid, index + xp.arange(planes).reshape(planes, 1) * self.plane, 0)
-        weights = xp.where(valid, dy.reshape(planes, -1), 0)
-        grad = xp.bincount(flat.ravel(), weights=weights.ravel(), minlength=planes * self.plane)
-        grad = grad.reshape(dx.shape).astype(dx.dtype, copy=False)
-        if accumulate:
-            dx += grad
+    def _scatter_add(self, dy: Any, dx: Any, index: Any, valid: Any | None, accumulate: bool, xp: Any) -> None:
+        """``dx.flat[index[w]] += dy[w]`` for every window ``w`` in order (Caffe's CPU loop: float32 sums in
+        top order, so overlapping windows add up exactly as there), over ``valid`` windows only when given
+        (a window without cells routes nothing, as Caffe's GPU code; its CPU code writes before the plane)."""
+        target = dx if dx.flags.c_contiguous else xp.zeros(dx.shape, dx.dtype)
+        if not accumulate or target is not dx:
+            target.fill(0)
+        flat, values = target.reshape(-1), dy.reshape(-1)
+        if valid is None:
+            xp.add.at(flat, index.reshape(-1), values)
         else:
-            dx[...] = grad
+            keep = valid.reshape(-1)
+            xp.add.at(flat, index.reshape(-1)[keep], values[keep])
+        if target is dx:
+            return
+        if accumulate:
+            dx += target
+        else:
+            dx[...] = target
 
 
 @register("Pooling")

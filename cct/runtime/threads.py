@@ -55,6 +55,7 @@ class ThreadBudget:
         self._local = threading.local()
         self._libs: list[Any] | None = None
         self._modules = 0
+        self._known: dict[int, int] = {}  # id(library) -> its thread count, while blocks are active
 
     def libraries(self) -> list[Any]:
         """threadpoolctl's controllers of the BLAS libraries loaded now."""
@@ -63,18 +64,27 @@ class ThreadBudget:
 
             self._libs = list(ThreadpoolController().select(user_api="blas").lib_controllers)
             self._modules = len(sys.modules)
+            self._known = {}  # new controller objects: read their counts again
         return self._libs
 
     def _set(self, n: int) -> None:
+        """Every library to ``n`` threads; inside blocks the count each has is known (read when the first
+        block began, then only changed here), so a library already at ``n`` costs no call."""
+        known = self._known
         for lib in self.libraries():
-            if lib.get_num_threads() != n:
+            have = known.get(id(lib))
+            if have is None:
+                have = known[id(lib)] = lib.get_num_threads()
+            if have != n:
                 _set_threads(lib, n)
+                known[id(lib)] = n
 
     def acquire(self, n: int) -> None:
         n = max(1, int(n))
         with self._lock:
             if not self._active:
                 self._saved = [(lib, lib.get_num_threads()) for lib in self.libraries()]
+                self._known = {id(lib): count for lib, count in self._saved}
             self._active[n] += 1
             self._set(min(self._active))
         stack = getattr(self._local, "stack", None)
@@ -93,9 +103,10 @@ class ThreadBudget:
                 self._set(min(self._active))
             else:
                 for lib, count in self._saved or []:
-                    if lib.get_num_threads() != count:
+                    if self._known.get(id(lib), lib.get_num_threads()) != count:
                         _set_threads(lib, count)
                 self._saved = None
+                self._known = {}
 
     def thread_budget(self) -> int | None:
         """The calling thread's innermost request, or None outside any."""

@@ -219,3 +219,36 @@ def test_matmul_accumulate_adds_in_place() -> None:
         np.testing.assert_allclose(out, expected, rtol=1e-6)
         matmul_accumulate(out, np.asfortranarray(a), b[:, ::-1][:, ::-1])  # other layouts
         np.testing.assert_allclose(out, expected + a @ b, rtol=1e-5)
+
+
+@pytest.mark.parametrize("strategy", [1, 2, 3])
+def test_backward_reuses_forwards_lowering_only_for_unchanged_input(strategy, monkeypatch):
+    """Small layers keep forward's lowered matrix for the weight gradient; an input changed in place after
+    forward is lowered again, so the gradients always equal a fresh engine's."""
+    g = ConvGeometry(3, 4, 5, 1, (5, 4), (3, 3), (1, 1), (1, 1), (1, 1))
+    x, w, b, dy = _data(g, 5, np.float32)
+    eng = LoweringEngine(strategy, workspace=Workspace())
+    eng.configure(g, np.float32)
+    eng.forward(x, w, b, np.empty_like(dy))
+    assert not eng._kept  # nothing kept before the engine has computed a weight gradient (inference)
+    eng.backward(x, dy, w, None, np.zeros_like(w))
+    eng.forward(x, w, b, np.empty_like(dy))
+    assert eng._kept  # the lowered matrix was kept
+    calls = []
+    lower = eng._lower
+    monkeypatch.setattr(eng, "_lower", lambda *a, **k: calls.append(1) or lower(*a, **k))
+    dw = np.zeros_like(w)
+    eng.backward(x, dy, w, None, dw)
+    assert not calls
+    fresh = LoweringEngine(strategy, workspace=Workspace())
+    fresh.configure(g, np.float32)
+    dw_fresh = np.zeros_like(w)
+    fresh.backward(x, dy, w, None, dw_fresh)
+    np.testing.assert_array_equal(dw, dw_fresh)
+    x[0, 0, 0, 0] += 1  # changed after forward: lowered again
+    dw[...] = 0
+    eng.backward(x, dy, w, None, dw)
+    assert calls
+    dw_fresh[...] = 0
+    fresh.backward(x, dy, w, None, dw_fresh)
+    np.testing.assert_array_equal(dw, dw_fresh)

@@ -418,3 +418,31 @@ def test_nd_per_axis_fields_text_round_trip():
     assert list(back.pooling_param.kernel_nd) == [1, 2, 2] and list(back.pooling_param.stride_nd) == [1, 2, 2]
     assert list(back.pooling_param.pad_nd) == [0] and not back.pooling_param.HasField("kernel_size")
     assert pb.LayerParameter.FromString(lp.SerializeToString()) == lp
+
+
+@pytest.mark.parametrize("in_hw, kernel, stride, pad", [((9, 9), 3, 2, 0), ((7, 6), 3, 1, 1), ((8, 8), 2, 2, 0),
+                                                        ((10, 7), 3, 2, 1)])
+def test_max_backward_adds_in_caffes_order(in_hw, kernel, stride, pad):
+    """Overlapping windows add their gradients into a shared cell in top order, in float32, from 0 — Caffe's
+    CPU loop — bitwise; ties keep the first cell of the scan."""
+    rng = np.random.default_rng(3)
+    x = rng.integers(-3, 4, (2, 3) + in_hw).astype(np.float32)  # many ties
+    pl = Pooler(pb.PoolingParameter.MAX, in_hw, (kernel,) * 2, (stride,) * 2, (pad,) * 2)
+    y = np.empty((2, 3) + pl.out_shape, np.float32)
+    dy = rng.standard_normal(y.shape).astype(np.float32) * np.float32(1e3)
+    dx = np.full(x.shape, np.nan, np.float32)
+    pl.forward(x, y)
+    pl.backward(dy, dx, x)
+    ref = np.zeros_like(x)
+    h, w = in_hw
+    for n, c, ph, pw in itertools.product(range(2), range(3), *(range(o) for o in pl.out_shape)):
+        hs, ws = ph * stride - pad, pw * stride - pad
+        he, we = min(hs + kernel, h), min(ws + kernel, w)
+        hs, ws = max(hs, 0), max(ws, 0)
+        best, arg = np.float32(-3.4028234663852886e38), None
+        for i, j in itertools.product(range(hs, he), range(ws, we)):
+            if x[n, c, i, j] > best:
+                best, arg = x[n, c, i, j], (i, j)
+        assert y[n, c, ph, pw] == best
+        ref[n, c, arg[0], arg[1]] = np.float32(ref[n, c, arg[0], arg[1]] + dy[n, c, ph, pw])
+    np.testing.assert_array_equal(dx.view(np.uint32), ref.view(np.uint32))
