@@ -104,11 +104,14 @@ class CommStats:
     def __init__(self) -> None:
         self.ops: list[Op] = []
         self.iterations = 0
+        self.reduced = self.gathered = 0  # float32 values over the whole run (every op posted)
         self._lock = threading.Lock()
 
     def add(self, op: Op) -> None:
         with self._lock:
             self.ops.append(op)
+            self.reduced += op.floats if op.kind == "reduce" else 0
+            self.gathered += op.floats if op.kind == "gather" else 0
 
     def take(self) -> tuple[int, float, float, int, int]:
         """``(ops, Σ T_c, Σ T_b, floats reduced, floats gathered)`` of the finished communications since the

@@ -71,6 +71,7 @@ def train(param: pb.SolverParameter, *, source: str, size: int, variable: str, s
             log.info("Resuming from %s", snapshot)
             solver.restore(snapshot)
         exchange.broadcast_params(solver)
+        first_iter = solver.iter
         if snapshot:  # ... and each rank takes its own back
             from cct.solvers.resume import read_resume_state, restore
 
@@ -82,6 +83,9 @@ def train(param: pb.SolverParameter, *, source: str, size: int, variable: str, s
         log.info("Starting Optimization")
         solver.solve()
         exchange.stop()
+        stats = exchange.stats
+        log.info("MPI communication in all: %d floats reduced, %d gathered (%d iterations trained)",
+                 stats.reduced, stats.gathered, solver.iter - first_iter)
         digests = exchange.weights_digest(solver)
         same = "identical" if len(set(digests)) == 1 else "DIFFERENT"
         log.info("MPI final weights SHA-256 per rank: %s (%s)", " ".join(d[:16] for d in digests), same)

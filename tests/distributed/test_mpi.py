@@ -173,15 +173,18 @@ def test_communication_volume_is_eqs_9_and_10(tmp_path, flags, replicated):
     params = sum(p.count for p in net.learnable_params)
     ip1 = next(layer for layer in net.layers if layer.name == "ip1")
     k_b, k_c = ip1.blobs[0].shape[1], ip1.blobs[0].shape[0]
-    lines = [line for line in run.stderr.splitlines() if "floats reduced" in line][1:]  # past the first iteration
-    assert lines
-    for line in lines:
-        reduced, gathered = (int(x) for x in re.search(r"(\d+) floats reduced, (\d+) gathered", line).groups())
-        if replicated:
-            assert reduced == params + 1 - sum(b.count for b in ip1.blobs)
-            assert gathered == (k_b + k_c) * 128
-        else:
-            assert (reduced, gathered) == (params + 1, 0)
+    # the display lines count the communications finished since the last one (one may finish after a display
+    # and count in the next); the total at the end counts every one posted
+    total = [line for line in run.stderr.splitlines() if "MPI communication in all:" in line]
+    assert len(total) == 1, run.stderr[-3000:]
+    reduced, gathered, iterations = (int(x) for x in re.search(
+        r"(\d+) floats reduced, (\d+) gathered \((\d+) iterations", total[0]).groups())
+    assert iterations == 6
+    if replicated:
+        assert reduced == iterations * (params + 1 - sum(b.count for b in ip1.blobs))
+        assert gathered == iterations * (k_b + k_c) * 128
+    else:
+        assert (reduced, gathered) == (iterations * (params + 1), 0)
 
 
 def test_mpi_ranks_and_thread_replicas_agree(tmp_path):
