@@ -3,7 +3,8 @@
 Prints, measured in one run on this machine (forward + backward per iteration, median of ``--iters`` after
 ``--warmup``):
 
-* the task graph with 1 worker (all cores' BLAS/FFT threads) and 2 workers (half each), the speedup 2 vs 1;
+* the task graph with 1 worker on 1 thread (ZNN's serial baseline), 1 worker with all cores' BLAS/FFT threads,
+  and 2 workers (half each), the speedups of 2 workers over both;
 * the layer executor with 2 BLAS threads (the baseline the 2-worker run is compared with);
 * the 2-worker task graph with priority, FIFO and LIFO queues;
 * the Brent bound ``S_P >= S_inf / (1 + (S_inf - 1)/P)`` for widths 5-40 (direct convolution work model of
@@ -112,21 +113,27 @@ def main(argv: list[str] | None = None) -> int:
           f"median of {args.iters} forward+backward")
     layer2 = time_net(param, SerialExecutor(), args.iters, args.warmup, threads=2)
     t1 = time_net(param, TaskGraphExecutor(1), args.iters, args.warmup)
+    single = TaskGraphExecutor(1)
+    single.threads_per_worker = 1  # ZNN's baseline: one worker on one core
+    t1s = time_net(param, single, args.iters, args.warmup)
     t2 = time_net(param, TaskGraphExecutor(2), args.iters, args.warmup)
     print(f"  layer executor, 2 BLAS threads : {layer2 * 1e3:8.1f} ms  (baseline)")
-    print(f"  task graph, 1 worker           : {t1 * 1e3:8.1f} ms")
-    print(f"  task graph, 2 workers          : {t2 * 1e3:8.1f} ms  speedup vs 1 worker {t1 / t2:.2f}x, "
-          f"time / layer executor {t2 / layer2:.2f}x")
+    print(f"  task graph, 1 worker, 1 thread : {t1s * 1e3:8.1f} ms  (ZNN's serial baseline)")
+    print(f"  task graph, 1 worker, 2 threads: {t1 * 1e3:8.1f} ms")
+    print(f"  task graph, 2 workers          : {t2 * 1e3:8.1f} ms  speedup vs 1 worker on 1 thread {t1s / t2:.2f}x, "
+          f"vs 1 worker on 2 threads {t1 / t2:.2f}x, time / layer executor {t2 / layer2:.2f}x")
     for policy in ("priority", "fifo", "lifo"):
         t = time_net(param, TaskGraphExecutor(2, policy=policy), args.iters, args.warmup)
         print(f"  2 workers, {policy:<8} queue       : {t * 1e3:8.1f} ms  ({t2 / t:.2f}x of priority's speed)")
     measured = {}
     for w in [int(v) for v in args.measure_widths.split(",") if v]:
         pw = net_param(w)
-        a = time_net(pw, TaskGraphExecutor(1), args.iters, args.warmup)
+        serial = TaskGraphExecutor(1)
+        serial.threads_per_worker = 1
+        a = time_net(pw, serial, args.iters, args.warmup)
         b = time_net(pw, TaskGraphExecutor(2), args.iters, args.warmup)
         measured[w] = a / b
-    print("  Brent bound, P = 2 (direct-convolution work model) vs measured 2-worker speedup:")
+    print("  Brent bound, P = 2 (direct-convolution work model) vs measured 2 workers over 1 worker on 1 thread:")
     print("    width   S_inf    S_2 bound   measured")
     for w, s_inf, s2 in brent_table([5, 10, 15, 20, 24, 30, 40]):
         m = f"{measured[w]:.2f}" if w in measured else "-"
