@@ -67,9 +67,16 @@ def init_world(expected: int, variable: str) -> Any:
     comm = MPI.COMM_WORLD
     if comm.Get_size() != expected:
         raise CctError(f"{variable}={expected} but MPI reports a world of {comm.Get_size()} process(es): mpi4py "
-                       f"is built for another MPI library than the launcher's ({MPI.Get_library_version().strip()}"
+                       f"is built for another MPI library than the launcher's ({library_version()}"
                        "); use that library's mpiexec or rebuild mpi4py against it")
     return comm
+
+
+def library_version() -> str:
+    """The MPI library's version line (Open MPI pads its string with NULs, which do not belong in a log)."""
+    from mpi4py import MPI
+
+    return MPI.Get_library_version().replace("\0", "").strip().splitlines()[0]
 
 
 def thread_level_name(level: int) -> str:

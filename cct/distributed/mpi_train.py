@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from cct import log, mode
 from cct.distributed.exchange import ExchangeCallback
-from cct.distributed.mpi import MpiExchange, init_world, thread_level_name
+from cct.distributed.mpi import MpiExchange, init_world, library_version, thread_level_name
 from cct.distributed.overlap import OVERLAP_MODES, BlockingStats, OverlapCallback
 from cct.errors import CctError
 from cct.proto import caffe_pb2 as pb
@@ -48,8 +48,7 @@ def train(param: pb.SolverParameter, *, source: str, size: int, variable: str, s
             param.ClearField("weights")  # the broadcast gives them the root's
         from mpi4py import MPI
 
-        log.info("MPI: %d ranks, %s, thread level %s", size, MPI.Get_library_version().strip().splitlines()[0],
-                 thread_level_name(MPI.Query_thread()))
+        log.info("MPI: %d ranks, %s, thread level %s", size, library_version(), thread_level_name(MPI.Query_thread()))
         mode.set_solver_count(size)
         mode.set_solver_rank(rank)
         mode.set_multiprocess(True)
