@@ -19,7 +19,7 @@ devices               CCT_DEVICES          -devices         cpu, cpu:T, gpu:N li
 split                 CCT_SPLIT            -split           auto (default) | fractions f1,f2,...
 executor              CCT_EXECUTOR         -executor        layer (default) | taskgraph
 workers               CCT_WORKERS          -workers         N | auto (default: the cores), task-graph workers
-lowering_max_mb       CCT_LOWERING_MAX_MB                   MiB of lowered matrices per layer call (128)
+lowering_max_mb       CCT_LOWERING_MAX_MB                   MiB of lowered matrices per layer call (32)
 fft_memoize           CCT_FFT_MEMOIZE                       1 (default) | 0: keep spectra between passes
 fft_memo_mb           CCT_FFT_MEMO_MB                       MiB of kept spectra per layer (1024)
 fft_workers           CCT_FFT_WORKERS                       FFT threads (default: the thread's BLAS budget)
@@ -184,7 +184,7 @@ SETTINGS = (
     Setting("workers", "CCT_WORKERS", "workers", count_or_auto,
             "task-graph worker threads: N, or auto (the cores)"),
     Setting("lowering_max_mb", "CCT_LOWERING_MAX_MB", None, number(1e-6),
-            "MiB of lowered matrices a convolution holds per call (default 128)"),
+            "MiB of lowered matrices a convolution holds per call (default 32)"),
     Setting("fft_memoize", "CCT_FFT_MEMOIZE", None, lambda v, n, s: boolean("1" if v is None else v, n, s),
             "keep FFT spectra between a layer's passes (default 1)"),
     Setting("fft_memo_mb", "CCT_FFT_MEMO_MB", None, number(0.0),
