@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -25,21 +26,94 @@ def gemm_threads(flops: float, xp: Any = np) -> AbstractContextManager[Any]:
     return contextlib.nullcontext()
 
 
+class _CblasGemm:
+    """``cblas_?gemm`` of the BLAS numpy itself runs, called through ctypes (``out += a @ b`` with beta = 1).
+
+    numpy has no beta = 1 product, and scipy's ``blas.sgemm`` is usually a *second* OpenBLAS (each wheel bundles
+    its own): its threads keep spinning after a call while numpy's next GEMM starts its own, so on a machine
+    with as many cores as BLAS threads every GEMM after the switch runs at half speed (CaffeNet's fc6 weight
+    and data gradients: 128 ms alternating the two libraries, 64 ms in numpy's alone, 2 cores).  The symbol is
+    looked up from numpy's own extension module, so the dynamic linker answers with the library numpy is
+    linked against; the integer width follows the symbol's name (OpenBLAS's ILP64 builds append ``64_``).
+    One small product is checked against numpy before the function is trusted."""
+
+    _SYMBOLS = (("scipy_cblas_{t}gemm64_", ctypes.c_int64), ("cblas_{t}gemm64_", ctypes.c_int64),
+                ("scipy_cblas_{t}gemm", ctypes.c_int), ("cblas_{t}gemm", ctypes.c_int))
+    _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
+
+    def __init__(self) -> None:
+        self.functions: dict[Any, Any] = {}
+        try:
+            core = getattr(np, "_core", None) or np.core
+            lib = ctypes.CDLL(core._multiarray_umath.__file__)
+        except (AttributeError, OSError):
+            return
+        for dtype, t, scalar in ((np.float32, "s", ctypes.c_float), (np.float64, "d", ctypes.c_double)):
+            for name, integer in self._SYMBOLS:
+                fn = getattr(lib, name.format(t=t), None)
+                if fn is None:
+                    continue
+                fn.restype = None
+                fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, integer, integer, integer, scalar,
+                               ctypes.c_void_p, integer, ctypes.c_void_p, integer, scalar, ctypes.c_void_p,
+                               integer]
+                self.functions[np.dtype(dtype)] = fn
+                if not self._agrees(dtype):
+                    del self.functions[np.dtype(dtype)]
+                break
+
+    def _agrees(self, dtype: Any) -> bool:
+        rng = np.random.default_rng(0)
+        a, b = rng.standard_normal((5, 3)).astype(dtype), rng.standard_normal((3, 4)).astype(dtype)
+        out = rng.standard_normal((5, 4)).astype(dtype)
+        expected = out + a @ b
+        self(out, a, b)
+        self(out, np.asfortranarray(a), np.asfortranarray(b))
+        expected += a @ b
+        return bool(np.allclose(out, expected, rtol=1e-5, atol=1e-5))
+
+    @staticmethod
+    def _operand(m: Any) -> tuple[int, int] | None:
+        """(transpose flag, leading dimension) of a 2-D operand whose rows or columns are unit-strided."""
+        item = m.itemsize
+        rows, cols = m.shape
+        s0, s1 = m.strides
+        if (s1 == item or cols == 1) and s0 % item == 0 and s0 // item >= max(1, cols):
+            return _CblasGemm._NO_TRANS, s0 // item
+        if (s0 == item or rows == 1) and s1 % item == 0 and s1 // item >= max(1, rows):
+            return _CblasGemm._TRANS, s1 // item
+        return None
+
+    def __call__(self, out: Any, a: Any, b: Any) -> bool:
+        """``out += a @ b`` if this BLAS can take the operands as they lie; False (nothing done) otherwise."""
+        fn = self.functions.get(out.dtype)
+        if fn is None or a.dtype != out.dtype or b.dtype != out.dtype or out.ndim != 2 or a.ndim != 2 \
+                or b.ndim != 2:
+            return False
+        oa, ob, oc = self._operand(a), self._operand(b), self._operand(out)
+        if oa is None or ob is None or oc is None or oc[0] != self._NO_TRANS:
+            return False
+        (m, k), n = a.shape, b.shape[1]
+        if m and n and k:
+            fn(self._ROW_MAJOR, oa[0], ob[0], m, n, k, 1.0, a.ctypes.data, oa[1], b.ctypes.data, ob[1], 1.0,
+               out.ctypes.data, oc[1])
+        return True
+
+
+_CBLAS: _CblasGemm | None = None
+
+
 def matmul_accumulate(out: Any, a: Any, b: Any) -> None:
     """``out += a @ b`` without a temporary the size of ``out``.
 
-    numpy float32/float64: one BLAS gemm with beta = 1 writing into ``out`` (through its transpose when ``out``
-    is C-contiguous, since BLAS is column-major).  Anything else (cupy, other dtypes, odd layouts): the plain
-    expression."""
+    numpy float32/float64: one gemm with beta = 1 of numpy's own BLAS writing into ``out`` (see
+    :class:`_CblasGemm`).  Anything else (cupy, other dtypes, layouts BLAS cannot take, a numpy whose BLAS is
+    not reachable): the plain expression."""
+    global _CBLAS
     xp = get_array_module(out, a, b)
-    if xp is np and out.dtype in (np.float32, np.float64) and a.dtype == out.dtype and b.dtype == out.dtype \
-            and out.ndim == 2 and out.flags.c_contiguous:
-        from scipy.linalg import blas
-
-        gemm = blas.sgemm if out.dtype == np.float32 else blas.dgemm
-        # out^T (F-contiguous) += b^T @ a^T
-        result = gemm(1.0, b, a, beta=1.0, c=out.T, trans_a=1, trans_b=1, overwrite_c=1)
-        if not np.shares_memory(result, out):  # BLAS wrapper made a copy after all
-            out[...] = result.T
-        return
+    if xp is np:
+        if _CBLAS is None:
+            _CBLAS = _CblasGemm()
+        if _CBLAS(out, a, b):
+            return
     out += a @ b

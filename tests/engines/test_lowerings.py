@@ -221,6 +221,64 @@ def test_matmul_accumulate_adds_in_place() -> None:
         np.testing.assert_allclose(out, expected + a @ b, rtol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_matmul_accumulate_takes_every_layout(dtype) -> None:
+    """Row- and column-major operands, views with a leading dimension wider than the rows, transposed
+    views, vectors, empty products and layouts no BLAS can take (reversed, every other column, a
+    column-major ``out``) all add ``a @ b`` into ``out`` itself."""
+    from cct.engines.gemm import matmul_accumulate
+
+    rng = np.random.default_rng(6)
+    big = rng.standard_normal((9, 12)).astype(dtype)
+    cases = [
+        (big[:5, :4], big[1:5, 4:7]),                    # sub-blocks: leading dimension 12
+        (big[:4, :5].T, big[5:8, :4].T),                # transposed views
+        (np.asfortranarray(big[:5, :4]), np.asfortranarray(big[:4, :3])),
+        (big[:5, ::2][:, :4], big[:4, :3]),              # every other column: no unit stride
+        (big[::-1][:5, :4], big[:4, :3]),                # reversed rows
+        (big[:5, :1], big[:1, :3]),                      # an outer product
+        (big[:1, :4], big[:4, :1]),                      # a dot product
+        (big[:5, :0], big[:0, :3]),                      # k = 0: nothing to add
+    ]
+    for a, b in cases:
+        for out in (rng.standard_normal((a.shape[0], b.shape[1])).astype(dtype),
+                    np.asfortranarray(rng.standard_normal((a.shape[0], b.shape[1])).astype(dtype)),
+                    rng.standard_normal((a.shape[0] + 2, b.shape[1] + 3)).astype(dtype)[1:-1, 2:-1]):
+            expected = out + a.astype(np.float64) @ b.astype(np.float64)
+            buffer = out
+            matmul_accumulate(out, a, b)
+            assert out is buffer
+            np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_numpy_blas_gemm_takes_strided_and_transposed_operands(dtype) -> None:
+    """The beta = 1 gemm of numpy's own BLAS (what ``matmul_accumulate`` runs) on the layouts it accepts, and
+    a refusal, leaving ``out`` alone, on those it cannot take."""
+    from cct.engines.gemm import _CblasGemm
+
+    gemm = _CblasGemm()
+    if np.dtype(dtype) not in gemm.functions:
+        pytest.skip("numpy's BLAS exports no cblas gemm here")
+    rng = np.random.default_rng(7)
+    big = rng.standard_normal((9, 12)).astype(dtype)
+    out_big = rng.standard_normal((9, 12)).astype(dtype)
+    taken = [(big[:5, :4], big[1:5, 4:7], out_big[:5, :3]),
+             (big[:4, :5].T, big[5:8, :4].T, out_big[2:7, 5:8]),
+             (np.asfortranarray(big[:5, :4]), big[:4, :3].copy(), np.zeros((5, 3), dtype)),
+             (big[:1, :4], big[:4, :1], np.zeros((1, 1), dtype))]
+    for a, b, out in taken:
+        expected = out.astype(np.float64) + a.astype(np.float64) @ b.astype(np.float64)
+        assert gemm(out, a, b)
+        np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+    refused = [(big[:5, ::2][:, :4], big[:4, :3], np.zeros((5, 3), dtype)),
+               (big[:5, :4], big[:4, :3], np.zeros((3, 5), dtype).T),
+               (big[:5, :4].astype(np.float16), big[:4, :3], np.zeros((5, 3), dtype))]
+    for a, b, out in refused:
+        assert not gemm(out, a, b)
+        assert not out.any()
+
+
 @pytest.mark.parametrize("strategy", [1, 2, 3])
 def test_backward_reuses_forwards_lowering_only_for_unchanged_input(strategy, monkeypatch):
     """Small layers keep forward's lowered matrix for the weight gradient; an input changed in place after
