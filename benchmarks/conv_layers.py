@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("GLOG_minloglevel", "1")
 
 from cct.engines import ConvGeometry  # noqa: E402
+from cct.engines.choice import SelectedEngine  # noqa: E402
 from cct.engines.lowering import LoweringEngine, Workspace, strategy_fallback  # noqa: E402
 
 # name, d, o, group, n, k, stride, pad
@@ -47,7 +48,7 @@ def _timed(fn) -> float:
     return time.perf_counter() - t
 
 
-def _measure(eng: LoweringEngine, arrays: tuple, repeat: int) -> tuple[float, float]:
+def _measure(eng: LoweringEngine | SelectedEngine, arrays: tuple, repeat: int) -> tuple[float, float]:
     """Median forward and backward (data + weights) seconds."""
     x, w, y, dy, dx, dw = arrays
     tf = statistics.median(_timed(lambda: eng.forward(x, w, None, y)) for _ in range(repeat))
@@ -78,7 +79,9 @@ def main() -> None:
         for strategy in (1, 2, 3, "auto"):
             if strategy != "auto" and strategy_fallback(strategy, g):
                 continue
-            eng = LoweringEngine(strategy, workspace=Workspace())  # its own buffers: the column is per lowering
+            # each its own buffers (the column is per lowering); auto is the policy a net's layer runs
+            eng = SelectedEngine("lowering", "benchmark", "auto") if strategy == "auto" \
+                else LoweringEngine(strategy, workspace=Workspace())
             eng.configure(g, np.float32)
             eng.forward(x, w, None, y)
             eng.backward(x, dy, w, dx, dw)
