@@ -5,7 +5,7 @@ from collections.abc import Sequence
 
 from cct.blob import Blob, shape_equals_legacy
 from cct.device import get_array_module
-from cct.engines.gemm import gemm_threads, matmul_accumulate
+from cct.engines.gemm import matmul_accumulate, split_gemm
 from cct.errors import CctError, ParamError
 from cct.fillers import fill
 from cct.layers.base import Layer
@@ -89,8 +89,9 @@ class InnerProductLayer(Layer):
         y = top[0].data.reshape(self.M, self.num_output)
         xp = get_array_module(x)
         w = self.blobs[0].data
-        with gemm_threads(2.0 * self.M * self.K * self.num_output, xp):
-            xp.matmul(x, w if self.transpose else w.T, out=y)
+        wt = w if self.transpose else w.T  # (K, N)
+        split_gemm(self.num_output, 2.0 * self.M * self.K * self.num_output, xp,
+                   lambda j0, j1: xp.matmul(x, wt[:, j0:j1], out=y[:, j0:j1]))
         if self.bias_term:
             y += self.blobs[1].data
 
@@ -98,17 +99,20 @@ class InnerProductLayer(Layer):
         dy = top[0].diff.reshape(self.M, self.num_output)
         x = bottom[0].data.reshape(self.M, self.K)
         xp = get_array_module(dy)
-        with gemm_threads(2.0 * self.M * self.K * self.num_output, xp):
-            if self.param_propagate_down[0]:
-                w_diff = self.blobs[0].diff
-                if self.transpose:
-                    matmul_accumulate(w_diff, x.T, dy)
-                else:
-                    matmul_accumulate(w_diff, dy.T, x)
-            if propagate_down[0]:
-                w = self.blobs[0].data
-                dx = bottom[0].diff.reshape(self.M, self.K)
-                xp.matmul(dy, w.T if self.transpose else w, out=dx)
+        flops = 2.0 * self.M * self.K * self.num_output
+        if self.param_propagate_down[0]:
+            w_diff = self.blobs[0].diff
+            if self.transpose:  # (K, N) += x^T dy, by output columns
+                split_gemm(self.num_output, flops, xp,
+                           lambda j0, j1: matmul_accumulate(w_diff[:, j0:j1], x.T, dy[:, j0:j1]))
+            else:  # (N, K) += dy^T x, by output rows
+                split_gemm(self.num_output, flops, xp,
+                           lambda j0, j1: matmul_accumulate(w_diff[j0:j1], dy[:, j0:j1].T, x))
+        if propagate_down[0]:
+            w = self.blobs[0].data
+            wt = w.T if self.transpose else w  # (N, K)
+            dx = bottom[0].diff.reshape(self.M, self.K)
+            split_gemm(self.K, flops, xp, lambda k0, k1: xp.matmul(dy, wt[:, k0:k1], out=dx[:, k0:k1]))
         if self.bias_term and self.param_propagate_down[1]:
             b_diff = self.blobs[1].diff
             b_diff += dy.sum(axis=0)
