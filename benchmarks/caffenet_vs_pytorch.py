@@ -8,7 +8,10 @@ Each framework runs in its own worker process (so each one's peak RSS is its own
 them — for every iteration: cct lowering 1, 2, 3, auto, then PyTorch — so machine noise hits all alike.
 Both build models/caffenet/train.prototxt's network (conv/ReLU/max-pool/LRN/InnerProduct/dropout/softmax
 loss) with the same weights and the same input.  Prints per variant the median fwd+bwd milliseconds, the
-ratio cct/pytorch, and each worker's peak RSS; for cct also the bytes held in convolution workspaces (all
+ratio cct/pytorch, the share of the machine's sgemm peak it reaches (the GEMM arithmetic of the convolution and
+InnerProduct layers: forward, then the data and weight gradients, conv1's data gradient excepted, over the
+time of the whole iteration; the peak is a 2048³ float32 matmul on the same threads, measured in the cct
+worker), and each worker's peak RSS; for cct also the bytes held in convolution workspaces (all
 conv layers of all variants share the thread's workspace: it is sized by the largest layer × partitions).
 ``--variants auto`` alone gives the peak RSS of exactly what ``cct time`` / ``cct train`` run.
 The cct worker builds its engines before timing: ``auto`` measures close calls once per geometry (cached in
@@ -67,7 +70,21 @@ def cct_worker(conn, batch: int, threads: int, weights: str, variants: tuple[str
                 LoweringEngine(int(variant), source="forced")
             eng.configure(layer.engine.geometry, np.float32)
             engines[(name, variant)] = eng
-    conn.send(("ready", {v: [engines[(n, v)].describe() for n in CONVS] for v in variants}))
+    flops = 0.0  # the GEMM arithmetic of one forward + backward (no data gradient below the first layer)
+    for name, layer in zip(net._layer_names, net.layers):
+        if layer.type in ("Convolution", "InnerProduct"):
+            w = layer.blobs[0].data  # each output value takes w.size / w.shape[0] multiply-adds
+            per_pass = 2.0 * w.size // w.shape[0] * net.blobs[net.top_names[name][0]].count
+            flops += per_pass * (2 if net.bottom_names[name][0] == "data" else 3)
+    a = np.random.default_rng(1).standard_normal((2048, 2048), dtype=np.float32)
+    c = np.empty_like(a)
+    np.matmul(a, a, out=c)
+    peak = 0.0
+    for _ in range(5):
+        t = time.perf_counter()
+        np.matmul(a, a, out=c)
+        peak = max(peak, 2 * 2048**3 / (time.perf_counter() - t))
+    conn.send(("ready", ({v: [engines[(n, v)].describe() for n in CONVS] for v in variants}, flops, peak)))
     while True:
         msg = conn.recv()
         if msg[0] == "stop":
@@ -155,6 +172,10 @@ def main() -> None:
         kind, info = parent.recv()
         workers[name] = (proc, parent)
         if name == "cct":
+            info, flops, sgemm_peak = info
+            print(f"GEMM arithmetic per iteration {flops / 1e9:.1f} GFLOP; sgemm peak (2048^3, {args.threads} "
+                  f"threads) {sgemm_peak / 1e9:.1f} GFLOP/s: the iteration cannot take less than "
+                  f"{flops / sgemm_peak * 1e3:.0f} ms")
             for v, desc in info.items():
                 print(f"cct {v:>4}: " + "; ".join(f"{c} {d}" for c, d in zip(CONVS, desc)))
         else:
@@ -174,13 +195,14 @@ def main() -> None:
         rss[name] = conn.recv()[1]
         proc.join()
     base = statistics.median(times[("pytorch", "")])
-    print(f"{'variant':<20}{'median ms':>10}{'min ms':>9}{'cct/pytorch':>13}{'peak RSS MiB':>14}"
+    print(f"{'variant':<20}{'median ms':>10}{'min ms':>9}{'cct/pytorch':>13}{'% of peak':>11}{'peak RSS MiB':>14}"
           f"{'conv workspace MiB':>20}")
     for who, variant in variants:
         med = statistics.median(times[(who, variant)])
         label = f"cct lowering {variant}" if who == "cct" else "pytorch"
         peak, ws = rss[who]
         print(f"{label:<20}{med * 1e3:10.0f}{min(times[(who, variant)]) * 1e3:9.0f}{med / base:13.2f}"
+              f"{100 * flops / med / sgemm_peak:10.0f}%"
               f"{peak:14.0f}{'' if ws is None else f'{ws:.0f}':>20}")
     print(f"(median of {args.iters} alternated iterations after one warm-up; one cct worker ran all {len(chosen)} "
           f"variant(s): its peak RSS and shared workspace cover them all; load average "

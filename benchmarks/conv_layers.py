@@ -1,6 +1,6 @@
-"""Per convolution layer of CaffeNet: GFLOP/s of each lowering (and auto) and % of the machine's sgemm peak.
+"""Per convolution layer of CaffeNet: GFLOP/s of each lowering, of auto and of PyTorch, and % of the sgemm peak.
 
-Run:   python benchmarks/conv_layers.py [--batch 64] [--repeat 3]
+Run:   python benchmarks/conv_layers.py [--batch 64] [--repeat 3]      (PyTorch rows: pip install torch==2.13.0)
        (``env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python ...`` lets OpenBLAS use its own kernel choice,
        e.g. AVX-512, where the environment pins it; the script prints the values it ran with.)
 First measures the float32 sgemm peak (2048³ matmul, best of 5) at the current BLAS thread count; then for
@@ -8,11 +8,14 @@ conv1..conv5 of CaffeNet at ``batch`` images the median forward and forward+back
 has no data gradient in a net but it is measured too) seconds of each applicable lowering and of auto, as
 GFLOP/s of the convolution's arithmetic (2·o·d/g·k²·m²·B per pass) and % of the sgemm peak, and the
 workspace bytes the engine needs (each measured with buffers of its own; in a net all layers share one).
-Partitions follow CCT_PARTITIONS (default auto).
+Partitions follow CCT_PARTITIONS (default auto).  Then the same layer in PyTorch CPU (``conv2d`` without bias,
+forward and autograd backward of the data and the weights), run in a worker process of its own with the same
+thread count right after cct's rows, and the ratio of auto's forward+backward time to PyTorch's.
 """
 from __future__ import annotations
 
 import argparse
+import multiprocessing as mp
 import os
 import statistics
 import sys
@@ -27,6 +30,7 @@ os.environ.setdefault("GLOG_minloglevel", "1")
 from cct.engines import ConvGeometry  # noqa: E402
 from cct.engines.choice import SelectedEngine  # noqa: E402
 from cct.engines.lowering import LoweringEngine, Workspace, strategy_fallback  # noqa: E402
+from cct.runtime.threads import thread_budget as blas_threads  # noqa: E402
 
 # name, d, o, group, n, k, stride, pad
 CAFFENET = [("conv1", 3, 96, 1, 227, 11, 4, 0), ("conv2", 96, 256, 2, 27, 5, 1, 2),
@@ -40,6 +44,41 @@ def sgemm_peak() -> float:
     np.matmul(a, a, out=c)
     best = min(_timed(lambda: np.matmul(a, a, out=c)) for _ in range(5))
     return 2 * 2048**3 / best
+
+
+def torch_worker(conn, threads: int, repeat: int) -> None:
+    """Times one convolution layer per request: ("layer", batch, d, o, group, n, k, stride, pad) ->
+    (forward seconds, forward + backward seconds), medians of ``repeat`` after a warm-up."""
+    try:
+        import torch
+    except ImportError:
+        conn.send(None)
+        return
+    torch.set_num_threads(threads)
+    conn.send(torch.__version__)
+    while True:
+        msg = conn.recv()
+        if msg is None:
+            return
+        conn.send(_torch_layer(torch, repeat, *msg))
+
+
+def _torch_layer(torch, repeat: int, batch: int, d: int, o: int, grp: int, n: int, k: int, st: int,
+                 p: int) -> tuple[float, float]:
+    conv2d = torch.nn.functional.conv2d
+    x = torch.randn(batch, d, n, n, requires_grad=True)
+    w = torch.randn(o, d // grp, k, k, requires_grad=True)
+    y = conv2d(x, w, None, st, p, 1, grp)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    with torch.no_grad():
+        tf = statistics.median(_timed(lambda: conv2d(x, w, None, st, p, 1, grp)) for _ in range(repeat))
+
+    def step() -> None:
+        x.grad = w.grad = None
+        conv2d(x, w, None, st, p, 1, grp).backward(dy)
+
+    return tf, statistics.median(_timed(step) for _ in range(repeat))
 
 
 def _timed(fn) -> float:
@@ -64,10 +103,22 @@ def main() -> None:
     print(f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')} "
           f"OPENBLAS_L2_SIZE={os.environ.get('OPENBLAS_L2_SIZE', '(unset)')} "
           f"CCT_PARTITIONS={os.environ.get('CCT_PARTITIONS', 'auto')}")
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    torch_proc = ctx.Process(target=torch_worker, args=(child, blas_threads(), args.repeat), daemon=True)
+    torch_proc.start()
+    torch_version = parent.recv()
     peak = sgemm_peak()
-    print(f"sgemm peak (2048^3, this run): {peak / 1e9:.1f} GFLOP/s; batch {args.batch}; median of {args.repeat}")
+    print(f"sgemm peak (2048^3, this run, {blas_threads()} threads): {peak / 1e9:.1f} GFLOP/s; batch {args.batch}; "
+          f"median of {args.repeat}; PyTorch {torch_version or 'not installed: no PyTorch rows'}")
     print(f"{'layer':<7}{'lowering':<50}{'fwd ms':>8}{'GFLOP/s':>9}{'%peak':>7}{'fwd+bwd ms':>12}{'GFLOP/s':>9}"
           f"{'%peak':>7}{'workspace MiB':>15}")
+
+    def row(name: str, label: str, tf: float, tb: float, flops: float, tail: str) -> None:
+        print(f"{name:<7}{label:<50}{tf * 1e3:8.1f}{flops / tf / 1e9:9.1f}{100 * flops / tf / peak:6.0f}%"
+              f"{(tf + tb) * 1e3:12.1f}{3 * flops / (tf + tb) / 1e9:9.1f}{100 * 3 * flops / (tf + tb) / peak:6.0f}%"
+              f"{tail}")
+
     rng = np.random.default_rng(0)
     for name, d, o, grp, n, k, s, p in CAFFENET:
         g = ConvGeometry(args.batch, d, o, grp, (n, n), (k, k), (s, s), (p, p), (1, 1))
@@ -87,9 +138,15 @@ def main() -> None:
             eng.backward(x, dy, w, dx, dw)
             tf, tb = _measure(eng, (x, w, y, dy, dx, dw), args.repeat)
             label = eng.describe() if strategy == "auto" else f"lowering {strategy}"
-            print(f"{name:<7}{label:<50}{tf * 1e3:8.1f}{flops / tf / 1e9:9.1f}{100 * flops / tf / peak:6.0f}%"
-                  f"{(tf + tb) * 1e3:12.1f}{3 * flops / (tf + tb) / 1e9:9.1f}{100 * 3 * flops / (tf + tb) / peak:6.0f}%"
-                  f"{eng.workspace_bytes() / 2**20:15.1f}")
+            row(name, label, tf, tb, flops, f"{eng.workspace_bytes() / 2**20:15.1f}")
+            auto = tf + tb
+        if torch_version:
+            parent.send((args.batch, d, o, grp, n, k, s, p))
+            tf, tfb = parent.recv()
+            row(name, "pytorch", tf, tfb - tf, flops, f"   cct auto / pytorch (fwd+bwd) {auto / tfb:.2f}")
+    if torch_version:
+        parent.send(None)
+    torch_proc.join()
 
 
 if __name__ == "__main__":
