@@ -11,7 +11,7 @@ variable fails before any work).  Tests reset the one object (:meth:`Settings.re
 ====================  ===================  ===============  ==================================================
 setting               environment          flag             values
 ====================  ===================  ===============  ==================================================
-conv_engine           CCT_CONV_ENGINE      -conv_engine     lowering | fft | auto (default)
+conv_engine           CCT_CONV_ENGINE      -conv_engine     lowering | fft | winograd | auto (default)
 lowering              CCT_LOWERING         -lowering        1 | 2 | 3 | auto (default)
 partitions            CCT_PARTITIONS       -partitions      N | auto (default; None)
 autotune              CCT_AUTOTUNE         -autotune        fast (default) | full | off (or auto | 1 | 0)
@@ -19,7 +19,7 @@ devices               CCT_DEVICES          -devices         cpu, cpu:T, gpu:N li
 split                 CCT_SPLIT            -split           auto (default) | fractions f1,f2,...
 executor              CCT_EXECUTOR         -executor        layer (default) | taskgraph
 workers               CCT_WORKERS          -workers         N | auto (default: the cores), task-graph workers
-lowering_max_mb       CCT_LOWERING_MAX_MB                   MiB of lowered matrices per layer call (32)
+lowering_max_mb       CCT_LOWERING_MAX_MB                   MiB of lowered matrices, Winograd tiles per call (32)
 fft_memoize           CCT_FFT_MEMOIZE                       1 (default) | 0: keep spectra between passes
 fft_memo_mb           CCT_FFT_MEMO_MB                       MiB of kept spectra per layer (1024)
 fft_workers           CCT_FFT_WORKERS                       FFT threads (default: the thread's BLAS budget)
@@ -166,8 +166,9 @@ class Setting:
 
 
 SETTINGS = (
-    Setting("conv_engine", "CCT_CONV_ENGINE", "conv_engine", choice("lowering", "fft", "auto"),
-            "convolution engine: lowering, fft, or auto (measured per layer where fft applies)"),
+    Setting("conv_engine", "CCT_CONV_ENGINE", "conv_engine", choice("lowering", "fft", "winograd", "auto"),
+            "convolution engine: lowering, fft, winograd (3x3 stride-1 layers; lowering elsewhere), or auto "
+            "(measured per layer where fft or winograd may gain)"),
     Setting("lowering", "CCT_LOWERING", "lowering", lowering_choice,
             "the lowering convolutions use: 1, 2, 3, or auto (per layer, by the calibrated cost model)"),
     Setting("partitions", "CCT_PARTITIONS", "partitions", count_or_auto,
@@ -184,7 +185,7 @@ SETTINGS = (
     Setting("workers", "CCT_WORKERS", "workers", count_or_auto,
             "task-graph worker threads: N, or auto (the cores)"),
     Setting("lowering_max_mb", "CCT_LOWERING_MAX_MB", None, number(1e-6),
-            "MiB of lowered matrices a convolution holds per call (default 32)"),
+            "MiB of lowered matrices (and Winograd tiles) a convolution holds per call (default 32)"),
     Setting("fft_memoize", "CCT_FFT_MEMOIZE", None, lambda v, n, s: boolean("1" if v is None else v, n, s),
             "keep FFT spectra between a layer's passes (default 1)"),
     Setting("fft_memo_mb", "CCT_FFT_MEMO_MB", None, number(0.0),

@@ -23,8 +23,9 @@ FLAGS = [
     Flag("sighup_effect", str, "snapshot", "Optional; action to take when a SIGHUP signal is received: "
          "snapshot, stop or none."),
     # cct's engine knobs (the same settings as CCT_LOWERING / CCT_PARTITIONS for the Python API)
-    Flag("conv_engine", str, "", "Optional; convolution engine: lowering, fft or auto (default: CCT_CONV_ENGINE "
-                                 "or auto: measured per layer where fft applies)."),
+    Flag("conv_engine", str, "", "Optional; convolution engine: lowering, fft, winograd (3x3 stride-1 layers, "
+                                 "lowering elsewhere) or auto (default: CCT_CONV_ENGINE or auto: measured per layer "
+                                 "where fft or winograd may gain)."),
     Flag("lowering", str, "", "Optional; convolution lowering: 1, 2, 3 or auto (default: CCT_LOWERING or auto)."),
     Flag("autotune", str, "", "Optional; measuring engine candidates: fast (close calls, a few seconds per net), "
                               "full (every layer) or off (cost models only) (default: CCT_AUTOTUNE or fast)."),

@@ -12,15 +12,16 @@ and the three products of back-propagation: ``forward`` (x → y), ``backward_da
 convolution) and ``backward_weights`` (x, dy → dw).  Deconvolution uses the same engine with the roles of
 ``forward`` and ``backward_data`` swapped (its geometry is that of the convolution it is the transpose of).
 
-**Cost contract.**  Every engine class predicts its cost on a geometry without running it:
+**Cost contract.** Every engine class predicts its cost on a geometry without running it:
 ``Engine.estimates(geometry, dtype, rates, xp) -> [Estimate]``, one per variant it offers (the lowering
-engine's three lowerings, the FFT engine's two layouts) — forward seconds, backward (data + weights) seconds
-and the workspace it holds.  :func:`estimate_convolution` collects them for every engine with this machine's
-calibrated rates: the per-layer engine choice, the memory-budget planner of volume inference and the
-parallelism planner all price convolutions through it.
+engine's three lowerings, the FFT engine's two layouts, the Winograd engine's two tile sizes) — forward
+seconds, backward (data + weights) seconds and the workspace it holds. :func:`estimate_convolution` collects
+them for every engine with this machine's calibrated rates: the per-layer engine choice, the memory-budget
+planner of volume inference and the parallelism planner all price convolutions through it.
 
 Engines are looked up by name with :func:`create_conv_engine`: ``lowering`` (CcT's three lowerings,
-:mod:`cct.engines.lowering`) and ``fft`` (ZNN's FFT convolution, :mod:`cct.engines.fft`).  A layer's creator
+:mod:`cct.engines.lowering`), ``fft`` (ZNN's FFT convolution, :mod:`cct.engines.fft`) and ``winograd``
+(Lavin & Gray's minimal filtering for 3x3 kernels, :mod:`cct.engines.winograd`).  A layer's creator
 function gets a :class:`cct.engines.choice.SelectedEngine`, which runs one of them per geometry as the
 settings say (``CCT_CONV_ENGINE``, ``CCT_LOWERING``, ``CCT_PARTITIONS``; cost model and measured autotune).
 """
@@ -40,6 +41,7 @@ __all__ = ["ConvEngine", "ConvGeometry", "Estimate", "conv_engine_names", "creat
 _CONV_ENGINES: dict[str, str] = {
     "fft": "cct.engines.fft:FFTEngine",
     "lowering": "cct.engines.lowering:LoweringEngine",
+    "winograd": "cct.engines.winograd:WinogradEngine",
 }
 
 

@@ -334,50 +334,60 @@ def _autotune_lowerings(g: ConvGeometry, dtype: Any, wanted: list[int], images: 
 
 
 def autotune_conv_engine(g: ConvGeometry, dtype: Any = np.float32, strategy: int = 1,
-                         predicted: float | None = None) -> dict[str, float] | None:
+                         predicted: float | None = None, fft: bool = True,
+                         winograd: bool = False) -> dict[str, float] | None:
     """Seconds of one forward + backward (data and weights) of the whole layer ``g`` with the lowering engine
-    (lowering ``strategy``, type 1 where it does not apply) and with the FFT engine in its layouts whose predictions
-    are within ``FFT_LAYOUT_WINDOW`` of each other (else the predicted one): ``{"lowering": s, "fft full": s,
-    "fft lifted": s}``.
+    (lowering ``strategy``, type 1 where it does not apply), with the FFT engine (``fft``) in its layouts whose
+    predictions are within ``FFT_LAYOUT_WINDOW`` of each other (else the predicted one) and with the Winograd
+    engine (``winograd``) in both tile sizes: ``{"lowering": s, "fft full": s, "fft lifted": s, "winograd 4": s,
+    "winograd 2": s}``.
 
     Measured as a training iteration runs them (:func:`_measure_engines`: every operand new each step,
     ``ENGINE_AUTOTUNE_ROUNDS`` rounds interleaved after a warm-up and a short pause — the FFT and BLAS thread
     pools hand the cores over —, the best round).  A layer ``predicted`` (seconds) to take longer than
     ``ENGINE_AUTOTUNE_SECONDS`` is measured on fewer images and scaled to the batch — the FFT engine's kernel
     transforms, done once per batch, then count for more than in the layer, which favours the lowering
-    engine on such layers.  Cached per geometry, dtype, thread setting and lowering; None when nothing is cached
-    and the net's measuring budget is spent."""
+    engine on such layers.  Cached per geometry, dtype, thread setting, lowering and candidate set; None when
+    nothing is cached and the net's measuring budget is spent."""
     from cct.engines.lowering import strategy_fallback
 
     strategy = strategy if strategy_fallback(strategy, g) is None else 1
-    key = f"{geometry_key(g, dtype)}-lowering{strategy}"
+    key = f"{geometry_key(g, dtype)}-lowering{strategy}" + ("" if fft else "-nofft") + ("-winograd" if winograd else "")
     cached = _read_cache().get("conv_engine", {}).get(key)
-    if cached and "lowering" in cached and any(k.startswith("fft ") for k in cached):
+    if cached and "lowering" in cached and (not fft or any(k.startswith("fft ") for k in cached)) \
+            and (not winograd or any(k.startswith("winograd ") for k in cached)):
         return {k: float(t) for k, t in cached.items()}
     if not _may_measure():
         return None
     with _charged():
-        result = _measure_conv_engines(g, dtype, strategy, predicted)
+        result = _measure_conv_engines(g, dtype, strategy, predicted, fft, winograd)
     _write_cache({"conv_engine": {key: result}})
     return result
 
 
-def _measure_conv_engines(g: ConvGeometry, dtype: Any, strategy: int, predicted: float | None) -> dict[str, float]:
+def _measure_conv_engines(g: ConvGeometry, dtype: Any, strategy: int, predicted: float | None, fft: bool = True,
+                          winograd: bool = False) -> dict[str, float]:
     from cct.engines.fft import FFTEngine
     from cct.engines.lowering import LoweringEngine, Workspace
+    from cct.engines.winograd import TILES, WinogradEngine
 
     if predicted is None:
         rates = machine_rates()
         lowering = {e.variant: e.seconds for e in LoweringEngine.estimates(g, dtype, rates)}
-        predicted = max(lowering[f"lowering {strategy}"], min(e.seconds for e in FFTEngine.estimates(g, dtype, rates)))
+        predicted = lowering[f"lowering {strategy}"]
+        if fft:
+            predicted = max(predicted, min(e.seconds for e in FFTEngine.estimates(g, dtype, rates)))
     effort = _effort()
     n = max(1, min(g.num, int(g.num * effort.engine_seconds / max(predicted, 1e-9))))
-    est = FFTEngine.estimate(g, np.dtype(dtype).itemsize, machine_rates())  # the layouts' own model
-    layouts = [k for k in ("full", "lifted") if k in est]
-    if len(layouts) == 2 and max(est[k]["seconds"] for k in layouts) > FFT_LAYOUT_WINDOW * min(
-            est[k]["seconds"] for k in layouts):
-        layouts = [est["choice"]]  # a clear call: only the predicted layout
     engines: dict[str, ConvEngine] = {"lowering": LoweringEngine(strategy, workspace=Workspace())}
-    engines.update({f"fft {k}": FFTEngine(lift=k == "lifted") for k in layouts})
+    if fft:
+        est = FFTEngine.estimate(g, np.dtype(dtype).itemsize, machine_rates())  # the layouts' own model
+        layouts = [k for k in ("full", "lifted") if k in est]
+        if len(layouts) == 2 and max(est[k]["seconds"] for k in layouts) > FFT_LAYOUT_WINDOW * min(
+                est[k]["seconds"] for k in layouts):
+            layouts = [est["choice"]]  # a clear call: only the predicted layout
+        engines.update({f"fft {k}": FFTEngine(lift=k == "lifted") for k in layouts})
+    if winograd:
+        engines.update({f"winograd {m}": WinogradEngine(m) for m in TILES})
     best = _measure_engines(engines, replace(g, num=n), dtype, effort.engine_rounds, settle=0.1, decided=2.0)
     return {name: t * g.num / n for name, t in best.items()}

@@ -1,13 +1,14 @@
-"""Which engine each convolution runs — lowering (and which lowering) or FFT: the per-layer choice policy and
+"""Which engine each convolution runs — lowering (and which lowering), FFT or Winograd: the per-layer choice policy and
 its one-line description.  The settings it follows are :mod:`cct.config`'s ``conv_engine``, ``lowering`` and
 ``autotune`` (``-conv_engine`` / ``CCT_CONV_ENGINE`` and the like), read when a layer is created; what it
 measures, and the cache of measurements, is :mod:`cct.engines.autotune`'s; what it predicts, the engines' own
 cost models (:func:`cct.engines.estimate_convolution`).
 
-* ``conv_engine`` = ``lowering`` | ``fft`` | ``auto``: ``fft`` runs every convolution by FFT — a strided one as
-  its stride-1 convolution, exact but at that cost —, and a layer the FFT engine cannot compute (arrays on a
-  GPU, no spatial axes) is an error naming the layer; ``auto`` takes the lowering engine on those and on
-  strided layers, and says why in the layer's log line;
+* ``conv_engine`` = ``lowering`` | ``fft`` | ``winograd`` | ``auto``: ``fft`` runs every convolution by FFT — a
+  strided one as its stride-1 convolution, exact but at that cost —, and a layer the FFT engine cannot compute
+  (arrays on a GPU, no spatial axes) is an error naming the layer; ``winograd`` runs the 3x3 stride-1 2-D layers
+  by Winograd's F(4x4,3x3) and the others by lowering, saying why in their log lines; ``auto`` takes the
+  lowering engine where neither applies (and on strided layers), and says why in the layer's log line;
 * ``lowering`` = ``1`` | ``2`` | ``3`` | ``auto``: force a lowering (a layer where it does not apply falls back
   to type 1 and says why) or choose per layer;
 * ``autotune`` = ``fast`` (``auto``) | ``full`` (``1``) | ``off`` (``0``): whether ``auto`` measures the
@@ -17,9 +18,9 @@ cost models (:func:`cct.engines.estimate_convolution`).
 
 Engine ``auto`` per layer (:func:`choose_conv_engine`, ZNN's layerwise autotuning): the lowering engine where
 the FFT engine does not apply, the layer is strided, or the FFT engine cannot plausibly save
-``PREFER_TYPE1_SECONDS`` (its model's prediction divided by ``FFT_WINDOW``); otherwise both engines measured
-on the layer (:func:`cct.engines.autotune.autotune_conv_engine`) and the FFT engine taken when it is at least
-that much faster.
+``PREFER_TYPE1_SECONDS`` (its model's prediction divided by ``FFT_WINDOW``), and the Winograd engine does not
+apply or the layer is too small to be worth measuring; otherwise the candidates measured on the layer
+(:func:`cct.engines.autotune.autotune_conv_engine`) and the fastest taken when it is at least that much faster.
 
 Lowering ``auto`` per layer (:func:`choose_strategy`):
 
@@ -44,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from cct.config import settings
-from cct.engines import create_conv_engine
+from cct.engines import conv_engine_class, create_conv_engine
 from cct.engines.autotune import autotune, autotune_conv_engine, machine_rates
 from cct.engines.base import ConvEngine, ConvGeometry
 from cct.engines.cost_model import MachineRates, estimate_seconds, layer_costs
@@ -64,6 +65,9 @@ FFT_WINDOW = 2.0
 # ... and with -autotune fast, where a measurement must be worth its time: the FFT engine measured only where its
 # prediction is within this factor of a gain
 FAST_FFT_WINDOW = 1.3
+# auto takes the smaller Winograd tile (F(2x2,3x3): the more accurate) when it is measured within this factor of
+# the larger's time
+WINOGRAD_TILE_WINDOW = 1.03
 
 
 def engine_for_layer(kind: str = "Convolution") -> SelectedEngine:
@@ -74,7 +78,7 @@ def engine_for_layer(kind: str = "Convolution") -> SelectedEngine:
 
 
 class SelectedEngine(ConvEngine):
-    """The engine a convolution layer owns: the lowering or the FFT engine (:attr:`inner`), chosen for each
+    """The engine a convolution layer owns: the lowering, FFT or Winograd engine (:attr:`inner`), chosen for each
     geometry at the layer's reshape by the ``conv_engine`` setting the layer was created with:
 
     * ``lowering`` — the lowering engine (with the ``lowering`` setting);
@@ -90,7 +94,7 @@ class SelectedEngine(ConvEngine):
     def __init__(self, choice: str = "auto", source: str = "default", lowering: int | str = "auto",
                  lowering_source: str = "default"):
         super().__init__()
-        if choice not in ("lowering", "fft", "auto") or lowering not in (1, 2, 3, "auto"):
+        if choice not in ("lowering", "fft", "winograd", "auto") or lowering not in (1, 2, 3, "auto"):
             raise ValueError(f"SelectedEngine({choice!r}, lowering={lowering!r})")
         self.choice, self.source = choice, source
         self.lowering, self.lowering_source = lowering, lowering_source
@@ -119,10 +123,12 @@ class SelectedEngine(ConvEngine):
         if key == self._key and self.inner is not None:
             return False
         choice, reason = choose_conv_engine(geometry, dtype, xp, self.choice, self.source, self.lowering)
-        name, _, layout = choice.partition(" ")  # "fft lifted" / "fft full": a measured FFT layout
+        name, _, layout = choice.partition(" ")  # "fft lifted" / "winograd 2": a measured layout or tile
+        tile = int(layout) if name == "winograd" and layout else None
         changed = self.inner is None or self.inner.name != name or reason != self.reason
-        if self.inner is None or self.inner.name != name:
-            self.inner = create_conv_engine(name)
+        if self.inner is None or self.inner.name != name or (tile is not None and self.inner.tile != tile):
+            self.inner = create_conv_engine(name) if tile is None else conv_engine_class(name)(tile)
+            changed = True
         if name == "lowering":
             if self.lowering == "auto":
                 self.inner.request(*choose_strategy(geometry, dtype))
@@ -179,51 +185,78 @@ def _lowering_prediction(g: ConvGeometry, lowering: int | str, rates: MachineRat
     return min(predicted.values())
 
 
+def winograd_applies(g: ConvGeometry, xp: Any = None) -> tuple[bool, str]:
+    """(True, "") when the Winograd engine can compute ``g`` on arrays of ``xp``, else (False, the reason)."""
+    from cct.engines.winograd import WinogradEngine
+
+    if xp is not None and xp is not np:
+        return False, "the winograd engine runs on the CPU and this layer's arrays are on a GPU"
+    return WinogradEngine.supports(g)
+
+
 def choose_conv_engine(g: ConvGeometry, dtype: Any = np.float32, xp: Any = None, choice: str = "auto",
                        source: str = "default", lowering: int | str = "auto") -> tuple[str, str]:
     """(engine name, reason) for geometry ``g`` under the ``conv_engine`` setting ``choice``.
 
-    ``auto``: the lowering engine where the FFT engine does not apply (the reason names why) or where the two
-    models (:func:`predicted_seconds`, :func:`predicted_fft_seconds`) leave the FFT engine no chance to save
-    ``PREFER_TYPE1_SECONDS`` even at ``FFT_WINDOW`` times its prediction (small layers, most 2-D layers: they
-    keep Caffe's summation order); otherwise both engines measured on the layer (:func:`autotune_conv_engine`,
-    cached) and the FFT engine taken when it saves at least ``PREFER_TYPE1_SECONDS``.  With autotune off
-    (``CCT_AUTOTUNE=0``) the predictions decide; with it forced on, every applicable layer is measured."""
+    ``winograd``: the Winograd engine wherever it applies (3x3, stride 1, 2-D, CPU), the lowering engine
+    elsewhere with the reason.  ``auto``: the candidates beside the lowering engine are the FFT engine, where
+    it applies and the two models (:func:`predicted_seconds`, :func:`predicted_fft_seconds`) leave it a chance
+    to save ``PREFER_TYPE1_SECONDS`` even at ``FFT_WINDOW`` times its prediction, and the Winograd engine,
+    where it applies and the layer is predicted to take ``AUTOTUNE_MIN_SECONDS`` or more (its transforms cost
+    some float32 precision, so small layers keep the lowering engine's sums; it has no calibrated model, so
+    with autotune off it runs only when forced).  With no candidate the lowering engine runs (small layers,
+    most strided ones: they keep Caffe's summation order); otherwise all are measured on the layer
+    (:func:`autotune_conv_engine`, cached) and the fastest taken when it saves at least
+    ``PREFER_TYPE1_SECONDS`` over the lowering engine — the smaller Winograd tile when it is within
+    ``WINOGRAD_TILE_WINDOW`` of the larger (it is the more accurate).  With autotune off (``CCT_AUTOTUNE=0``)
+    the FFT model decides; with it forced on, every applicable layer is measured."""
     if choice == "lowering":
         return "lowering", ""
+    wino_ok, wino_why = winograd_applies(g, xp)
+    if choice == "winograd":
+        return ("winograd", "") if wino_ok else ("lowering", f"not winograd: {wino_why}")
     ok, why = fft_applies(g, xp)
     if choice == "fft":
         if not ok:
             raise CctError(f"conv_engine fft (set by {source}) cannot run this layer: {why}; "
                            f"use conv_engine lowering or auto")
         return "fft", ""
-    if not ok:
-        return "lowering", f"not fft: {why}"
-    if any(st != 1 for st in g.stride):  # fft would compute every stride-1 output and drop the rest
-        st = g.stride[0] if len(set(g.stride)) == 1 else "x".join(map(str, g.stride))
-        return "lowering", f"not fft: stride {st} > 1"
-    if all(k == 1 for k in g.kernel):  # a GEMM already: transforms can only add work
-        return "lowering", "not fft: a 1x1 kernel"
-    t_fft = predicted_fft_seconds(g, dtype)
-    t_low = _lowering_prediction(g, lowering)
     tune = settings.get("autotune")
-    window = FFT_WINDOW if tune is True else FAST_FFT_WINDOW
-    if tune is not True and t_low - t_fft / window < PREFER_TYPE1_SECONDS:
-        return "lowering", ""  # the usual case (the layer's log line shows both predictions)
-    if tune is False:
+    fft_why = ""
+    if not ok:
+        fft_why = f"not fft: {why}"
+    elif any(st != 1 for st in g.stride):  # fft would compute every stride-1 output and drop the rest
+        st = g.stride[0] if len(set(g.stride)) == 1 else "x".join(map(str, g.stride))
+        fft_why = f"not fft: stride {st} > 1"
+    elif all(k == 1 for k in g.kernel):  # a GEMM already: transforms can only add work
+        fft_why = "not fft: a 1x1 kernel"
+    t_low = _lowering_prediction(g, lowering)
+    wino = wino_ok and tune is not False and (tune is True or t_low >= AUTOTUNE_MIN_SECONDS)
+    fft = not fft_why
+    t_fft = predicted_fft_seconds(g, dtype) if fft else 0.0
+    if fft and tune is not True:
+        window = FAST_FFT_WINDOW
+        fft = t_low - t_fft / window >= PREFER_TYPE1_SECONDS  # else the usual case: the log line shows both
+    if fft and tune is False:
         t_low = _lowering_prediction(g, lowering, machine_rates(calibrate_if_missing=True))
         if t_low - t_fft >= max(PREFER_TYPE1_SECONDS, PREFER_TYPE1_FRACTION * t_low):
             return "fft", f"engine by cost model (lowering predicted {t_low * 1e3:.3g} ms)"
         return "lowering", f"engine by cost model (fft predicted {t_fft * 1e3:.3g} ms)"
+    if not fft and not wino:
+        return "lowering", fft_why
     strategy = choose_strategy(g, dtype)[0] if lowering == "auto" else int(lowering)
-    measured = autotune_conv_engine(g, dtype, strategy, max(t_low, t_fft))
+    measured = autotune_conv_engine(g, dtype, strategy, max(t_low, t_fft), fft=fft, winograd=wino)
     if measured is None:  # the net's measuring budget is spent: the calibrated models decide
         t_low = _lowering_prediction(g, lowering, machine_rates(calibrate_if_missing=True))
-        name = "fft" if t_low - t_fft >= max(PREFER_TYPE1_SECONDS, PREFER_TYPE1_FRACTION * t_low) else "lowering"
-        return name, f"engine by cost model, autotune budget spent (lowering {t_low * 1e3:.3g} ms, fft " \
-                     f"{t_fft * 1e3:.3g} ms predicted)"
-    fft = min((k for k in measured if k.startswith("fft")), key=measured.__getitem__)
-    name = fft if measured["lowering"] - measured[fft] >= PREFER_TYPE1_SECONDS else "lowering"
+        name = "fft" if fft and t_low - t_fft >= max(PREFER_TYPE1_SECONDS, PREFER_TYPE1_FRACTION * t_low) \
+            else "lowering"
+        return name, f"engine by cost model, autotune budget spent (lowering {t_low * 1e3:.3g} ms" + (
+            f", fft {t_fft * 1e3:.3g} ms predicted)" if fft else " predicted)")
+    best = min(measured, key=measured.__getitem__)
+    tiles = sorted((k for k in measured if k.startswith("winograd ")), key=lambda k: int(k.split()[1]))
+    if best in tiles and measured[tiles[0]] <= WINOGRAD_TILE_WINDOW * measured[best]:
+        best = tiles[0]
+    name = best if measured["lowering"] - measured[best] >= PREFER_TYPE1_SECONDS else "lowering"
     return name, "engine autotuned: " + ", ".join(f"{k} {t * 1e3:.3g} ms" for k, t in measured.items())
 
 

@@ -100,7 +100,8 @@ def strategy_fallback(strategy: int, g: ConvGeometry) -> str | None:
     return None
 
 
-def _max_lowered_bytes() -> int:
+def chunk_budget_bytes() -> int:
+    """The per-call scratch budget of the convolution engines (``lowering_max_mb``), in bytes."""
     mb = settings.get("lowering_max_mb")
     return int((_DEFAULT_MAX_MB if mb is None else mb) * 2**20)
 
@@ -123,6 +124,20 @@ class Workspace:
     def clear(self) -> None:
         """Release every buffer (they are re-allocated by the next call that needs them)."""
         self.parts = []
+
+
+def workspace_view(ws: dict[str, Any], name: str, shape: tuple[int, ...], like: Any) -> Any:
+    """A ``shape`` view of the flat buffer ``name`` of one partition's buffers ``ws`` (``Workspace.part(i)``),
+    grown when too small, of ``like``'s dtype and array module; its contents are whatever the last user
+    left."""
+    count = _prod(shape)
+    buf = ws.get(name)
+    xp = get_array_module(like)
+    if buf is None or buf.size < count or buf.dtype != like.dtype or get_array_module(buf) is not xp:
+        ws.pop(name, None)  # drop the old buffer before allocating its replacement
+        buf = xp.empty(max(count, 1), dtype=like.dtype)
+        ws[name] = buf
+    return buf[:count].reshape(shape)
 
 
 _registry = threading.local()  # per thread: (dtype, array module) -> weakref to the shared Workspace
@@ -201,7 +216,7 @@ class LoweringEngine(ConvEngine):
     def __init__(self, strategy: int = 1, max_lowered_bytes: int | None = None, source: str = "forced",
                  workspace: Workspace | None = None):
         super().__init__()
-        self.max_lowered_bytes = _max_lowered_bytes() if max_lowered_bytes is None else max_lowered_bytes
+        self.max_lowered_bytes = chunk_budget_bytes() if max_lowered_bytes is None else max_lowered_bytes
         self.requested = 1
         self.source = source
         self.request(strategy, source)
@@ -228,7 +243,7 @@ class LoweringEngine(ConvEngine):
         rates = rates or DEFAULT_RATES
         parts = partitions_for(g.num, 2.0 * g.out_channels * (g.in_channels // g.group) * g.kernel_count
                                * g.out_count)
-        budget = max(1, _max_lowered_bytes() // parts)
+        budget = max(1, chunk_budget_bytes() // parts)
         out = []
         for s in (1, 2, 3):
             if strategy_fallback(s, g) is not None:
@@ -322,18 +337,7 @@ class LoweringEngine(ConvEngine):
         self._current = ws = self._space_for(like.dtype, get_array_module(like))
         return ws
 
-    @staticmethod
-    def _view(ws: dict[str, Any], name: str, shape: tuple[int, ...], like: Any) -> Any:
-        """A ``shape`` view of the flat buffer ``name`` of ``ws`` (grown when too small; contents are
-        whatever the last user left)."""
-        count = _prod(shape)
-        buf = ws.get(name)
-        xp = get_array_module(like)
-        if buf is None or buf.size < count or buf.dtype != like.dtype or get_array_module(buf) is not xp:
-            ws.pop(name, None)  # drop the old buffer before allocating its replacement
-            buf = xp.empty(max(count, 1), dtype=like.dtype)
-            ws[name] = buf
-        return buf[:count].reshape(shape)
+    _view = staticmethod(workspace_view)
 
     def _chunks(self, n: int, itemsize: int) -> list[list[tuple[int, int]]]:
         """Per partition, the image ranges processed one after the other (lowered matrices within budget)."""

@@ -35,11 +35,12 @@ def _no_measuring(monkeypatch):
 # ---- settings ------------------------------------------------------------------------------------
 def test_setting_values_and_sources():
     assert (settings.get("conv_engine"), settings.source("conv_engine")) == ("auto", "default")
-    for text, value in (("", "auto"), ("AUTO", "auto"), (" fft ", "fft"), ("lowering", "lowering")):
+    for text, value in (("", "auto"), ("AUTO", "auto"), (" fft ", "fft"), ("lowering", "lowering"),
+                        ("Winograd", "winograd")):
         settings.set("conv_engine", text)
         assert settings.get("conv_engine") == value
-    with pytest.raises(CctError, match="conv_engine must be lowering, fft or auto"):
-        settings.set("conv_engine", "winograd")
+    with pytest.raises(CctError, match="conv_engine must be lowering, fft, winograd or auto"):
+        settings.set("conv_engine", "direct")
     use_flags(None, None, "fft")
     assert (settings.get("conv_engine"), settings.source("conv_engine")) == ("fft", "-conv_engine")
     assert choice.engine_for_layer().choice == "fft"
@@ -87,7 +88,7 @@ def test_auto_falls_back_with_a_reason(monkeypatch):
 def test_auto_takes_the_measured_faster_engine(monkeypatch, fft_ms, lowering_ms, expected):
     seen = []
 
-    def measured(g, dtype, lowering, predicted):
+    def measured(g, dtype, lowering, predicted, fft=True, winograd=False):
         seen.append(g)
         return {"fft": fft_ms / 1e3, "lowering": lowering_ms / 1e3}
 
@@ -99,13 +100,13 @@ def test_auto_takes_the_measured_faster_engine(monkeypatch, fft_ms, lowering_ms,
 
 def test_auto_runs_the_measured_fft_layout(monkeypatch):
     monkeypatch.setattr(choice, "autotune_conv_engine",
-                        lambda *a: {"lowering": 0.1, "fft full": 0.06, "fft lifted": 0.05})
+                        lambda *a, **k: {"lowering": 0.1, "fft full": 0.06, "fft lifted": 0.05})
     assert choice.choose_conv_engine(BIG_7)[0] == "fft lifted"
     eng = choice.SelectedEngine("auto")
     eng.configure(BIG_7)
     assert eng.name == "fft" and eng.inner.lifted and "fft lifted 50 ms" in eng.describe()
     monkeypatch.setattr(choice, "autotune_conv_engine",
-                        lambda *a: {"lowering": 0.1, "fft full": 0.04, "fft lifted": 0.05})
+                        lambda *a, **k: {"lowering": 0.1, "fft full": 0.04, "fft lifted": 0.05})
     eng = choice.SelectedEngine("auto")
     eng.configure(BIG_7)
     assert eng.name == "fft" and not eng.inner.lifted
@@ -196,7 +197,8 @@ def test_forced_fft_on_a_layer_it_cannot_run_is_one_line(tmp_path):
     assert "layer 'fc_as_conv' (Convolution): conv_engine fft (set by -conv_engine) cannot run this layer: " \
            "no spatial axes" in fatal
     rc, out = _run("time", "-model", model, "-conv_engine", "fastest")
-    assert rc == 1 and messages(out, "F") == ["-conv_engine: conv_engine must be lowering, fft or auto (got 'fastest')"]
+    assert rc == 1 and messages(out, "F") == [
+        "-conv_engine: conv_engine must be lowering, fft, winograd or auto (got 'fastest')"]
 
 
 def test_invalid_environment_is_one_line_from_the_command_line(tmp_path, monkeypatch):

@@ -221,7 +221,7 @@ def test_every_engine_prices_a_geometry_through_one_contract():
 
     g = ConvGeometry(4, 16, 32, 1, (12, 12), (3, 3), (1, 1), (1, 1), (1, 1))
     est = estimate_convolution(g)
-    assert set(est) == {"lowering 1", "lowering 2", "lowering 3", "fft full", "fft lifted"}
+    assert set(est) == {"lowering 1", "lowering 2", "lowering 3", "fft full", "fft lifted", "winograd 2", "winograd 4"}
     for variant, e in est.items():
         assert e.variant == variant and e.engine == variant.split()[0]
         assert 0 < e.forward_seconds < e.seconds and e.workspace_bytes > 0

@@ -1,0 +1,277 @@
+"""Winograd minimal filtering for 3x3 convolutions (Lavin & Gray, "Fast Algorithms for Convolutional Neural
+Networks", CVPR 2016), F(m x m, 3 x 3) with output tiles of m = 4 (default) or 2.
+
+Each ``(m+2) x (m+2)`` input tile ``d`` (tiles overlap by 2 and step by ``m``) gives an ``m x m`` output tile
+
+    Y = Aᵀ [ (G g Gᵀ) ⊙ (Bᵀ d B) ] A
+
+so a tile costs ``(m+2)²`` multiplications per (input, output) channel pair instead of ``9 m²``: 36 instead of
+144 for m = 4 (4x fewer), 16 instead of 36 for m = 2 (2.25x).  Summed over input channels the element-wise
+products become ``(m+2)²`` independent GEMMs, ``U[ξ] (Og x Cg) · V[ξ] (Cg x tiles)``, which is where the time
+goes; the transforms are GEMMs with the Kronecker products ``Bᵀ⊗Bᵀ`` and ``Aᵀ⊗Aᵀ`` on the whole chunk at once.
+
+Scope: 2-D, 3x3 kernels, stride 1, no dilation, padding at most 2 per side, numpy arrays (the CPU), any group
+count, float32 and float64.  The data gradient is the same computation on ``dy`` with the kernels flipped and
+their channel axes swapped, padded ``2 - pad``; the weight gradient is a correlation whose Winograd form
+(3x3 outputs from large tiles) saves little, so the engine computes it with the lowering engine (the lowering
+its cost model prefers for that pass).
+
+Accuracy: the transforms' coefficients (up to 25 and 64 for m = 4) cost some float32 precision — on random
+CaffeNet-sized layers the largest difference from a direct sum is ~1.5e-5 of the output's largest magnitude
+for m = 4 and ~8e-7 for m = 2, within the library's comparison rule (1e-4 of the larger of the value and the
+blob's RMS) but not bitwise Caffe's order.  ``auto`` therefore takes this engine only where it measured a
+clear gain (:mod:`cct.engines.choice`); ``-conv_engine winograd`` forces it.
+
+The batch is split into the batch partitions (:mod:`cct.runtime.partition`) and each partition walks its
+images in chunks whose buffers (padded input, tiles, transformed tiles and products, output tiles) share the
+lowering engine's budget (``lowering_max_mb``, ``CCT_LOWERING_MAX_MB``: 32 MiB per layer call, split between
+the partitions).  The buffers are slots of the thread's workspace that the net's lowering engines share
+(:func:`cct.engines.lowering.shared_workspace`) — the lowering engine's own slot names, since every slot is
+scratch for the duration of one call —, so the engine adds memory only where it needs more than they do.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from cct.engines.base import ConvEngine, ConvGeometry, Estimate
+from cct.engines.cost_model import DEFAULT_RATES, gemm_seconds
+from cct.engines.lowering import LoweringEngine, chunk_budget_bytes, shared_workspace, workspace_view
+from cct.errors import CctError
+from cct.runtime.partition import batch_ranges, partitions_for, run_partitions
+from cct.runtime.threads import blas_threads
+
+# F(m, 3): (Bᵀ, G, Aᵀ) for interpolation points 0, ±1 (m = 2) and 0, ±1, ±2 (m = 4), plus the point at infinity
+_TRANSFORMS: dict[int, tuple[list[list[float]], list[list[float]], list[list[float]]]] = {
+    2: ([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]],
+        [[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]],
+        [[1, 1, 1, 0], [0, 1, -1, -1]]),
+    4: ([[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0], [0, -2, -1, 2, 1, 0],
+         [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]],
+        [[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6], [1 / 24, 1 / 12, 1 / 6],
+         [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]],
+        [[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]]),
+}
+TILES = tuple(sorted(_TRANSFORMS))
+
+
+class WinogradEngine(ConvEngine):
+    """F(m x m, 3 x 3) Winograd convolution (see the module docstring); ``tile`` is m (4 or 2)."""
+
+    name = "winograd"
+
+    def __init__(self, tile: int = 4) -> None:
+        super().__init__()
+        if tile not in _TRANSFORMS:
+            raise ValueError(f"winograd tile must be one of {TILES} (got {tile!r})")
+        self.tile = tile
+        bt, gm, at = (np.array(t, dtype=np.float64) for t in _TRANSFORMS[tile])
+        self._bb = np.kron(bt, bt)   # (a², a²): input tile -> transformed tile
+        self._aa = np.kron(at, at)   # (m², a²): transformed product -> output tile
+        self._gg = np.kron(gm, gm)   # (a², 9): kernel -> transformed kernel
+        self.dtype: Any = np.dtype(np.float32)
+        self._consts: dict[Any, tuple[Any, Any]] = {}
+        self._workspace: Any = None  # the thread's workspace shared with the lowering engines (configure)
+        self._weights_engine: Any = None
+
+    # ---- applicability and cost ---------------------------------------------------------------
+    @staticmethod
+    def supports(g: ConvGeometry) -> tuple[bool, str]:
+        """(True, "") when the engine can compute ``g``, else (False, the reason)."""
+        if g.num_spatial_axes != 2:
+            return False, f"winograd runs 2-D convolutions ({g.num_spatial_axes}-D here)"
+        if tuple(g.kernel) != (3, 3):
+            return False, f"winograd runs 3x3 kernels ({'x'.join(map(str, g.kernel))} here)"
+        if any(s != 1 for s in g.stride):
+            return False, "winograd runs stride 1"
+        if any(d != 1 for d in g.dilation):
+            return False, "winograd runs undilated kernels"
+        if any(p > 2 for p in g.pad):
+            return False, "winograd runs padding up to 2"
+        return True, ""
+
+    @classmethod
+    def estimates(cls, g: ConvGeometry, dtype: Any = "float32", rates: Any = None, xp: Any = None) -> list[Estimate]:
+        """Per tile size: the transforms (gathers and Kronecker GEMMs) and the ``(m+2)²`` channel GEMMs of the
+        forward and of the data gradient, plus the lowering engine's weight gradient; the workspace of one
+        chunk per partition."""
+        if (xp is not None and xp is not np) or not cls.supports(g)[0]:
+            return []
+        rates = rates or DEFAULT_RATES
+        itemsize = np.dtype(dtype).itemsize
+        # the weight gradient: about half of the best lowering's backward pass
+        weights = min(e.backward_seconds for e in LoweringEngine.estimates(g, dtype, rates)) / 2
+        out = []
+        for m in TILES:
+            a = m + 2
+            tiles = _ceil(g.out_shape[0], m) * _ceil(g.out_shape[1], m) * g.num
+
+            def one_pass(c_in: int, c_out: int, tiles: int = tiles, m: int = m, a: int = a) -> float:
+                gemms = g.group * a * a * gemm_seconds(c_out // g.group, c_in // g.group, tiles, rates)
+                moves = (a * a * c_in * tiles + m * m * c_out * tiles + c_out * g.out_count * g.num) \
+                    / rates.transpose_elems
+                transforms = (gemm_seconds(a * a, a * a, c_in * tiles, rates)
+                              + gemm_seconds(m * m, a * a, c_out * tiles, rates))
+                return gemms + moves + transforms
+
+            forward = one_pass(g.in_channels, g.out_channels)
+            backward = one_pass(g.out_channels, g.in_channels) + weights
+            per_image = cls(m)._image_bytes(max(g.in_channels, g.out_channels), max(g.in_channels, g.out_channels),
+                                            g.out_shape, itemsize)
+            parts = partitions_for(g.num, 2.0 * g.out_channels * (g.in_channels // g.group) * 9 * g.out_count)
+            images = max(1, min(-(-g.num // parts), chunk_budget_bytes() // parts // max(per_image, 1)))
+            out.append(Estimate("winograd", f"winograd {m}", forward, backward, int(parts * images * per_image)))
+        return out
+
+    # ---- configuration -------------------------------------------------------------------------
+    def configure(self, geometry: ConvGeometry, dtype: Any = None, xp: Any = None) -> bool:
+        ok, why = self.supports(geometry)
+        if not ok:
+            raise CctError(f"the winograd convolution engine does not apply to this layer: {why}")
+        if xp is not None and xp is not np:
+            raise CctError("the winograd convolution engine runs on the CPU (numpy arrays) only")
+        dtype = self.dtype if dtype is None else np.dtype(dtype)
+        if geometry == self.geometry and dtype == self.dtype:
+            return False
+        self.geometry, self.dtype = geometry, dtype
+        self._workspace = shared_workspace(dtype)
+        self._weights_engine = None
+        return True
+
+    def describe(self) -> str:
+        m = self.tile
+        return f"winograd F({m}x{m},3x3), weight gradient by {self._weights().describe()}"
+
+    def batch_partitions(self) -> int:
+        g = self._geom()
+        return len(self._ranges(g.num))
+
+    def workspace_bytes(self) -> int:
+        return self._workspace.nbytes() if self._workspace is not None else 0
+
+    def _geom(self) -> ConvGeometry:
+        if self.geometry is None:
+            raise RuntimeError("winograd engine used before configure()")
+        return self.geometry
+
+    def _weights(self) -> Any:
+        """The lowering engine that computes the weight gradient (its predicted best lowering for it)."""
+        if self._weights_engine is None:
+            g = self._geom()
+            best = min(LoweringEngine.estimates(g, self.dtype), key=lambda e: e.backward_seconds)
+            eng = LoweringEngine(int(best.variant.split()[-1]), source="winograd's weight gradient")
+            eng.configure(g, self.dtype)
+            self._weights_engine = eng
+        return self._weights_engine
+
+    def _ranges(self, n: int) -> list[tuple[int, int]]:
+        g = self._geom()
+        work = 2.0 * g.out_channels * (g.in_channels // g.group) * 9 * g.out_count
+        return batch_ranges(n, partitions_for(n, work))
+
+    # ---- the arithmetic ------------------------------------------------------------------------
+    def _constants(self, dtype: Any) -> tuple[Any, Any]:
+        consts = self._consts.get(dtype)
+        if consts is None:
+            consts = self._consts[dtype] = (self._bb.astype(dtype), self._aa.astype(dtype))
+        return consts
+
+    def _transformed_kernels(self, w: Any, flip: bool) -> Any:
+        """``U`` (G, a², O', C') of the kernels ``w`` (O, Cg, 3, 3); ``flip``: the data gradient's kernels
+        (rotated by 180 degrees, input and output channels swapped within each group)."""
+        g = self._geom()
+        G = g.group
+        Og, Cg = w.shape[0] // G, w.shape[1]
+        k = w.reshape(G, Og, Cg, 9).astype(np.float64)
+        if flip:
+            k = k[..., ::-1].transpose(0, 2, 1, 3)  # (G, Cg, Og, 9): the kernel read backwards
+        rows, cols = k.shape[1], k.shape[2]
+        # on one thread: OpenBLAS's own threads would keep spinning into the partitions that follow
+        with blas_threads(1):
+            u = self._gg @ k.reshape(G * rows * cols, 9).T  # (a², G·rows·cols)
+        return np.ascontiguousarray(u.reshape(-1, G, rows, cols).transpose(1, 0, 2, 3)).astype(w.dtype)
+
+    def _buffer(self, part: int, name: str, shape: tuple[int, ...], like: Any) -> Any:
+        return workspace_view(self._workspace.part(part), name, shape, like)
+
+    def _padded(self, part: int, x: Any, pad: tuple[int, int], rows: int, cols: int) -> Any:
+        """``x`` in a ``rows`` x ``cols`` buffer with its image at offset ``pad`` and zeros around it."""
+        n, c, h, w = x.shape
+        buf = self._buffer(part, "x_pad", (n, c, rows, cols), x)
+        (p0, p1), (e0, e1) = pad, (pad[0] + h, pad[1] + w)
+        buf[:, :, :p0] = 0
+        buf[:, :, e0:] = 0
+        buf[:, :, p0:e0, :p1] = 0
+        buf[:, :, p0:e0, e1:] = 0
+        buf[:, :, p0:e0, p1:e1] = x
+        return buf
+
+    def _conv(self, part: int, x: Any, u: Any, pad: tuple[int, int], y: Any, bias: Any | None) -> None:
+        """``y`` (n, O, Ho, Wo) = the 3x3 correlation of ``x`` (n, C, H, W) padded by ``pad`` with the
+        transformed kernels ``u`` (G, a², Og, Cg), plus ``bias``."""
+        m, a = self.tile, self.tile + 2
+        bb, aa = self._constants(x.dtype)
+        n, c = x.shape[:2]
+        o, (ho, wo) = y.shape[1], y.shape[2:]
+        groups, cg, og = u.shape[0], u.shape[3], u.shape[2]
+        th, tw = _ceil(ho, m), _ceil(wo, m)
+        p = n * th * tw
+        xp_ = self._padded(part, x, pad, th * m + 2, tw * m + 2)
+        s = xp_.strides
+        tiles = np.lib.stride_tricks.as_strided(xp_, (a, a, c, n, th, tw), (s[2], s[3], s[1], s[0], s[2] * m, s[3] * m))
+        d = self._buffer(part, "col", (a, a, c, n, th, tw), x)
+        np.copyto(d, tiles)
+        v = self._buffer(part, "yT", (a * a, c, p), x)
+        np.matmul(bb, d.reshape(a * a, c * p), out=v.reshape(a * a, c * p))
+        prod = self._buffer(part, "z", (a * a, o, p), x)
+        for gi in range(groups):
+            np.matmul(u[gi], v[:, gi * cg:(gi + 1) * cg], out=prod[:, gi * og:(gi + 1) * og])
+        out = self._buffer(part, "col", (m, m, o, n, th, tw), x)  # d is free again
+        np.matmul(aa, prod.reshape(a * a, o * p), out=out.reshape(m * m, o * p))
+        if ho == th * m and wo == tw * m and y.flags.c_contiguous:
+            np.copyto(y.reshape(n, o, th, m, tw, m), out.transpose(3, 2, 4, 0, 5, 1))
+        else:
+            full = self._buffer(part, "dwm_tmp", (n, o, th, m, tw, m), x)
+            np.copyto(full, out.transpose(3, 2, 4, 0, 5, 1))
+            y[...] = full.reshape(n, o, th * m, tw * m)[:, :, :ho, :wo]
+        if bias is not None:
+            y += bias.reshape(1, o, 1, 1)
+
+    def _image_bytes(self, c_in: int, c_out: int, out_shape: tuple[int, int], itemsize: int) -> int:
+        """Bytes of :meth:`_conv`'s buffers per image."""
+        m, a = self.tile, self.tile + 2
+        th, tw = _ceil(out_shape[0], m), _ceil(out_shape[1], m)
+        tiles = a * a * th * tw
+        return itemsize * (c_in * (th * m + 2) * (tw * m + 2) + tiles * (2 * c_in + c_out)
+                           + c_out * th * m * tw * m)
+
+    def _chunked(self, x: Any, u: Any, pad: tuple[int, int], y: Any, bias: Any | None) -> None:
+        """:meth:`_conv` over the batch partitions, each in chunks of images that fit its share of the budget."""
+        ranges = self._ranges(x.shape[0])
+        per_image = self._image_bytes(x.shape[1], y.shape[1], y.shape[2:], x.itemsize)
+        chunk = max(1, chunk_budget_bytes() // len(ranges) // max(per_image, 1))
+
+        def body(part: int, n0: int, n1: int) -> None:
+            for c0 in range(n0, n1, chunk):
+                c1 = min(n1, c0 + chunk)
+                self._conv(part, x[c0:c1], u, pad, y[c0:c1], bias)
+
+        run_partitions(ranges, body)
+
+    # ---- the engine interface -----------------------------------------------------------------
+    def forward(self, x: Any, w: Any, b: Any | None, y: Any) -> Any:
+        g = self._geom()
+        self._chunked(x, self._transformed_kernels(w, flip=False), tuple(g.pad), y, b)
+        return y
+
+    def backward(self, x: Any, dy: Any, w: Any, dx: Any | None, dw: Any | None) -> None:
+        if dw is not None:
+            self._weights().backward(x, dy, None, None, dw)
+        if dx is not None:
+            g = self._geom()
+            self._chunked(dy, self._transformed_kernels(w, flip=True), tuple(2 - p for p in g.pad), dx, None)
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)

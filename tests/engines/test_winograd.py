@@ -1,0 +1,171 @@
+"""The Winograd engine: F(2x2,3x3) and F(4x4,3x3) forward, data and weight gradients against the lowering
+engine (the project's comparison rule in float32, to 1e-10 in float64), across paddings, groups, odd sizes,
+chunks and partitions; a layer's numerical gradient through it; what it refuses; and how ``conv_engine``
+``winograd`` and ``auto`` choose it."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import cct.layers.conv  # noqa: F401  (registers the layers)
+from cct.compare.tolerance import assert_close
+from cct.config import settings
+from cct.engines import ConvGeometry, choice
+from cct.engines.lowering import LoweringEngine, Workspace, shared_workspace
+from cct.engines.winograd import TILES, WinogradEngine
+from cct.errors import CctError
+from cct.gradient_check import check_gradient, setup_layer
+from tests.helpers import use_flags
+
+GEOMETRIES = [  # N, C, O, group, H, W, pad
+    (3, 4, 6, 1, 7, 9, 1),     # output 7x9: partial tiles on both axes
+    (2, 6, 4, 2, 5, 5, 0),     # groups, no padding: 3x3 output
+    (5, 3, 3, 1, 8, 8, 2),     # pad 2: 10x10 output, the data gradient runs unpadded
+    (1, 2, 2, 1, 3, 3, 1),     # one image, one tile
+    (4, 8, 8, 2, 13, 13, 1),   # CaffeNet's conv4/conv5 shape, scaled down
+    (2, 3, 5, 1, 4, 11, 0),    # 2x9 output: one tile row
+    (2, 4, 4, 1, 10, 10, 1),   # 10x10 output... and 8x8 with pad 0 below: whole tiles
+    (2, 4, 4, 1, 10, 10, 0),
+]
+
+
+def _operands(n, c, o, grp, h, w, pad, dtype, seed=0):
+    g = ConvGeometry(n, c, o, grp, (h, w), (3, 3), (1, 1), (pad, pad), (1, 1))
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, c, h, w)).astype(dtype)
+    wt = rng.standard_normal((o, c // grp, 3, 3)).astype(dtype)
+    b = rng.standard_normal(o).astype(dtype)
+    dy = rng.standard_normal((n, o) + g.out_shape).astype(dtype)
+    return g, x, wt, b, dy
+
+
+def _run(eng, g, x, w, b, dy):
+    eng.configure(g, x.dtype)
+    y = np.full_like(dy, np.nan)
+    eng.forward(x, w, b, y)
+    dx, dw = np.full_like(x, np.nan), np.ones_like(w)  # dw accumulates onto ones
+    eng.backward(x, dy, w, dx, dw)
+    return y, dx, dw
+
+
+@pytest.mark.parametrize("tile", TILES)
+@pytest.mark.parametrize("dims", GEOMETRIES)
+def test_matches_the_lowering_engine(tile, dims):
+    for dtype in (np.float32, np.float64):
+        g, x, w, b, dy = _operands(*dims, dtype)
+        ref = _run(LoweringEngine(1, workspace=Workspace()), g, x, w, b, dy)
+        got = _run(WinogradEngine(tile), g, x, w, b, dy)
+        for name, ours, theirs in zip(("y", "dx", "dw"), got, ref):
+            if dtype == np.float64:
+                np.testing.assert_allclose(ours, theirs, rtol=1e-10, atol=1e-10, err_msg=name)
+            else:
+                assert_close(ours, theirs, f"{name} F({tile}x{tile},3x3) {dims}", reference="lowering")
+
+
+def test_chunks_and_partitions_give_the_same_result(monkeypatch):
+    g, x, w, b, dy = _operands(7, 4, 6, 2, 9, 9, 1, np.float64, seed=3)
+    whole = _run(WinogradEngine(4), g, x, w, b, dy)
+    settings.set("lowering_max_mb", 0.001)  # one image per chunk
+    settings.set("partitions", 2)
+    eng = WinogradEngine(4)
+    split = _run(eng, g, x, w, b, dy)
+    assert eng.batch_partitions() == 2
+    for a, c in zip(whole, split):
+        np.testing.assert_allclose(a, c, rtol=1e-12, atol=1e-12)
+
+
+def test_the_padding_border_is_rewritten_after_another_user_of_the_workspace():
+    """The zero border lives in the thread's shared workspace, which other engines overwrite."""
+    g, x, w, b, dy = _operands(2, 3, 4, 1, 6, 6, 1, np.float32, seed=4)
+    eng = WinogradEngine(2)
+    first = _run(eng, g, x, w, b, dy)
+    for part in shared_workspace(np.float32).parts:
+        for buf in part.values():
+            buf[...] = np.nan
+    again = _run(eng, g, x, w, b, dy)
+    for a, c in zip(first, again):
+        np.testing.assert_array_equal(a, c)
+
+
+def test_a_layer_through_the_engine_passes_the_numerical_gradient_check():
+    use_flags(None, None, "winograd")
+    x = np.random.default_rng(5).standard_normal((2, 3, 6, 5))
+    text = ('type: "Convolution" convolution_param { num_output: 4 kernel_size: 3 pad: 1 group: 1 '
+            'weight_filler { type: "gaussian" std: 0.5 } bias_filler { type: "gaussian" std: 0.5 } }')
+    assert setup_layer(text, [x]).layer.engine.name == "winograd"
+    check_gradient(text, [x])
+
+
+@pytest.mark.parametrize("geometry,why", [
+    (ConvGeometry(1, 2, 2, 1, (8, 8), (5, 5), (1, 1), (2, 2), (1, 1)), "3x3 kernels (5x5 here)"),
+    (ConvGeometry(1, 2, 2, 1, (8, 8), (3, 3), (2, 2), (1, 1), (1, 1)), "stride 1"),
+    (ConvGeometry(1, 2, 2, 1, (8, 8), (3, 3), (1, 1), (1, 1), (2, 2)), "undilated"),
+    (ConvGeometry(1, 2, 2, 1, (8, 8), (3, 3), (1, 1), (3, 3), (1, 1)), "padding up to 2"),
+    (ConvGeometry(1, 2, 2, 1, (8, 8, 8), (3, 3, 3), (1, 1, 1), (1, 1, 1), (1, 1, 1)), "2-D convolutions (3-D"),
+])
+def test_refuses_what_it_cannot_compute(geometry, why):
+    ok, reason = WinogradEngine.supports(geometry)
+    assert not ok and why in reason
+    with pytest.raises(CctError, match="winograd convolution engine does not apply"):
+        WinogradEngine().configure(geometry)
+    assert WinogradEngine.estimates(geometry) == []
+    assert choice.choose_conv_engine(geometry, choice="winograd") == ("lowering", f"not winograd: {reason}")
+    with pytest.raises(ValueError, match="tile"):
+        WinogradEngine(3)
+
+
+def test_forced_winograd_runs_where_it_applies_and_lowering_elsewhere():
+    g3 = ConvGeometry(2, 4, 4, 1, (8, 8), (3, 3), (1, 1), (1, 1), (1, 1))
+    assert choice.choose_conv_engine(g3, choice="winograd") == ("winograd", "")
+    assert choice.choose_conv_engine(g3, xp=object(), choice="winograd")[1].startswith("not winograd: ")
+    eng = choice.SelectedEngine("winograd")
+    eng.configure(g3)
+    assert eng.name == "winograd" and eng.describe().startswith("winograd F(4x4,3x3), weight gradient by lowering")
+
+
+BIG_3 = ConvGeometry(64, 256, 384, 1, (13, 13), (3, 3), (1, 1), (1, 1), (1, 1))
+
+
+def test_auto_measures_winograd_on_big_layers_and_takes_the_fastest(monkeypatch):
+    calls = []
+
+    def measured(g, dtype, strategy, predicted, fft=True, winograd=False):
+        calls.append((fft, winograd))
+        return {"lowering": 0.30, "fft lifted": 0.50, "winograd 4": 0.20, "winograd 2": 0.25}
+
+    monkeypatch.setattr(choice, "autotune_conv_engine", measured)
+    name, reason = choice.choose_conv_engine(BIG_3)
+    assert name == "winograd 4" and calls and calls[0][1] is True
+    assert reason.startswith("engine autotuned: lowering 300 ms") and "winograd 4 200 ms" in reason
+    eng = choice.SelectedEngine("auto")
+    eng.configure(BIG_3)
+    assert eng.name == "winograd" and eng.inner.tile == 4
+
+
+def test_auto_prefers_the_more_accurate_tile_when_it_is_as_fast(monkeypatch):
+    monkeypatch.setattr(choice, "autotune_conv_engine",
+                        lambda *a, **k: {"lowering": 0.30, "winograd 4": 0.200, "winograd 2": 0.205})
+    assert choice.choose_conv_engine(BIG_3)[0] == "winograd 2"
+    eng = choice.SelectedEngine("auto")
+    eng.configure(BIG_3)
+    assert eng.name == "winograd" and eng.inner.tile == 2 and eng.describe().startswith("winograd F(2x2,3x3)")
+
+
+def test_auto_keeps_small_layers_and_autotune_off_on_the_lowering_engine(monkeypatch):
+    def fail(*a, **k):
+        raise AssertionError("measured")
+
+    monkeypatch.setattr(choice, "autotune_conv_engine", fail)
+    small = ConvGeometry(2, 3, 4, 1, (9, 9), (3, 3), (1, 1), (1, 1), (1, 1))
+    assert choice.choose_conv_engine(small) == ("lowering", "")
+    settings.set("autotune", False)  # no calibrated model: winograd only when forced
+    assert not choice.choose_conv_engine(BIG_3)[0].startswith("winograd")
+
+
+def test_autotune_measures_both_tiles(monkeypatch):
+    from cct.engines import autotune
+
+    g = ConvGeometry(2, 8, 8, 1, (10, 10), (3, 3), (1, 1), (1, 1), (1, 1))
+    measured = autotune.autotune_conv_engine(g, fft=False, winograd=True)
+    assert set(measured) == {"lowering", "winograd 2", "winograd 4"} and all(t > 0 for t in measured.values())
+    assert autotune.autotune_conv_engine(g, fft=False, winograd=True) == measured  # cached
