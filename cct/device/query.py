@@ -48,9 +48,12 @@ def blas_libraries() -> list[BlasLibrary]:
 
 
 def machine_key() -> str:
-    """What a cached speed is valid for: host, CPU model, usable cores and the BLAS library."""
+    """What a cached speed is valid for: host, CPU model, usable cores and numpy's BLAS library with the kernel
+    it runs (OpenBLAS's ``OPENBLAS_CORETYPE`` picks another kernel on the same CPU: AVX2 Haswell kernels run
+    at about half the speed of SkylakeX's AVX-512 ones, so a speed measured under one is no guide to the
+    other)."""
     libs = blas_libraries()
-    blas = f"{libs[0].api} {libs[0].version}" if libs else "unknown BLAS"
+    blas = f"{libs[0].api} {libs[0].version} {libs[0].kernel or 'unknown'} kernel" if libs else "unknown BLAS"
     return f"{platform.node()}|{cpu_model()}|{cpu_cores()} cores|{blas}"
 
 

@@ -11,13 +11,15 @@
 
 The cache is one small JSON file, ``autotune.json`` in the cache directory (``CCT_CACHE_DIR``, else
 ``$XDG_CACHE_HOME/cct``, else ``~/.cache/cct``: :mod:`cct.cache`): rates keyed by core count and partition
-setting, measurements by geometry, dtype and the same.  When to measure is the choice policy's business
-(:mod:`cct.engines.choice`).
+setting, measurements by geometry, dtype and the same, all per machine and BLAS kernel (:func:`_threads_key`).
+When to measure is the choice policy's business (:mod:`cct.engines.choice`).
 """
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
+import hashlib
 import math
 import threading
 import time
@@ -136,8 +138,18 @@ def _write_cache(update: dict[str, Any]) -> None:
 
 
 def _threads_key() -> str:
+    """The machine (:func:`cct.device.query.machine_key`, as a short digest: a cache directory shared by
+    machines, or one machine run with another BLAS kernel, keeps one entry per machine) and thread setting
+    a measurement holds for."""
     forced = settings.get("partitions")
-    return f"cores{cpu_cores()}-p{forced or 'auto'}"
+    return f"cores{cpu_cores()}-p{forced or 'auto'}-m{_machine_digest()}"
+
+
+@functools.lru_cache(maxsize=1)
+def _machine_digest() -> str:
+    from cct.device.query import machine_key
+
+    return hashlib.sha1(machine_key().encode()).hexdigest()[:10]
 
 
 def geometry_key(g: ConvGeometry, dtype: Any) -> str:

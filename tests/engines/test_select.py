@@ -146,6 +146,29 @@ def test_calibration_runs_once_per_machine_and_is_cached(tmp_path, monkeypatch):
     assert set(choice.predicted_seconds(_geo(8, 8))) == {1, 2, 3}
 
 
+def test_measurements_are_cached_per_blas_kernel(monkeypatch):
+    """A speed measured under one BLAS kernel (OPENBLAS_CORETYPE=Haswell's AVX2) is not reused under another
+    (SkylakeX's AVX-512, about twice as fast) on the same machine."""
+    from cct.device import query
+
+    def kernel(name):
+        monkeypatch.setattr(query, "blas_libraries",
+                            lambda: [query.BlasLibrary("openblas", "0.3.30", name, 2, "libopenblas.so")])
+        autotune._machine_digest.cache_clear()
+        return autotune._threads_key(), autotune._rates_key(), query.machine_key()
+
+    try:
+        haswell, skylake = kernel("Haswell"), kernel("SkylakeX")
+        assert all(a != b for a, b in zip(haswell, skylake))
+        assert kernel("Haswell") == haswell  # and stable
+        autotune._write_cache({"rates": {haswell[1]: {"gemm_peak": 1.0}}})
+        kernel("SkylakeX")
+        monkeypatch.setattr(autotune, "_rates_memo", {})
+        assert autotune.machine_rates() == cost_model.DEFAULT_RATES  # Haswell's entry is not this kernel's
+    finally:
+        autotune._machine_digest.cache_clear()
+
+
 def test_gemm_speed_depends_on_shape():
     r = cost_model.DEFAULT_RATES
     square = cost_model.gemm_seconds(512, 512, 4096, r)
