@@ -52,7 +52,15 @@ FFT_LAYOUT_WINDOW = 1.5
 # -autotune fast (the default) measures a net's close calls, in build order, for at most this many seconds in
 # all; the close calls after that are decided by the cost model (and measured by a later run, budget allowing)
 FAST_BUDGET_SECONDS = 2.0
-FAST_ENGINE_SECONDS = 0.05
+# ... with steps of at least this many predicted seconds: at fewer images the FFT engine's once-per-batch kernel
+# transforms and the lowering engine's per-chunk overheads weigh more than in the layer (CaffeNet's conv2 at 64
+# images: measured on 5 images the FFT engine took 1.8x its per-image time at 64 and lowering 1.2x, on 20 within
+# 1.2x and 1.0x; the 0.05 s steps measured 3-10 images and chose FFT where it was 15% slower)
+FAST_ENGINE_SECONDS = 0.1
+# candidates measured within this factor of the fastest on part of the batch are measured again on the whole
+# batch, when all their steps together are predicted to take at most this many seconds
+FULL_BATCH_WINDOW = 1.25
+FULL_BATCH_SECONDS = 2.0
 _cache_lock = threading.Lock()
 _rates_memo: dict[str, MachineRates] = {}
 
@@ -358,9 +366,11 @@ def autotune_conv_engine(g: ConvGeometry, dtype: Any = np.float32, strategy: int
     ``ENGINE_AUTOTUNE_ROUNDS`` rounds interleaved after a warm-up and a short pause — the FFT and BLAS thread
     pools hand the cores over —, the best round).  A layer ``predicted`` (seconds) to take longer than
     ``ENGINE_AUTOTUNE_SECONDS`` is measured on fewer images and scaled to the batch — the FFT engine's kernel
-    transforms, done once per batch, then count for more than in the layer, which favours the lowering
-    engine on such layers.  Cached per geometry, dtype, thread setting, lowering and candidate set; None when
-    nothing is cached and the net's measuring budget is spent."""
+    transforms, done once per batch, then count for more than in the layer, and a few images' spectra stay in
+    the caches where the batch's do not —; the candidates within ``FULL_BATCH_WINDOW`` of the fastest are then
+    measured again on the whole batch when that is predicted to take at most ``FULL_BATCH_SECONDS``.  Cached
+    per geometry, dtype, thread setting, lowering and candidate set; None when nothing is cached and the net's
+    measuring budget is spent."""
     from cct.engines.lowering import strategy_fallback
 
     strategy = strategy if strategy_fallback(strategy, g) is None else 1
@@ -402,4 +412,13 @@ def _measure_conv_engines(g: ConvGeometry, dtype: Any, strategy: int, predicted:
     if winograd:
         engines.update({f"winograd {m}": WinogradEngine(m) for m in TILES})
     best = _measure_engines(engines, replace(g, num=n), dtype, effort.engine_rounds, settle=0.1, decided=2.0)
-    return {name: t * g.num / n for name, t in best.items()}
+    scaled = {name: t * g.num / n for name, t in best.items()}
+    fastest = min(scaled.values())
+    close = [name for name, t in scaled.items() if t <= FULL_BATCH_WINDOW * fastest]
+    if n < g.num and len(close) > 1 and fastest * len(close) * (effort.engine_rounds + 1) <= FULL_BATCH_SECONDS:
+        # a close call measured on part of the batch: the whole batch decides (cache-resident spectra and
+        # tiles of a few images flatter the FFT engine: CaffeNet's conv2 took 0.83x lowering's time per
+        # image at 21 images and 1.15x at 64)
+        scaled.update(_measure_engines({name: engines[name] for name in close}, g, dtype, effort.engine_rounds,
+                                       settle=0.1, decided=2.0))
+    return scaled

@@ -20,7 +20,8 @@ Engine ``auto`` per layer (:func:`choose_conv_engine`, ZNN's layerwise autotunin
 the FFT engine does not apply, the layer is strided, or the FFT engine cannot plausibly save
 ``PREFER_TYPE1_SECONDS`` (its model's prediction divided by ``FFT_WINDOW``), and the Winograd engine does not
 apply or the layer is too small to be worth measuring; otherwise the candidates measured on the layer
-(:func:`cct.engines.autotune.autotune_conv_engine`) and the fastest taken when it is at least that much faster.
+(:func:`cct.engines.autotune.autotune_conv_engine`) and the fastest taken when it saves at least that much and
+``PREFER_TYPE1_FRACTION`` of the lowering engine's time.
 
 Lowering ``auto`` per layer (:func:`choose_strategy`):
 
@@ -207,9 +208,10 @@ def choose_conv_engine(g: ConvGeometry, dtype: Any = np.float32, xp: Any = None,
     with autotune off it runs only when forced).  With no candidate the lowering engine runs (small layers,
     most strided ones: they keep Caffe's summation order); otherwise all are measured on the layer
     (:func:`autotune_conv_engine`, cached) and the fastest taken when it saves at least
-    ``PREFER_TYPE1_SECONDS`` over the lowering engine — the smaller Winograd tile when it is within
-    ``WINOGRAD_TILE_WINDOW`` of the larger (it is the more accurate).  With autotune off (``CCT_AUTOTUNE=0``)
-    the FFT model decides; with it forced on, every applicable layer is measured."""
+    ``PREFER_TYPE1_SECONDS`` and ``PREFER_TYPE1_FRACTION`` (5%) of the lowering engine's time — the smaller
+    Winograd tile when it is within ``WINOGRAD_TILE_WINDOW`` of the larger (it is the more accurate).  With
+    autotune off (``CCT_AUTOTUNE=0``) the FFT model decides; with it forced on, every applicable layer is
+    measured."""
     if choice == "lowering":
         return "lowering", ""
     wino_ok, wino_why = winograd_applies(g, xp)
@@ -256,7 +258,9 @@ def choose_conv_engine(g: ConvGeometry, dtype: Any = np.float32, xp: Any = None,
     tiles = sorted((k for k in measured if k.startswith("winograd ")), key=lambda k: int(k.split()[1]))
     if best in tiles and measured[tiles[0]] <= WINOGRAD_TILE_WINDOW * measured[best]:
         best = tiles[0]
-    name = best if measured["lowering"] - measured[best] >= PREFER_TYPE1_SECONDS else "lowering"
+    # a measured tie keeps the lowering engine: Caffe's summation order, and no spectra or tiles to hold
+    gain = max(PREFER_TYPE1_SECONDS, PREFER_TYPE1_FRACTION * measured["lowering"])
+    name = best if measured["lowering"] - measured[best] >= gain else "lowering"
     return name, "engine autotuned: " + ", ".join(f"{k} {t * 1e3:.3g} ms" for k, t in measured.items())
 
 

@@ -84,7 +84,8 @@ def test_auto_falls_back_with_a_reason(monkeypatch):
 
 
 @pytest.mark.parametrize("fft_ms,lowering_ms,expected", [(40, 100, "fft"), (30, 20, "lowering"),
-                                                           (99.5, 100, "lowering")])
+                                                           (99.5, 100, "lowering"), (96, 100, "lowering"),
+                                                           (94, 100, "fft")])
 def test_auto_takes_the_measured_faster_engine(monkeypatch, fft_ms, lowering_ms, expected):
     seen = []
 
@@ -96,6 +97,27 @@ def test_auto_takes_the_measured_faster_engine(monkeypatch, fft_ms, lowering_ms,
     name, reason = choice.choose_conv_engine(BIG_7)
     assert seen == [BIG_7] and name == expected  # a saving under 1 ms keeps the lowering engine
     assert reason == f"engine autotuned: fft {fft_ms:.3g} ms, lowering {lowering_ms:.3g} ms"
+
+
+def test_a_close_call_on_part_of_the_batch_is_measured_again_on_the_whole_batch(monkeypatch):
+    """A few images' FFT spectra stay in the caches: per image the FFT engine looks faster on part of the batch
+    than on all of it (CaffeNet's conv2), so a close call is measured again on the whole batch."""
+    conv2 = ConvGeometry(64, 96, 256, 2, (27, 27), (5, 5), (1, 1), (2, 2), (1, 1))
+    sizes = []
+
+    def measure(engines, g, dtype, rounds, settle=0.0, decided=0.0):
+        sizes.append((g.num, sorted(engines)))
+        fft = 0.9 if g.num < conv2.num else 1.1  # ms per image, lowering 1.0
+        return {name: (1.0 if name == "lowering" else fft) * g.num * 1e-3 for name in engines}
+
+    monkeypatch.setattr(autotune, "_measure_engines", measure)
+    result = autotune._measure_conv_engines(conv2, np.float32, 2, 1.0)  # 1 s predicted: part of the batch
+    assert sizes[0][0] < conv2.num and sizes[1][0] == conv2.num and "lowering" in sizes[1][1]
+    assert all(result["lowering"] < t for name, t in result.items() if name.startswith("fft"))
+    sizes.clear()  # a clear call on part of the batch is not measured again
+    monkeypatch.setattr(autotune, "FULL_BATCH_WINDOW", 1.05)
+    autotune._measure_conv_engines(conv2, np.float32, 2, 1.0)
+    assert len(sizes) == 1
 
 
 def test_auto_runs_the_measured_fft_layout(monkeypatch):
