@@ -1,11 +1,14 @@
-"""CaffeNet forward + backward, batch 64, 2 threads: cct (each lowering forced, and auto) vs PyTorch CPU.
+"""CaffeNet forward + backward, batch 64, 2 threads: cct (as a net runs it, each lowering, auto) vs PyTorch CPU.
 
 Run:   pip install torch==2.13.0          (the CPU wheel; torch is imported only by this script's worker)
        python benchmarks/caffenet_vs_pytorch.py [--batch 64] [--iters 5] [--threads 2]
        (``env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python ...`` lets numpy's OpenBLAS use its own kernel
        choice, e.g. AVX-512, where the environment pins it; the script prints the values it ran with.)
 Each framework runs in its own worker process (so each one's peak RSS is its own); the parent alternates
-them — for every iteration: cct lowering 1, 2, 3, auto, then PyTorch — so machine noise hits all alike.
+them — for every iteration: cct net, lowering 1, 2, 3, auto, then PyTorch — so machine noise hits all alike.
+``net`` is what ``cct train`` / ``cct time`` run: each convolution's engine as the layer chose it with the
+default settings (``-conv_engine auto``: lowering, FFT or Winograd, measured per layer); ``1``, ``2``, ``3``
+force a lowering and ``auto`` is ``-conv_engine lowering -lowering auto``.
 Both build models/caffenet/train.prototxt's network (conv/ReLU/max-pool/LRN/InnerProduct/dropout/softmax
 loss) with the same weights and the same input.  Prints per variant the median fwd+bwd milliseconds, the
 ratio cct/pytorch, the share of the machine's sgemm peak it reaches (the GEMM arithmetic of the convolution and
@@ -13,9 +16,9 @@ InnerProduct layers: forward, then the data and weight gradients, conv1's data g
 time of the whole iteration; the peak is a 2048³ float32 matmul on the same threads, measured in the cct
 worker), and each worker's peak RSS; for cct also the bytes held in convolution workspaces (all
 conv layers of all variants share the thread's workspace: it is sized by the largest layer × partitions).
-``--variants auto`` alone gives the peak RSS of exactly what ``cct time`` / ``cct train`` run.
-The cct worker builds its engines before timing: ``auto`` measures close calls once per geometry (cached in
-``~/.cache/cct``; a cold cache adds some seconds there, never inside the timed iterations).
+``--variants net`` alone gives the peak RSS of exactly what ``cct time`` / ``cct train`` run.
+The cct worker builds its engines before timing: ``net`` and ``auto`` measure close calls once per geometry
+(cached in ``~/.cache/cct``; a cold cache adds some seconds there, never inside the timed iterations).
 """
 from __future__ import annotations
 
@@ -65,6 +68,9 @@ def cct_worker(conn, batch: int, threads: int, weights: str, variants: tuple[str
     for name in CONVS:
         layer = net.layer_by_name(name)
         for variant in variants:
+            if variant == "net":  # the layer's own engine, as the net chose it
+                engines[(name, variant)] = layer.engine
+                continue
             # auto: the engine choice a Convolution layer makes with -conv_engine lowering -lowering auto
             eng = SelectedEngine("lowering", "benchmark", "auto") if variant == "auto" else \
                 LoweringEngine(int(variant), source="forced")
@@ -152,8 +158,9 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--variants", default="1,2,3,auto",
-                    help="cct lowerings to run (comma separated); 'auto' alone gives a single-variant peak RSS")
+    ap.add_argument("--variants", default="net,1,2,3,auto",
+                    help="cct variants to run (comma separated: net, 1, 2, 3, auto); 'net' alone gives the peak "
+                         "RSS of what cct train runs")
     args = ap.parse_args()
     print(f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')} "
           f"OPENBLAS_L2_SIZE={os.environ.get('OPENBLAS_L2_SIZE', '(unset)')} threads={args.threads} "
@@ -199,7 +206,7 @@ def main() -> None:
           f"{'conv workspace MiB':>20}")
     for who, variant in variants:
         med = statistics.median(times[(who, variant)])
-        label = f"cct lowering {variant}" if who == "cct" else "pytorch"
+        label = "pytorch" if who != "cct" else "cct net" if variant == "net" else f"cct lowering {variant}"
         peak, ws = rss[who]
         print(f"{label:<20}{med * 1e3:10.0f}{min(times[(who, variant)]) * 1e3:9.0f}{med / base:13.2f}"
               f"{100 * flops / med / sgemm_peak:10.0f}%"
