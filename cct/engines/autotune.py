@@ -38,6 +38,7 @@ from cct.runtime.threads import cpu_cores
 
 CACHE_FILE = "autotune.json"
 RATES_VERSION = 2  # of calibrate()'s probes: rates cached by another version are measured again
+ENGINE_MEASURE_VERSION = 2  # of autotune_conv_engine's method (2: close calls on the whole batch), the same way
 # measured images per partition: enough that the largest buffer of all partitions together exceeds this
 # (out of the last-level cache, like the full layer) and that a GEMM has this many columns, at most a
 # partition's chunk
@@ -374,7 +375,8 @@ def autotune_conv_engine(g: ConvGeometry, dtype: Any = np.float32, strategy: int
     from cct.engines.lowering import strategy_fallback
 
     strategy = strategy if strategy_fallback(strategy, g) is None else 1
-    key = f"{geometry_key(g, dtype)}-lowering{strategy}" + ("" if fft else "-nofft") + ("-winograd" if winograd else "")
+    key = f"{geometry_key(g, dtype)}-lowering{strategy}" + ("" if fft else "-nofft") \
+        + ("-winograd" if winograd else "") + f"-v{ENGINE_MEASURE_VERSION}"
     cached = _read_cache().get("conv_engine", {}).get(key)
     if cached and "lowering" in cached and (not fft or any(k.startswith("fft ") for k in cached)) \
             and (not winograd or any(k.startswith("winograd ") for k in cached)):
