@@ -48,13 +48,15 @@ def blas_libraries() -> list[BlasLibrary]:
 
 
 def machine_key() -> str:
-    """What a cached speed is valid for: host, CPU model, usable cores and numpy's BLAS library with the kernel
-    it runs (OpenBLAS's ``OPENBLAS_CORETYPE`` picks another kernel on the same CPU: AVX2 Haswell kernels run
+    """What a cached speed is valid for: host, CPU model, usable cores and the BLAS libraries with the kernels
+    they run (OpenBLAS's ``OPENBLAS_CORETYPE`` picks another kernel on the same CPU: AVX2 Haswell kernels run
     at about half the speed of SkylakeX's AVX-512 ones, so a speed measured under one is no guide to the
-    other)."""
-    libs = blas_libraries()
-    blas = f"{libs[0].api} {libs[0].version} {libs[0].kernel or 'unknown'} kernel" if libs else "unknown BLAS"
-    return f"{platform.node()}|{cpu_model()}|{cpu_cores()} cores|{blas}"
+    other).  numpy and scipy each load a copy of OpenBLAS, listed in no fixed order: scipy's is loaded first
+    and the list sorted, so the key is the same whenever it is asked for."""
+    import scipy.linalg  # noqa: F401  (its BLAS: the same libraries in every process)
+
+    blas = sorted({f"{lib.api} {lib.version} {lib.kernel or 'unknown'} kernel" for lib in blas_libraries()})
+    return f"{platform.node()}|{cpu_model()}|{cpu_cores()} cores|{', '.join(blas) or 'unknown BLAS'}"
 
 
 def cuda_properties(index: int) -> list[tuple[str, Any]]:

@@ -161,6 +161,12 @@ def test_measurements_are_cached_per_blas_kernel(monkeypatch):
         haswell, skylake = kernel("Haswell"), kernel("SkylakeX")
         assert all(a != b for a, b in zip(haswell, skylake))
         assert kernel("Haswell") == haswell  # and stable
+        numpys, scipys = (query.BlasLibrary("openblas", v, "SkylakeX", 2, f"lib{v}.so") for v in ("0.3.31", "0.3.30"))
+        keys = []
+        for libs in ([numpys, scipys], [scipys, numpys]):  # threadpoolctl lists them in no fixed order
+            monkeypatch.setattr(query, "blas_libraries", lambda libs=libs: libs)
+            keys.append(query.machine_key())
+        assert keys[0] == keys[1]
         autotune._write_cache({"rates": {haswell[1]: {"gemm_peak": 1.0}}})
         kernel("SkylakeX")
         monkeypatch.setattr(autotune, "_rates_memo", {})
