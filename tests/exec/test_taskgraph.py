@@ -129,15 +129,35 @@ def test_znn_nets_taskgraph_equals_layer(case, workers, engine):
     settings.set("conv_engine", engine)
     param = _znn_param(case[0], case[1], batch=2)
     twin = "+mf" in case[0]
-    for dtype in ("float32", "float64"):
+    exact: dict = {}
+    for dtype in ("float64", "float32"):
         with default_dtype(dtype):
             plain = _znn_run(param, SerialExecutor())
+            exact = exact or plain
             for _ in range(2 if workers == 2 else 1):  # two runs with two workers: a race would differ
                 ours = _znn_run(param, TaskGraphExecutor(workers, min_task_ms=0.0))
+                what = f"{case[0]} x{workers} {dtype}"
                 if twin and dtype == "float32":
-                    _assert_same(_forward_data(ours), _forward_data(plain), f"{case[0]} x{workers} {dtype}")
+                    _assert_same(_forward_data(ours), _forward_data(plain), what)
+                elif dtype == "float32":
+                    _assert_as_exact(ours, plain, exact, what)
                 else:
-                    _assert_same(ours, plain, f"{case[0]} x{workers} {dtype}")
+                    _assert_same(ours, plain, what)
+
+
+def _assert_as_exact(ours: dict, plain: dict, exact: dict, what: str) -> None:
+    """float32: the task graph and the layer executor each within the normwise 1e-5 of the float64 result,
+    and within the project's rule of each other.  Two float32 results each ~6e-6 from the exact one, in
+    opposite directions, are 1.2e-5 apart (ctm_valid's conv4 weight gradient on a Zen 5 CPU): the spec's bound
+    holds for each executor against the exact sum, not between two roundings of it."""
+    assert ours.keys() == plain.keys() == exact.keys()
+    for k in plain:
+        _close(ours[k], plain[k], f"{what} {k}")
+        ref = np.asarray(exact[k], dtype=np.float64)
+        bound = TOL * max(1.0, float(np.max(np.abs(ref)))) if ref.size else 0.0
+        for who, got in (("task graph", ours[k]), ("layer executor", plain[k])):
+            err = float(np.max(np.abs(np.asarray(got, dtype=np.float64) - ref))) if ref.size else 0.0
+            assert err <= bound, f"{what} {k}: {who} {err:.3g} from the float64 result > {bound:.3g}"
 
 
 def test_fft_counts_match_znn_table():
