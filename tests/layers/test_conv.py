@@ -10,6 +10,7 @@ import cct.layers.conv  # noqa: F401  (registers the layers)
 from cct.engines import ConvGeometry, create_conv_engine
 from cct.engines.fft import FFTEngine
 from cct.engines.lowering import LoweringEngine
+from cct.engines.winograd import WinogradEngine
 from cct.errors import CctError, ParamError
 from cct.gradient_check import check_gradient, layer_param, setup_layer
 
@@ -238,8 +239,9 @@ def test_engine_partitions_and_buffer_reuse():
 def test_engine_lookup_and_cudnn_engine_accepted():
     assert isinstance(create_conv_engine("lowering"), LoweringEngine)
     assert isinstance(create_conv_engine("fft"), FFTEngine)
-    with pytest.raises(CctError, match="known: fft, lowering"):
-        create_conv_engine("winograd")
+    assert isinstance(create_conv_engine("winograd"), WinogradEngine)
+    with pytest.raises(CctError, match="known: fft, lowering, winograd"):
+        create_conv_engine("direct")
     x = np.random.default_rng(13).standard_normal((1, 2, 4, 4))
     for engine in ("CAFFE", "CUDNN", "DEFAULT"):
         text = f'type: "Convolution" convolution_param {{ num_output: 2 kernel_size: 3 engine: {engine} }}'
