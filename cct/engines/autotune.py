@@ -38,7 +38,9 @@ from cct.runtime.threads import cpu_cores
 
 CACHE_FILE = "autotune.json"
 RATES_VERSION = 2  # of calibrate()'s probes: rates cached by another version are measured again
-ENGINE_MEASURE_VERSION = 2  # of autotune_conv_engine's method (2: close calls on the whole batch), the same way
+# of autotune_conv_engine's method (3: operands changed in place, close calls on the whole batch): entries
+# measured by another version are measured again
+ENGINE_MEASURE_VERSION = 3
 # measured images per partition: enough that the largest buffer of all partitions together exceeds this
 # (out of the last-level cache, like the full layer) and that a GEMM has this many columns, at most a
 # partition's chunk
@@ -278,30 +280,41 @@ def _largest_buffer(g: ConvGeometry, strategy: int) -> int:
 def _measure_engines(engines: dict[Any, ConvEngine], g: ConvGeometry, dtype: Any, rounds: int,
                      settle: float = 0.0, decided: float = math.inf) -> dict[Any, float]:
     """Best seconds of one training step of ``g`` — forward, then backward (data and weights) — for each
-    engine: every operand new each step (memoized FFT spectra dropped first: only the reuse within a step
-    counts), after one warm-up step each (plans, workspaces, thread pools) and ``settle`` seconds' pause,
-    ``rounds`` rounds interleaved so that machine noise hits all alike — fewer once the fastest engine is
-    ``decided`` times faster than the next (a clear call)."""
+    engine: every operand changed each step (only the FFT engine's reuse within a step counts), after one
+    warm-up step each (plans, workspaces, thread pools), ``rounds`` rounds interleaved so that machine noise
+    hits all alike — fewer once the fastest engine is ``decided`` times faster than the next (a clear call).
+    ``settle``: seconds paused before a timed step whose threads differ from the step before it (the FFT
+    engine's and BLAS's), so that it does not share the cores with the threads that step left spinning
+    (OpenBLAS's spin for ~0.1 s after a call)."""
     rng = np.random.default_rng(0)
     x = rng.standard_normal((g.num, g.in_channels) + g.in_shape).astype(dtype)
     w = (0.1 * rng.standard_normal((g.out_channels, g.in_channels // g.group) + g.kernel)).astype(dtype)
     dy = rng.standard_normal((g.num, g.out_channels) + g.out_shape).astype(dtype)
     y, dx, dw = np.empty_like(dy), np.empty_like(x), np.zeros_like(w)
 
+    flip = [1.0]
+
     def step(eng: ConvEngine) -> None:
-        if hasattr(eng, "invalidate"):
-            eng.invalidate()
+        # as in training, each step's input, weights and output gradient differ from the last step's (so no
+        # memoized transform carries over) — changed in place: dropping the FFT engine's memo instead frees
+        # its spectra before the step, and reallocating them cost an FFT step 20.5 ms instead of its 12.5 ms
+        # in training (24->24 3^3 on 30^3)
+        for a in (x, w, dy):
+            a.flat[0] += flip[0]
+        flip[0] = -flip[0]
         eng.forward(x, w, None, y)
         eng.backward(x, dy, w, dx, dw)
 
     for eng in engines.values():
         eng.configure(g, dtype)
         step(eng)
-    if settle:
-        time.sleep(settle)
     best = {name: float("inf") for name in engines}
+    before = list(engines.values())[-1]
     for _ in range(rounds):
         for name, eng in engines.items():
+            if settle and (eng.name == "fft") != (before.name == "fft"):
+                time.sleep(settle)
+            before = eng
             t = time.perf_counter()
             step(eng)
             best[name] = min(best[name], time.perf_counter() - t)

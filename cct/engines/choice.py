@@ -21,7 +21,7 @@ the FFT engine does not apply, the layer is strided, or the FFT engine cannot pl
 ``PREFER_TYPE1_SECONDS`` (its model's prediction divided by ``FFT_WINDOW``), and the Winograd engine does not
 apply or the layer is too small to be worth measuring; otherwise the candidates measured on the layer
 (:func:`cct.engines.autotune.autotune_conv_engine`) and the fastest taken when it saves at least that much and
-``PREFER_TYPE1_FRACTION`` of the lowering engine's time.
+the lowering engine takes over ``PREFER_TYPE1_FRACTION`` longer.
 
 Lowering ``auto`` per layer (:func:`choose_strategy`):
 
@@ -208,7 +208,7 @@ def choose_conv_engine(g: ConvGeometry, dtype: Any = np.float32, xp: Any = None,
     with autotune off it runs only when forced).  With no candidate the lowering engine runs (small layers,
     most strided ones: they keep Caffe's summation order); otherwise all are measured on the layer
     (:func:`autotune_conv_engine`, cached) and the fastest taken when it saves at least
-    ``PREFER_TYPE1_SECONDS`` and ``PREFER_TYPE1_FRACTION`` (5%) of the lowering engine's time — the smaller
+    ``PREFER_TYPE1_SECONDS`` and the lowering engine takes over ``PREFER_TYPE1_FRACTION`` (5%) longer — the smaller
     Winograd tile when it is within ``WINOGRAD_TILE_WINDOW`` of the larger (it is the more accurate).  With
     autotune off (``CCT_AUTOTUNE=0``) the FFT model decides; with it forced on, every applicable layer is
     measured."""
@@ -258,8 +258,9 @@ def choose_conv_engine(g: ConvGeometry, dtype: Any = np.float32, xp: Any = None,
     tiles = sorted((k for k in measured if k.startswith("winograd ")), key=lambda k: int(k.split()[1]))
     if best in tiles and measured[tiles[0]] <= WINOGRAD_TILE_WINDOW * measured[best]:
         best = tiles[0]
-    # a measured tie keeps the lowering engine: Caffe's summation order, and no spectra or tiles to hold
-    gain = max(PREFER_TYPE1_SECONDS, PREFER_TYPE1_FRACTION * measured["lowering"])
+    # a measured tie keeps the lowering engine (Caffe's summation order, no spectra or tiles to hold) while it
+    # is within PREFER_TYPE1_FRACTION of the fastest
+    gain = max(PREFER_TYPE1_SECONDS, PREFER_TYPE1_FRACTION * measured[best])
     name = best if measured["lowering"] - measured[best] >= gain else "lowering"
     return name, "engine autotuned: " + ", ".join(f"{k} {t * 1e3:.3g} ms" for k, t in measured.items())
 
