@@ -38,9 +38,9 @@ from cct.runtime.threads import cpu_cores
 
 CACHE_FILE = "autotune.json"
 RATES_VERSION = 2  # of calibrate()'s probes: rates cached by another version are measured again
-# of autotune_conv_engine's method (3: operands changed in place, close calls on the whole batch): entries
-# measured by another version are measured again
-ENGINE_MEASURE_VERSION = 3
+# of autotune_conv_engine's method (6: each engine steady in a block, operands new each step; close calls on the whole
+# batch): entries measured by another version are measured again
+ENGINE_MEASURE_VERSION = 6
 # measured images per partition: enough that the largest buffer of all partitions together exceeds this
 # (out of the last-level cache, like the full layer) and that a GEMM has this many columns, at most a
 # partition's chunk
@@ -63,7 +63,12 @@ FAST_ENGINE_SECONDS = 0.1
 # candidates measured within this factor of the fastest on part of the batch are measured again on the whole
 # batch, when all their steps together are predicted to take at most this many seconds
 FULL_BATCH_WINDOW = 1.25
-FULL_BATCH_SECONDS = 2.0
+# each engine measured after this many seconds and at least SETTLE_STEPS untimed steps (its steady state:
+# _measure_engines); an FFT step of CaffeNet's conv4 at 64 images took 290 ms for three steps, then 148 ms
+# (the allocator adapts to the engine's arrays)
+ENGINE_SETTLE_SECONDS = 0.1
+SETTLE_STEPS = 3
+FULL_BATCH_SECONDS = 3.0
 _cache_lock = threading.Lock()
 _rates_memo: dict[str, MachineRates] = {}
 
@@ -278,49 +283,54 @@ def _largest_buffer(g: ConvGeometry, strategy: int) -> int:
 
 
 def _measure_engines(engines: dict[Any, ConvEngine], g: ConvGeometry, dtype: Any, rounds: int,
-                     settle: float = 0.0, decided: float = math.inf) -> dict[Any, float]:
+                     settle: float = 0.0) -> dict[Any, float]:
     """Best seconds of one training step of ``g`` — forward, then backward (data and weights) — for each
-    engine: every operand changed each step (only the FFT engine's reuse within a step counts), after one
-    warm-up step each (plans, workspaces, thread pools), ``rounds`` rounds interleaved so that machine noise
-    hits all alike — fewer once the fastest engine is ``decided`` times faster than the next (a clear call).
-    ``settle``: seconds paused before a timed step whose threads differ from the step before it (the FFT
-    engine's and BLAS's), so that it does not share the cores with the threads that step left spinning
-    (OpenBLAS's spin for ~0.1 s after a call)."""
+    engine, every step on operands no earlier step saw (only the FFT engine's reuse within a step counts).
+
+    ``settle`` = 0 (engines on the same threads: the lowerings): one warm-up step each (plans, workspaces),
+    then ``rounds`` rounds interleaved so that machine noise hits all alike.  ``settle`` > 0 (engines on
+    different threads: FFT and BLAS): each engine in a block of its own — untimed steps until ``settle``
+    seconds have passed (at least ``SETTLE_STEPS``), then ``rounds`` timed ones —, so that it is timed in its
+    steady state, as in a training loop, and not while the threads of the engine before it still spin on the
+    cores (OpenBLAS's spin ~0.1 s after a call), its own pools wake up or the allocator adapts to its arrays:
+    a 24->24 3^3 FFT step measured 20 ms interleaved with lowering steps and 13 ms steady."""
     rng = np.random.default_rng(0)
     x = rng.standard_normal((g.num, g.in_channels) + g.in_shape).astype(dtype)
     w = (0.1 * rng.standard_normal((g.out_channels, g.in_channels // g.group) + g.kernel)).astype(dtype)
     dy = rng.standard_normal((g.num, g.out_channels) + g.out_shape).astype(dtype)
     y, dx, dw = np.empty_like(dy), np.empty_like(x), np.zeros_like(w)
+    first = [float(a.flat[0]) for a in (x, w, dy)]
+    steps = [0]
 
-    flip = [1.0]
-
-    def step(eng: ConvEngine) -> None:
-        # as in training, each step's input, weights and output gradient differ from the last step's (so no
-        # memoized transform carries over) — changed in place: dropping the FFT engine's memo instead frees
-        # its spectra before the step, and reallocating them cost an FFT step 20.5 ms instead of its 12.5 ms
-        # in training (24->24 3^3 on 30^3)
-        for a in (x, w, dy):
-            a.flat[0] += flip[0]
-        flip[0] = -flip[0]
+    def step(eng: ConvEngine) -> float:
+        # as in training, each step's input, weights and output gradient differ from every earlier step's (so
+        # no memoized transform carries over) — changed in place: dropping the FFT engine's memo instead frees
+        # its spectra before the step, which training does not do
+        steps[0] += 1
+        for a, v in zip((x, w, dy), first):
+            a.flat[0] = v + 0.01 * steps[0]
+        t = time.perf_counter()
         eng.forward(x, w, None, y)
         eng.backward(x, dy, w, dx, dw)
+        return time.perf_counter() - t
 
     for eng in engines.values():
         eng.configure(g, dtype)
+    if settle:
+        best = {}
+        for name, eng in engines.items():
+            start, untimed = time.perf_counter(), 0
+            while untimed < SETTLE_STEPS or time.perf_counter() - start < settle:
+                step(eng)
+                untimed += 1
+            best[name] = min(step(eng) for _ in range(rounds))
+        return best
+    for eng in engines.values():
         step(eng)
     best = {name: float("inf") for name in engines}
-    before = list(engines.values())[-1]
     for _ in range(rounds):
         for name, eng in engines.items():
-            if settle and (eng.name == "fft") != (before.name == "fft"):
-                time.sleep(settle)
-            before = eng
-            t = time.perf_counter()
-            step(eng)
-            best[name] = min(best[name], time.perf_counter() - t)
-        times = sorted(best.values())
-        if len(times) > 1 and times[1] >= decided * times[0]:
-            break
+            best[name] = min(best[name], step(eng))
     return best
 
 
@@ -426,14 +436,15 @@ def _measure_conv_engines(g: ConvGeometry, dtype: Any, strategy: int, predicted:
         engines.update({f"fft {k}": FFTEngine(lift=k == "lifted") for k in layouts})
     if winograd:
         engines.update({f"winograd {m}": WinogradEngine(m) for m in TILES})
-    best = _measure_engines(engines, replace(g, num=n), dtype, effort.engine_rounds, settle=0.1, decided=2.0)
+    best = _measure_engines(engines, replace(g, num=n), dtype, effort.engine_rounds, settle=ENGINE_SETTLE_SECONDS)
     scaled = {name: t * g.num / n for name, t in best.items()}
     fastest = min(scaled.values())
     close = [name for name, t in scaled.items() if t <= FULL_BATCH_WINDOW * fastest]
-    if n < g.num and len(close) > 1 and fastest * len(close) * (effort.engine_rounds + 1) <= FULL_BATCH_SECONDS:
+    if n < g.num and len(close) > 1 and \
+            fastest * len(close) * (effort.engine_rounds + SETTLE_STEPS) <= FULL_BATCH_SECONDS:
         # a close call measured on part of the batch: the whole batch decides (cache-resident spectra and
         # tiles of a few images flatter the FFT engine: CaffeNet's conv2 took 0.83x lowering's time per
         # image at 21 images and 1.15x at 64)
-        scaled.update(_measure_engines({name: engines[name] for name in close}, g, dtype, effort.engine_rounds,
-                                       settle=0.1, decided=2.0))
+        again = dict(reversed([(name, engines[name]) for name in close]))  # the other order: drift hits both
+        scaled.update(_measure_engines(again, g, dtype, effort.engine_rounds, settle=ENGINE_SETTLE_SECONDS))
     return scaled

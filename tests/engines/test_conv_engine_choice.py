@@ -105,7 +105,7 @@ def test_a_close_call_on_part_of_the_batch_is_measured_again_on_the_whole_batch(
     conv2 = ConvGeometry(64, 96, 256, 2, (27, 27), (5, 5), (1, 1), (2, 2), (1, 1))
     sizes = []
 
-    def measure(engines, g, dtype, rounds, settle=0.0, decided=0.0):
+    def measure(engines, g, dtype, rounds, settle=0.0):
         sizes.append((g.num, sorted(engines)))
         fft = 0.9 if g.num < conv2.num else 1.1  # ms per image, lowering 1.0
         return {name: (1.0 if name == "lowering" else fft) * g.num * 1e-3 for name in engines}
@@ -146,12 +146,14 @@ def test_measured_steps_see_new_operands_and_keep_the_engines_memory():
         def backward(self, x, dy, w, dx, dw):
             self.seen[-1] += (dy.copy(),)
 
-    spy = Spy()
+    spies = [Spy(), Spy()]
     g = ConvGeometry(2, 3, 4, 1, (6, 6), (3, 3), (1, 1), (1, 1), (1, 1))
-    autotune._measure_engines({"spy": spy}, g, np.float32, rounds=3)
-    assert len(spy.seen) == 4
-    for a, b in zip(spy.seen, spy.seen[1:]):
-        assert all(not np.array_equal(u, v) for u, v in zip(a, b))
+    autotune._measure_engines({"a": spies[0], "b": spies[1]}, g, np.float32, rounds=3)
+    seen = spies[0].seen + spies[1].seen
+    assert len(seen) == 8  # every step of either engine saw operands no earlier step saw
+    for i, a in enumerate(seen):
+        for b in seen[:i]:
+            assert all(not np.array_equal(u, v) for u, v in zip(a, b))
 
 
 def test_auto_runs_the_measured_fft_layout(monkeypatch):
