@@ -37,7 +37,7 @@ from cct.engines.cost_model import DEFAULT_RATES, MachineRates, layer_costs
 from cct.runtime.threads import cpu_cores
 
 CACHE_FILE = "autotune.json"
-RATES_VERSION = 2  # of calibrate()'s probes: rates cached by another version are measured again
+RATES_VERSION = 3  # of calibrate()'s probes: rates cached by another version are measured again
 # of autotune_conv_engine's method (6: each engine steady in a block, operands new each step; close calls on the whole
 # batch): entries measured by another version are measured again
 ENGINE_MEASURE_VERSION = 6
@@ -269,10 +269,44 @@ def calibrate(save: bool = True) -> MachineRates:
     lift_rate = lifted / max(lifted / rate(lift, lifted) - planes / t_rate, 1e-9)
     rates = MachineRates(peak, rate(lower, cells), lift_rate, t_rate, max(m0, 1.0), max(k0, 1.0), max(n0, 1.0),
                          rate(col2im, cells))
+    rates = _calibrate_fft(rates)
     _rates_memo[_rates_key()] = rates
     if save:
         _write_cache({"rates": {_rates_key(): asdict(rates)}})
     return rates
+
+
+def _calibrate_fft(rates: MachineRates) -> MachineRates:
+    """``rates`` with the FFT engine's own: the transforms' flop rate (``fft_flops``: 2-D real transforms of
+    30x30 planes, ZNN's sizes, on the engine's FFT threads) and its fixed cost per forward + backward
+    (``fft_call_s``: a tiny 3-D layer's measured step less what the model predicts for its work)."""
+    import scipy.fft
+
+    from cct.engines.fft import FFTEngine, _transform_flops
+    from cct.engines.fft_plan import fft_workers
+
+    rng = np.random.default_rng(1)
+    planes = rng.standard_normal((1024, 30, 30), dtype=np.float32)
+    workers = fft_workers()
+    fft_rate = planes.shape[0] * _transform_flops((30, 30), (30, 30)) / _best_time(
+        lambda: scipy.fft.rfft2(planes, workers=workers), 5)
+    rates = replace(rates, fft_flops=fft_rate, fft_call_s=0.0)
+    g = ConvGeometry(1, 2, 2, 1, (8, 8, 8), (3, 3, 3), (1, 1, 1), (0, 0, 0), (1, 1, 1))
+    eng = FFTEngine(lift=False)
+    eng.configure(g, np.float32)
+    x = rng.standard_normal((1, 2, 8, 8, 8), dtype=np.float32)
+    w = rng.standard_normal((2, 2, 3, 3, 3), dtype=np.float32)
+    dy = rng.standard_normal((1, 2, 6, 6, 6), dtype=np.float32)
+    y, dx, dw = np.empty_like(dy), np.empty_like(x), np.zeros_like(w)
+
+    def step() -> None:
+        x.flat[0] += 0.01  # new operands each step (nothing memoized carries over)
+        eng.forward(x, w, None, y)
+        eng.backward(x, dy, w, dx, dw)
+
+    step()
+    work = FFTEngine.estimate(g, 4, rates)["full"]["seconds"]
+    return replace(rates, fft_call_s=max(_best_time(step, 5) - work, 1e-4))
 
 
 def _largest_buffer(g: ConvGeometry, strategy: int) -> int:

@@ -67,6 +67,8 @@ class MachineRates:
     gemm_k0: float = 20.0           # the GEMM runs at half speed (see gemm_seconds)
     gemm_n0: float = 30.0
     col2im_elems: float = 6.5e8     # slice additions back into the input gradient
+    fft_flops: float = 8e9          # scipy.fft on lines of length 16-40 (5·n·log2 n per complex line)
+    fft_call_s: float = 4e-3        # the FFT engine's fixed cost per forward + backward of a layer
     # (defaults: a 2-core AVX2 machine; calibrate() measures the machine it runs on)
 
 

@@ -69,14 +69,14 @@ from cct.runtime.threads import blas_threads
 __all__ = ["FFTEngine", "fft_transform_size"]
 
 # Rates behind FFTEngine.estimate (flops as it counts them: 5·n·log2(n) per complex line of length n, 8 per
-# complex multiply-add), fitted to forward+backward times of layers of 1 to 16 images, 8 to 40 channels,
-# kernels 3-9 and volumes 16-40 on the project's 2-core machine.  The lifted layout's products are real
-# GEMMs per frequency: they are costed with the GEMM model of cct.engines.cost_model (4 real products per
-# complex one), which follows their shapes (within ~30% of the measured times; a flat rate was off 2x at 40
-# channels); the unlifted products have a row per image and run near a flat rate.
-FFT_FLOPS_PER_S = 8e9        # scipy.fft, lines of length 16-40
+# complex multiply-add).  The transforms' rate and the fixed cost per call are the machine's
+# (MachineRates.fft_flops and fft_call_s: calibrated, cct.engines.autotune.calibrate; the defaults were fitted
+# to forward+backward times of layers of 1 to 16 images, 8 to 40 channels, kernels 3-9 and volumes 16-40 on
+# a 2-core AVX2 machine, and a Zen 5 core runs the transforms 2x faster).  The lifted layout's products are
+# real GEMMs per frequency: they are costed with the GEMM model of cct.engines.cost_model (4 real products
+# per complex one), which follows their shapes (within ~30% of the measured times; a flat rate was off 2x at
+# 40 channels); the unlifted products have a row per image and run near a flat rate.
 PRODUCT_FLOPS_PER_S = 10e9   # unlifted: batched complex64 products with a few rows per frequency
-CALL_OVERHEAD_S = 4e-3       # per forward + backward, either layout
 DEFAULT_MEMO_MB = 1024       # per layer: above this the spectra are not kept between passes (CCT_FFT_MEMO_MB)
 
 
@@ -235,17 +235,17 @@ class FFTEngine(ConvEngine):
                                            + gemm_seconds(og, rows, inner, rates))
             else:
                 product_s = product / PRODUCT_FLOPS_PER_S
-            transforms_s = (forward + inverse) / FFT_FLOPS_PER_S
+            transforms_s = (forward + inverse) / rates.fft_flops
             # the forward pass: the input and kernel transforms, the output's inverse, one of the three products
             forward_transforms = (n * c * rows_x * _transform_flops(size, g.in_shape[rest])
                                   + o * cg * taps * _transform_flops(size, g.extent[rest])
-                                  + n * o * rows_y * _transform_flops(size, size)) / FFT_FLOPS_PER_S
+                                  + n * o * rows_y * _transform_flops(size, size)) / rates.fft_flops
             out["lifted" if lifted else "full"] = {
                 "forward_share": (forward_transforms + product_s / 3) / max(transforms_s + product_s, 1e-30),
                 "transform_flops": forward + inverse, "product_flops": product,
                 "memo_bytes": float(F * csize * (n * c * (rows_y * taps if lifted else 1) + o * cg * taps
                                                  + n * o * rows_y)),  # lifted: the input is kept lowered
-                "seconds": CALL_OVERHEAD_S + (forward + inverse) / FFT_FLOPS_PER_S + product_s}
+                "seconds": rates.fft_call_s + transforms_s + product_s}
         out["choice"] = min(("full", "lifted"), key=lambda k: out[k]["seconds"] if k in out else math.inf)
         return out
 
@@ -257,13 +257,14 @@ class FFTEngine(ConvEngine):
         if (xp is not None and xp is not np) or not cls.supports(g)[0]:
             return []
         itemsize = np.dtype(dtype).itemsize
-        est = cls.estimate(g, itemsize, rates or DEFAULT_RATES)
+        rates = rates or DEFAULT_RATES
+        est = cls.estimate(g, itemsize, rates)
         out = []
         for layout in ("full", "lifted"):
             if layout in est:
                 e = est[layout]
-                total = e["seconds"] - CALL_OVERHEAD_S
-                forward = CALL_OVERHEAD_S / 2 + total * e["forward_share"]
+                total = e["seconds"] - rates.fft_call_s
+                forward = rates.fft_call_s / 2 + total * e["forward_share"]
                 out.append(Estimate("fft", f"fft {layout}", forward, e["seconds"] - forward, int(e["memo_bytes"])))
         return out
 

@@ -175,6 +175,24 @@ def test_measurements_are_cached_per_blas_kernel(monkeypatch):
         autotune._machine_digest.cache_clear()
 
 
+def test_the_fft_model_runs_at_the_machines_calibrated_fft_rates():
+    """The FFT engine's predictions follow the calibrated transform rate and fixed cost per call (the
+    constants fitted on an AVX2 machine overestimated a Zen 5 machine's FFT layers 2x, so auto never
+    measured FFT on 3^3 3-D layers where it is the faster engine)."""
+    from dataclasses import replace
+
+    from cct.engines.fft import FFTEngine
+
+    g = ConvGeometry(1, 16, 16, 1, (30, 30, 30), (3, 3, 3), (1, 1, 1), (0, 0, 0), (1, 1, 1))
+    base = cost_model.DEFAULT_RATES
+    faster = replace(base, fft_flops=2 * base.fft_flops, fft_call_s=base.fft_call_s + 1e-3)
+    a, b = FFTEngine.estimate(g, 4, base)["full"], FFTEngine.estimate(g, 4, faster)["full"]
+    transforms = a["transform_flops"] / base.fft_flops
+    assert b["seconds"] == pytest.approx(a["seconds"] - transforms / 2 + 1e-3)
+    rates = autotune.calibrate(save=False)
+    assert rates.fft_flops > 0 and 0 < rates.fft_call_s < 0.05
+
+
 def test_gemm_speed_depends_on_shape():
     r = cost_model.DEFAULT_RATES
     square = cost_model.gemm_seconds(512, 512, 4096, r)
