@@ -171,11 +171,12 @@ def fft_applies(g: ConvGeometry, xp: Any = None) -> tuple[bool, str]:
     return FFTEngine.supports(g)
 
 
-def predicted_fft_seconds(g: ConvGeometry, dtype: Any = np.float32) -> float:
-    """The FFT engine's predicted forward+backward seconds for ``g`` (its own model; nothing measured)."""
+def predicted_fft_seconds(g: ConvGeometry, dtype: Any = np.float32, rates: MachineRates | None = None) -> float:
+    """The FFT engine's predicted forward+backward seconds for ``g`` (its own model at ``rates``, default the
+    machine's as cached; nothing measured)."""
     from cct.engines.fft import FFTEngine
 
-    est = FFTEngine.estimate(g, np.dtype(dtype).itemsize, machine_rates())
+    est = FFTEngine.estimate(g, np.dtype(dtype).itemsize, rates or machine_rates())
     return float(est[est["choice"]]["seconds"])
 
 
@@ -232,15 +233,20 @@ def choose_conv_engine(g: ConvGeometry, dtype: Any = np.float32, xp: Any = None,
         fft_why = f"not fft: stride {st} > 1"
     elif all(k == 1 for k in g.kernel):  # a GEMM already: transforms can only add work
         fft_why = "not fft: a 1x1 kernel"
-    t_low = _lowering_prediction(g, lowering)
+    # with a candidate beside lowering on a layer of some size, the models run at this machine's rates
+    # (calibrated once, < 1 s)
+    rates = machine_rates()
+    t_low = _lowering_prediction(g, lowering, rates)
+    if (not fft_why or wino_ok) and t_low >= PREFER_TYPE1_SECONDS:
+        rates = machine_rates(calibrate_if_missing=True)
+        t_low = _lowering_prediction(g, lowering, rates)
     wino = wino_ok and tune is not False and (tune is True or t_low >= AUTOTUNE_MIN_SECONDS)
     fft = not fft_why
-    t_fft = predicted_fft_seconds(g, dtype) if fft else 0.0
+    t_fft = predicted_fft_seconds(g, dtype, rates) if fft else 0.0
     if fft and tune is not True:
         window = FAST_FFT_WINDOW
         fft = t_low - t_fft / window >= PREFER_TYPE1_SECONDS  # else the usual case: the log line shows both
     if fft and tune is False:
-        t_low = _lowering_prediction(g, lowering, machine_rates(calibrate_if_missing=True))
         if t_low - t_fft >= max(PREFER_TYPE1_SECONDS, PREFER_TYPE1_FRACTION * t_low):
             return "fft", f"engine by cost model (lowering predicted {t_low * 1e3:.3g} ms)"
         return "lowering", f"engine by cost model (fft predicted {t_fft * 1e3:.3g} ms)"
@@ -249,7 +255,6 @@ def choose_conv_engine(g: ConvGeometry, dtype: Any = np.float32, xp: Any = None,
     strategy = choose_strategy(g, dtype)[0] if lowering == "auto" else int(lowering)
     measured = autotune_conv_engine(g, dtype, strategy, max(t_low, t_fft), fft=fft, winograd=wino)
     if measured is None:  # the net's measuring budget is spent: the calibrated models decide
-        t_low = _lowering_prediction(g, lowering, machine_rates(calibrate_if_missing=True))
         name = "fft" if fft and t_low - t_fft >= max(PREFER_TYPE1_SECONDS, PREFER_TYPE1_FRACTION * t_low) \
             else "lowering"
         return name, f"engine by cost model, autotune budget spent (lowering {t_low * 1e3:.3g} ms" + (
