@@ -9,6 +9,8 @@ them — for every iteration: cct net, lowering 1, 2, 3, auto, then PyTorch — 
 ``net`` is what ``cct train`` / ``cct time`` run: each convolution's engine as the layer chose it with the
 default settings (``-conv_engine auto``: lowering, FFT or Winograd, measured per layer); ``1``, ``2``, ``3``
 force a lowering and ``auto`` is ``-conv_engine lowering -lowering auto``.
+Where numpy's OpenBLAS runs AVX2 kernels (``OPENBLAS_CORETYPE=Haswell``) PyTorch is held to AVX2 too
+(:mod:`torch_isa`; ``--torch-native`` lifts it), so the ratio compares the frameworks, not vector widths.
 Both build models/caffenet/train.prototxt's network (conv/ReLU/max-pool/LRN/InnerProduct/dropout/softmax
 loss) with the same weights and the same input.  Prints per variant the median fwd+bwd milliseconds, the
 ratio cct/pytorch, the share of the machine's sgemm peak it reaches (the GEMM arithmetic of the convolution and
@@ -33,6 +35,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from torch_isa import match_torch_isa
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "models" / "caffenet" / "train.prototxt"
@@ -161,10 +164,13 @@ def main() -> None:
     ap.add_argument("--variants", default="net,1,2,3,auto",
                     help="cct variants to run (comma separated: net, 1, 2, 3, auto); 'net' alone gives the peak "
                          "RSS of what cct train runs")
+    ap.add_argument("--torch-native", action="store_true",
+                    help="let PyTorch use its own instruction set even where numpy's OpenBLAS is held to AVX2")
     args = ap.parse_args()
     print(f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')} "
           f"OPENBLAS_L2_SIZE={os.environ.get('OPENBLAS_L2_SIZE', '(unset)')} threads={args.threads} "
           f"batch={args.batch} CCT_PARTITIONS={os.environ.get('CCT_PARTITIONS', 'auto')}")
+    print(match_torch_isa(args.torch_native))
     # both workers see exactly `threads` BLAS/OpenMP threads
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(args.threads)

@@ -10,7 +10,9 @@ GFLOP/s of the convolution's arithmetic (2·o·d/g·k²·m²·B per pass) and % 
 workspace bytes the engine needs (each measured with buffers of its own; in a net all layers share one).
 Partitions follow CCT_PARTITIONS (default auto).  Then the same layer in PyTorch CPU (``conv2d`` without bias,
 forward and autograd backward of the data and the weights), run in a worker process of its own with the same
-thread count right after cct's rows, and the ratio of auto's forward+backward time to PyTorch's.
+thread count right after cct's rows, and the ratio of auto's forward+backward time to PyTorch's; PyTorch is held
+to the instruction set of numpy's OpenBLAS kernel where that is AVX2 or older (:mod:`torch_isa`;
+``--torch-native`` lifts it).
 """
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("GLOG_minloglevel", "1")
+
+from torch_isa import match_torch_isa  # noqa: E402
 
 from cct.engines import ConvGeometry  # noqa: E402
 from cct.engines.choice import SelectedEngine  # noqa: E402
@@ -99,10 +103,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--torch-native", action="store_true",
+                    help="let PyTorch use its own instruction set even where numpy's OpenBLAS is held to AVX2")
     args = ap.parse_args()
     print(f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')} "
           f"OPENBLAS_L2_SIZE={os.environ.get('OPENBLAS_L2_SIZE', '(unset)')} "
           f"CCT_PARTITIONS={os.environ.get('CCT_PARTITIONS', 'auto')}")
+    print(match_torch_isa(args.torch_native))
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
     torch_proc = ctx.Process(target=torch_worker, args=(child, blas_threads(), args.repeat), daemon=True)
