@@ -45,7 +45,7 @@ def _log_devices(spec: str) -> None:
 def _log_cpu() -> None:
     import os
 
-    from cct.device.query import blas_libraries, cpu_model
+    from cct.device.query import blas_libraries, cpu_model, narrow_blas_kernel
     from cct.runtime.threads import cpu_cores
 
     log.info("CPU:                           %s", cpu_model())
@@ -55,3 +55,6 @@ def _log_cpu() -> None:
         log.info("BLAS:                          none found")
     for lib in libs:
         log.info("BLAS:                          %s (%s)", lib.describe(), lib.path)
+    narrow = narrow_blas_kernel()
+    if narrow:
+        log.warning("%s", narrow)

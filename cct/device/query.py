@@ -47,6 +47,43 @@ def blas_libraries() -> list[BlasLibrary]:
             for p in threadpool_info() if p.get("user_api") == "blas"]
 
 
+# OpenBLAS kernels by the widest vector instructions they use, and the CPU flag that offers each width
+_KERNEL_WIDTH = {"skylakex": 512, "cooperlake": 512, "sapphirerapids": 512, "haswell": 256, "zen": 256,
+                 "sandybridge": 256, "nehalem": 128, "core2": 128, "prescott": 128}
+_FLAG_WIDTH = (("avx512f", 512), ("avx2", 256), ("avx", 256), ("sse4_2", 128))
+
+
+def cpu_vector_bits() -> int:
+    """The widest float vectors the CPU offers (512 with AVX-512, 256 with AVX/AVX2, 128), 0 when unknown."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return next((bits for flag, bits in _FLAG_WIDTH if flag in flags), 0)
+    except OSError:
+        pass
+    return 0
+
+
+def narrow_blas_kernel() -> str:
+    """A one-line warning when numpy's OpenBLAS runs kernels narrower than the CPU's vectors (an AVX2 kernel
+    forced by ``OPENBLAS_CORETYPE`` on an AVX-512 CPU runs GEMMs, and so convolutions, at about half the
+    speed it could: 255 against 470 GFLOP/s on a 2-core Zen 5), else ""."""
+    import os
+
+    known = sorted((_KERNEL_WIDTH[lib.kernel.lower()], lib.kernel) for lib in blas_libraries()
+                   if lib.kernel.lower() in _KERNEL_WIDTH)
+    cpu = cpu_vector_bits()
+    if not known or known[0][0] >= cpu:
+        return ""
+    width, kernel = known[0]
+    forced = os.environ.get("OPENBLAS_CORETYPE")
+    why = f" (OPENBLAS_CORETYPE={forced})" if forced else ""
+    return (f"numpy's OpenBLAS runs {kernel} kernels ({width}-bit vectors){why} on a CPU with {cpu}-bit vectors: "
+            f"GEMMs and convolutions run at a fraction of this CPU's speed")
+
+
 def machine_key() -> str:
     """What a cached speed is valid for: host, CPU model, usable cores and the BLAS libraries with the kernels
     they run (OpenBLAS's ``OPENBLAS_CORETYPE`` picks another kernel on the same CPU: AVX2 Haswell kernels run

@@ -100,3 +100,25 @@ def test_gpu_spec_table_matches_the_longest_name():
 def test_describe_names_the_threads():
     assert Device("cpu", 0, 1).describe().endswith("1 BLAS thread")
     assert Device("cpu", 0, 4).describe().endswith("4 BLAS threads")
+
+
+def test_a_blas_kernel_narrower_than_the_cpu_is_reported(monkeypatch):
+    """OPENBLAS_CORETYPE=Haswell on an AVX-512 CPU halves the GEMM speed: device_query says so in one line."""
+    from cct import cli
+    from cct.device import query
+    from tests.solvers.helpers import captured_log, messages
+
+    def machine(kernel, bits):
+        monkeypatch.setattr(query, "blas_libraries",
+                            lambda: [query.BlasLibrary("openblas", "0.3.30", kernel, 2, "libopenblas.so")])
+        monkeypatch.setattr(query, "cpu_vector_bits", lambda: bits)
+        return query.narrow_blas_kernel()
+
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Haswell")
+    line = machine("Haswell", 512)
+    assert line.startswith("numpy's OpenBLAS runs Haswell kernels (256-bit vectors) (OPENBLAS_CORETYPE=Haswell) "
+                           "on a CPU with 512-bit vectors")
+    with captured_log() as out:
+        assert cli.main(["device_query"]) == 0
+    assert messages(out.getvalue(), "W") == [line]
+    assert machine("SkylakeX", 512) == "" and machine("Haswell", 256) == "" and machine("", 512) == ""
