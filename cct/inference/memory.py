@@ -182,8 +182,13 @@ def layer_scratch(lp: pb.LayerParameter, shapes: Mapping[str, BlobShape], primit
         return conv_memory(primitive or "lowering 1", conv_geometry(lp, x), itemsize), 0
     if t == MPF_TYPE:
         return fragment_temp_bytes(x.shape, pool_kernel(lp, len(x.spatial)), itemsize), 0
-    if t == "Pooling":  # Caffe's Pooler keeps its input's copy and the maxima
-        return 0, x.count * itemsize + top
+    if t == "Pooling":
+        if lp.pooling_param.pool == pb.PoolingParameter.MAX:  # the maxima, and a padded chunk of images
+            from cct.layers.pooling import MAX_POOL_CHUNK_BYTES
+
+            whole = x.count * itemsize
+            return 0, min(whole, max(whole // max(x.batch, 1), MAX_POOL_CHUNK_BYTES)) + top
+        return 0, x.count * itemsize + top  # AVE/STOCHASTIC: a padded copy of the input, and the output
     if t == "BatchNorm":
         return 2 * top, 0
     if t in ("ReLU", "Dropout", "Split", "Concat", "Crop", "Input"):

@@ -446,3 +446,37 @@ def test_max_backward_adds_in_caffes_order(in_hw, kernel, stride, pad):
         assert y[n, c, ph, pw] == best
         ref[n, c, arg[0], arg[1]] = np.float32(ref[n, c, arg[0], arg[1]] + dy[n, c, ph, pw])
     np.testing.assert_array_equal(dx.view(np.uint32), ref.view(np.uint32))
+
+
+@pytest.mark.parametrize("in_hw, kernel, stride, pad", [((9, 9), 3, 2, 0), ((10, 7), 3, 2, 1), ((8, 8), 2, 2, 0)])
+def test_max_pooling_in_chunks_of_images_is_bitwise_the_whole_batch(monkeypatch, in_hw, kernel, stride, pad):
+    """MAX pooling walks the batch in cache-sized chunks of images (the last one shorter): maxima, mask, and
+    gradients (overwritten and accumulated) are bitwise those of one pass over the whole batch."""
+    from cct.layers import pooling
+
+    rng = np.random.default_rng(7)
+    x = rng.integers(-3, 4, (7, 3) + in_hw).astype(np.float32)  # ties
+    dy_shape = (7, 3) + pooled_shape(in_hw, (kernel,) * 2, (stride,) * 2, (pad,) * 2)
+    dy = rng.standard_normal(dy_shape).astype(np.float32)
+
+    def run():
+        pl = Pooler(pb.PoolingParameter.MAX, in_hw, (kernel,) * 2, (stride,) * 2, (pad,) * 2)
+        y, mask = np.empty(dy_shape, np.float32), np.empty(dy_shape, np.float32)
+        pl.forward(x, y, mask=mask)
+        pl.forward(x, y)
+        dx = np.full(x.shape, np.nan, np.float32)
+        pl.backward(dy, dx, x)
+        acc = np.ones_like(x)
+        pl.backward(dy, acc, x, accumulate=True)
+        return pl, (y, mask, dx, acc)
+
+    whole_pl, whole = run()
+    assert len(whole_pl._max_chunks(x)) == 1
+    per_image = 3 * 4 * np.prod(whole_pl.phase_extent) * stride ** 2
+    monkeypatch.setattr(pooling, "MAX_POOL_CHUNK_BYTES", int(per_image * 3))  # chunks of 3, 3, 1 images
+    chunked_pl, chunked = run()
+    assert chunked_pl._max_chunks(x) == [(0, 3), (3, 6), (6, 7)]
+    for a, b in zip(whole, chunked):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(CctError, match="needs its bottom data"):
+        chunked_pl.backward(dy, np.empty_like(x))
