@@ -455,7 +455,7 @@ def test_max_pooling_in_chunks_of_images_is_bitwise_the_whole_batch(monkeypatch,
     from cct.layers import pooling
 
     rng = np.random.default_rng(7)
-    x = rng.integers(-3, 4, (7, 3) + in_hw).astype(np.float32)  # ties
+    x = rng.integers(-9, -2, (7, 3) + in_hw).astype(np.float32)  # ties, all below zero
     dy_shape = (7, 3) + pooled_shape(in_hw, (kernel,) * 2, (stride,) * 2, (pad,) * 2)
     dy = rng.standard_normal(dy_shape).astype(np.float32)
 
@@ -478,5 +478,10 @@ def test_max_pooling_in_chunks_of_images_is_bitwise_the_whole_batch(monkeypatch,
     assert chunked_pl._max_chunks(x) == [(0, 3), (3, 6), (6, 7)]
     for a, b in zip(whole, chunked):
         np.testing.assert_array_equal(a, b)
+    padded = np.full(x.shape[:2] + chunked_pl.padded_shape, -np.inf, np.float32)
+    padded[:, :, pad:pad + in_hw[0], pad:pad + in_hw[1]] = x
+    for i, j in itertools.product(*(range(o) for o in dy_shape[2:])):  # the maxima, window by window
+        window = padded[:, :, i * stride:i * stride + kernel, j * stride:j * stride + kernel]
+        np.testing.assert_array_equal(chunked[0][:, :, i, j], window.max(axis=(2, 3)))
     with pytest.raises(CctError, match="needs its bottom data"):
         chunked_pl.backward(dy, np.empty_like(x))
