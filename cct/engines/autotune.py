@@ -63,12 +63,12 @@ FAST_ENGINE_SECONDS = 0.1
 # candidates measured within this factor of the fastest on part of the batch are measured again on the whole
 # batch, when all their steps together are predicted to take at most this many seconds
 FULL_BATCH_WINDOW = 1.25
+FULL_BATCH_SECONDS = 3.0
 # each engine measured after this many seconds and at least SETTLE_STEPS untimed steps (its steady state:
 # _measure_engines); an FFT step of CaffeNet's conv4 at 64 images took 290 ms for three steps, then 148 ms
 # (the allocator adapts to the engine's arrays)
 ENGINE_SETTLE_SECONDS = 0.1
 SETTLE_STEPS = 3
-FULL_BATCH_SECONDS = 3.0
 _cache_lock = threading.Lock()
 _rates_memo: dict[str, MachineRates] = {}
 
@@ -420,15 +420,15 @@ def autotune_conv_engine(g: ConvGeometry, dtype: Any = np.float32, strategy: int
     engine (``winograd``) in both tile sizes: ``{"lowering": s, "fft full": s, "fft lifted": s, "winograd 4": s,
     "winograd 2": s}``.
 
-    Measured as a training iteration runs them (:func:`_measure_engines`: every operand new each step,
-    ``ENGINE_AUTOTUNE_ROUNDS`` rounds interleaved after a warm-up and a short pause — the FFT and BLAS thread
-    pools hand the cores over —, the best round).  A layer ``predicted`` (seconds) to take longer than
-    ``ENGINE_AUTOTUNE_SECONDS`` is measured on fewer images and scaled to the batch — the FFT engine's kernel
-    transforms, done once per batch, then count for more than in the layer, and a few images' spectra stay in
-    the caches where the batch's do not —; the candidates within ``FULL_BATCH_WINDOW`` of the fastest are then
-    measured again on the whole batch when that is predicted to take at most ``FULL_BATCH_SECONDS``.  Cached
-    per geometry, dtype, thread setting, lowering and candidate set; None when nothing is cached and the net's
-    measuring budget is spent."""
+    Measured as a training loop runs them (:func:`_measure_engines`: every operand new each step, each engine
+    timed in its steady state after ``ENGINE_SETTLE_SECONDS`` of untimed steps — the FFT and BLAS thread pools
+    hand the cores over, the allocator adapts —, the best of ``ENGINE_AUTOTUNE_ROUNDS`` steps).  A layer
+    ``predicted`` (seconds) to take longer than ``ENGINE_AUTOTUNE_SECONDS`` is measured on fewer images and
+    scaled to the batch — the FFT engine's kernel transforms, done once per batch, then count for more than in
+    the layer, and a few images' spectra stay in the caches where the batch's do not —; the candidates within
+    ``FULL_BATCH_WINDOW`` of the fastest are then measured again on the whole batch when that is predicted to
+    take at most ``FULL_BATCH_SECONDS``.  Cached per geometry, dtype, thread setting, lowering and candidate
+    set; None when nothing is cached and the net's measuring budget is spent."""
     from cct.engines.lowering import strategy_fallback
 
     strategy = strategy if strategy_fallback(strategy, g) is None else 1
