@@ -22,8 +22,9 @@ from cct.rng import get_rng
 from cct.runtime.partition import batch_ranges, partitions_for, run_partitions
 
 # MAX pooling walks the batch in chunks of images whose padded input takes at most this many bytes, so that the
-# kernel offsets' passes over a chunk (its padded copy, maxima and winner codes) run in the core's cache: pool1
-# of CaffeNet (32 images of 96x55x55 per partition) forward 13.6 -> 7.2 ms, backward 18.4 -> ~11 ms
+# kernel offsets' passes over a chunk (its padded copy, maxima and, in training, winner codes) run in the core's
+# cache: pool1 of CaffeNet (32 images of 96x55x55 per partition) forward + backward 31 -> 19 ms in training
+# (winners found in forward), forward 13.6 -> 7.8 ms in TEST
 MAX_POOL_CHUNK_BYTES = 2 << 20
 FLT_MAX = 3.4028234663852886e38
 FLT_MIN = 1.1754943508222875e-38
@@ -102,6 +103,7 @@ class Pooler:
         self.phase_extent = tuple(-(-e // s) for e, s in zip(self.padded_shape, self.stride))
         self._blocks: list[tuple[tuple[Any, ...], tuple[slice, ...]]] | None = None
         self._buffers: dict[str, Any] = {}
+        self._winners_kept = False  # whether the last MAX forward kept each window's winner (training)
         self._index: Any = None
         self._tables: dict[Any, Any] = {}  # per array module (and dtype): offset tables, divisors
         self._stats: tuple[Any, Any] | None = None
@@ -228,7 +230,7 @@ class Pooler:
         """``y`` (N, C, *out) from ``x`` (N, C, *in); MAX writes its argmax into ``mask`` if given."""
         xp = get_array_module(x)
         if self.method == MAX:
-            self._forward_max(x, y, mask, xp)
+            self._forward_max(x, y, mask, xp, train)
         elif self.method == AVE:
             buf = self._padded(x, 0.0)
             for j, (sl, _, _) in enumerate(self._offsets(xp)):
@@ -256,12 +258,17 @@ class Pooler:
         else:
             raise ParamError("pooling_param.pool", f"Unknown pooling method {self.method}")
 
-    def _forward_max(self, x: Any, y: Any, mask: Any | None, xp: Any) -> None:
+    def _forward_max(self, x: Any, y: Any, mask: Any | None, xp: Any, train: bool = True) -> None:
         """MAX: the maxima by ``fmax`` over the kernel offsets (NaN never wins, as with Caffe's strictly-greater
-        scan), kept privately for backward (the top may be changed in place after forward); with a mask top,
-        also the argmax (``-1`` for a window without a cell above ``-FLT_MAX``).  In chunks of images
-        (:meth:`_max_chunks`), each padded into a chunk-sized buffer."""
+        scan), kept privately for backward (the top may be changed in place after forward); in training (and
+        with a mask top) also each window's winning cell (:meth:`_winners`), kept for backward as Caffe keeps
+        its mask — the bottom may change in place before backward (an in-place layer on a Split sibling) —,
+        and with a mask top the argmax (``-1`` for a window without a cell above ``-FLT_MAX``).  In chunks of
+        images (:meth:`_max_chunks`), each padded into a chunk-sized buffer and scanned while in the cache."""
         ymax = self._buf("ymax", y.shape, y)
+        keep = train or mask is not None
+        kept = self._buf("winners", y.shape, y, dtype=self._code_dtype()) if keep else None
+        self._winners_kept = keep
         chunks = self._max_chunks(x)
         images = chunks[0][1]
         for a, b in chunks:
@@ -270,20 +277,27 @@ class Pooler:
             part.fill(-FLT_MAX)
             for sl, _, _ in self._offsets(xp):
                 xp.fmax(part, buf[sl], out=part)
-            if mask is not None:
-                winner = self._winners(xp, buf, part, images)
-                local = self._window_start(xp) + xp.take(self._cell_deltas(xp), winner)
-                mask[a:b] = xp.where(winner > 0, local, -1)
+            if kept is not None:
+                winner = self._winners(xp, buf, part, images, kept[a:b])
+                if mask is not None:
+                    local = self._window_start(xp) + xp.take(self._cell_deltas(xp), winner)
+                    mask[a:b] = xp.where(winner > 0, local, -1)
         xp.copyto(y, ymax)
         self._index = None
 
-    def _winners(self, xp: Any, buf: Any, ymax: Any, images: int) -> Any:
+    def _code_dtype(self) -> Any:
+        """The winner codes' dtype: 0 (no winner) and 1 + each kernel offset."""
+        k = len(self._offsets())
+        return np.uint8 if k < 255 else np.uint16 if k < 65535 else np.int64
+
+    def _winners(self, xp: Any, buf: Any, ymax: Any, images: int, out: Any | None = None) -> Any:
         """Per window of a chunk (its padded input ``buf`` and maxima ``ymax``), 1 + the row-major kernel
         offset of the cell Caffe's strictly-greater scan keeps (the first cell equal to the window's maximum),
-        0 when no cell exceeds ``-FLT_MAX``; small unsigned codes, with one comparison per offset."""
+        0 when no cell exceeds ``-FLT_MAX``; small unsigned codes, with one comparison per offset (into
+        ``out`` when given)."""
         offsets = self._offsets(xp)
-        code = np.uint8 if len(offsets) < 255 else np.uint16 if len(offsets) < 65535 else np.int64
-        winner = self._scratch("winner", ymax.shape, images, ymax, code)
+        code = self._code_dtype()
+        winner = self._scratch("winner", ymax.shape, images, ymax, code) if out is None else out
         step = self._scratch("step", ymax.shape, images, ymax, code)
         hit = self._scratch("better", ymax.shape, images, ymax, bool)
         hit_code = hit.view(np.uint8) if code == np.uint8 else hit
@@ -326,17 +340,30 @@ class Pooler:
             self._tables[key] = xp.asarray(deltas, dtype=np.intp)
         return self._tables[key]
 
-    def _backward_max(self, dy: Any, dx: Any, x: Any, accumulate: bool, xp: Any) -> None:
+    def _backward_max(self, dy: Any, dx: Any, x: Any | None, accumulate: bool, xp: Any) -> None:
         """Route each window's ``dy`` to the cell its forward scan kept: the flat index of that cell in ``dx``
-        (the window's start plus the winning offset's delta, plus the plane's base) and one in-order scatter
-        — chunk by chunk as forward, each chunk's input padded again from ``x`` (cheaper than keeping the
-        whole batch's padded copy between the passes)."""
+        (the window's start plus the winning offset's delta, plus the plane's base) and one in-order scatter,
+        chunk by chunk.  The winners are forward's; after a forward that kept none (TEST phase) they are found
+        again from the bottom ``x``, which must still hold what forward saw (its maxima are checked)."""
         ymax = self._buffers["ymax"]
-        chunks = self._max_chunks(x)
+        chunks = self._max_chunks(dy)
         images = chunks[0][1]
         clip = {"mode": "clip"} if xp is np else {}  # codes are in range: numpy skips its bounds check
         for a, b in chunks:
-            winner = self._winners(xp, self._padded(x[a:b], float("-inf"), images), ymax[a:b], images)
+            if self._winners_kept:
+                winner = self._buffers["winners"][a:b]
+            else:
+                if x is None:
+                    raise CctError("max pooling backward after a TEST-phase forward needs its bottom data")
+                buf = self._padded(x[a:b], float("-inf"), images)
+                check = self._scratch("check", ymax[a:b].shape, images, ymax, ymax.dtype)
+                check.fill(-FLT_MAX)
+                for sl, _, _ in self._offsets(xp):
+                    xp.fmax(check, buf[sl], out=check)
+                if not bool(xp.array_equal(check, ymax[a:b])):
+                    raise CctError("max pooling backward: the bottom changed since the TEST-phase forward (an "
+                                   "in-place layer on data it shares); run forward again before backward")
+                winner = self._winners(xp, buf, ymax[a:b], images)
             index = self._scratch("flat_index", winner.shape, images, dy, np.intp)
             xp.take(self._cell_deltas(xp), winner, out=index, **clip)
             index += self._window_start(xp)
@@ -388,8 +415,6 @@ class Pooler:
         if self.method == MAX and mask is None:
             if "ymax" not in self._buffers:
                 raise CctError("pooling backward called before forward")
-            if x is None:
-                raise CctError("max pooling backward needs its bottom data")
             self._backward_max(dy, dx, x, accumulate, xp)
             return
         if self.method == MAX or (self.method == STOCHASTIC and train):

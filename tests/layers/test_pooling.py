@@ -483,5 +483,30 @@ def test_max_pooling_in_chunks_of_images_is_bitwise_the_whole_batch(monkeypatch,
     for i, j in itertools.product(*(range(o) for o in dy_shape[2:])):  # the maxima, window by window
         window = padded[:, :, i * stride:i * stride + kernel, j * stride:j * stride + kernel]
         np.testing.assert_array_equal(chunked[0][:, :, i, j], window.max(axis=(2, 3)))
+
+
+
+def test_max_backward_routes_through_forwards_winners_when_the_bottom_changes_in_place():
+    """Training keeps each window's winner from forward, as Caffe keeps its mask: an in-place layer on a Split
+    sibling may change the shared bottom before backward.  After a TEST-phase forward (nothing kept) the
+    winners are found again from the bottom, and a changed bottom is an error, not a silently wrong gradient."""
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((3, 2, 9, 9)).astype(np.float32)
+    pl = Pooler(pb.PoolingParameter.MAX, (9, 9), (3, 3), (2, 2), (0, 0))
+    y = np.empty((3, 2) + pl.out_shape, np.float32)
+    dy = rng.standard_normal(y.shape).astype(np.float32)
+    pl.forward(x, y)
+    expected = np.empty_like(x)
+    pl.backward(dy, expected, x)
+    changed = np.maximum(x, 0)  # a ReLU in place on the shared bottom
+    got = np.empty_like(x)
+    pl.backward(dy, got)  # no bottom needed
+    pl.backward(dy, got, changed)
+    np.testing.assert_array_equal(got, expected)
+    pl.forward(x, y, train=False)  # TEST phase: nothing kept
+    pl.backward(dy, got, x)
+    np.testing.assert_array_equal(got, expected)
     with pytest.raises(CctError, match="needs its bottom data"):
-        chunked_pl.backward(dy, np.empty_like(x))
+        pl.backward(dy, got)
+    with pytest.raises(CctError, match="the bottom changed since the TEST-phase forward"):
+        pl.backward(dy, got, x * np.float32(2))
