@@ -38,9 +38,9 @@ from cct.runtime.threads import cpu_cores
 
 CACHE_FILE = "autotune.json"
 RATES_VERSION = 3  # of calibrate()'s probes: rates cached by another version are measured again
-# of autotune_conv_engine's method (6: each engine steady in a block, operands new each step; close calls on the whole
+# of autotune_conv_engine's method (7: each engine steady in a block, operands new each step; close calls on the whole
 # batch): entries measured by another version are measured again
-ENGINE_MEASURE_VERSION = 6
+ENGINE_MEASURE_VERSION = 7
 # measured images per partition: enough that the largest buffer of all partitions together exceeds this
 # (out of the last-level cache, like the full layer) and that a GEMM has this many columns, at most a
 # partition's chunk
@@ -65,9 +65,9 @@ FAST_ENGINE_SECONDS = 0.1
 FULL_BATCH_WINDOW = 1.25
 FULL_BATCH_SECONDS = 3.0
 # each engine measured after this many seconds and at least SETTLE_STEPS untimed steps (its steady state:
-# _measure_engines); an FFT step of CaffeNet's conv4 at 64 images took 290 ms for three steps, then 148 ms
-# (the allocator adapts to the engine's arrays)
-ENGINE_SETTLE_SECONDS = 0.1
+# _measure_engines): an FFT step of CaffeNet's conv4 at 64 images took 290 ms for three steps, then 148 ms, one of
+# a 24->24 3^3 layer 57, 34 and 17 ms, then 14 ms with spikes to 20 (the allocator adapts to the engine's arrays)
+ENGINE_SETTLE_SECONDS = 0.25
 SETTLE_STEPS = 3
 _cache_lock = threading.Lock()
 _rates_memo: dict[str, MachineRates] = {}
