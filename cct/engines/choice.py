@@ -66,6 +66,11 @@ FFT_WINDOW = 2.0
 # ... and with -autotune fast, where a measurement must be worth its time: the FFT engine measured only where its
 # prediction is within this factor of a gain
 FAST_FFT_WINDOW = 1.3
+# ... over this fraction for an engine that keeps more than KEPT_BYTES between a layer's passes (the FFT engine's
+# spectra): measured alone it has the caches to itself, in a net it does not (CaffeNet's conv2 at 64 images with
+# AVX-512 kernels: FFT measured 7% faster than lowering alone, 25% slower in the net, and 300 MiB more RSS)
+KEPT_FRACTION = 0.10
+KEPT_BYTES = 64 << 20
 # auto takes the smaller Winograd tile (F(2x2,3x3): the more accurate) when it is measured within this factor of
 # the larger's time
 WINOGRAD_TILE_WINDOW = 1.03
@@ -209,7 +214,8 @@ def choose_conv_engine(g: ConvGeometry, dtype: Any = np.float32, xp: Any = None,
     with autotune off it runs only when forced).  With no candidate the lowering engine runs (small layers,
     most strided ones: they keep Caffe's summation order); otherwise all are measured on the layer
     (:func:`autotune_conv_engine`, cached) and the fastest taken when the lowering engine takes over
-    ``PREFER_TYPE1_FRACTION`` (5%) longer — the smaller
+    ``PREFER_TYPE1_FRACTION`` (5%) longer (``KEPT_FRACTION``, 10%, for an FFT layout that keeps more than
+    ``KEPT_BYTES`` of spectra between the passes) — the smaller
     Winograd tile when it is within ``WINOGRAD_TILE_WINDOW`` of the larger (it is the more accurate).  With
     autotune off (``CCT_AUTOTUNE=0``) the FFT model decides; with it forced on, every applicable layer is
     measured."""
@@ -259,16 +265,28 @@ def choose_conv_engine(g: ConvGeometry, dtype: Any = np.float32, xp: Any = None,
             else "lowering"
         return name, f"engine by cost model, autotune budget spent (lowering {t_low * 1e3:.3g} ms" + (
             f", fft {t_fft * 1e3:.3g} ms predicted)" if fft else " predicted)")
-    best = min(measured, key=measured.__getitem__)
-    tiles = sorted((k for k in measured if k.startswith("winograd ")), key=lambda k: int(k.split()[1]))
-    if best in tiles and measured[tiles[0]] <= WINOGRAD_TILE_WINDOW * measured[best]:
-        best = tiles[0]
-    # a measured tie keeps the lowering engine (Caffe's summation order, no spectra or tiles to hold) while it
-    # is within PREFER_TYPE1_FRACTION of the fastest (no absolute floor: a layer measured at all is one where
-    # the models saw PREFER_TYPE1_SECONDS to gain, and a 16->16 3^3 layer's FFT saving 13% of 7.6 ms is real)
-    gain = PREFER_TYPE1_FRACTION * measured[best]
-    name = best if measured["lowering"] - measured[best] >= gain else "lowering"
+    # a measured tie keeps the lowering engine (Caffe's summation order, no spectra or tiles to hold): another
+    # engine qualifies when the lowering engine takes over PREFER_TYPE1_FRACTION longer (no absolute floor: a
+    # layer measured at all is one where the models saw PREFER_TYPE1_SECONDS to gain, and a 16->16 3^3 layer's
+    # FFT saving 13% of 7.6 ms is real), over KEPT_FRACTION when it keeps more than KEPT_BYTES between the passes
+    kept = _kept_bytes(g, dtype, measured)
+    qualified = {k: t for k, t in measured.items() if k != "lowering" and measured["lowering"] >= t * (
+        1 + (KEPT_FRACTION if kept.get(k, 0) > KEPT_BYTES else PREFER_TYPE1_FRACTION))}
+    name = min(qualified, key=qualified.__getitem__) if qualified else "lowering"
+    tiles = sorted((k for k in qualified if k.startswith("winograd ")), key=lambda k: int(k.split()[1]))
+    if name in tiles and qualified[tiles[0]] <= WINOGRAD_TILE_WINDOW * qualified[name]:
+        name = tiles[0]
     return name, "engine autotuned: " + ", ".join(f"{k} {t * 1e3:.3g} ms" for k, t in measured.items())
+
+
+def _kept_bytes(g: ConvGeometry, dtype: Any, measured: dict[str, float]) -> dict[str, float]:
+    """Bytes each measured FFT layout keeps between a layer's passes (its memoized spectra)."""
+    if not any(k.startswith("fft ") for k in measured) or not settings.get("fft_memoize"):
+        return {}
+    from cct.engines.fft import FFTEngine
+
+    est = FFTEngine.estimate(g, np.dtype(dtype).itemsize, machine_rates())
+    return {f"fft {k}": float(est[k]["memo_bytes"]) for k in ("full", "lifted") if k in est}
 
 
 def _partitions(g: ConvGeometry) -> int:
