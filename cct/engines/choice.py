@@ -215,8 +215,8 @@ def choose_conv_engine(g: ConvGeometry, dtype: Any = np.float32, xp: Any = None,
     most strided ones: they keep Caffe's summation order); otherwise all are measured on the layer
     (:func:`autotune_conv_engine`, cached) and the fastest taken when the lowering engine takes over
     ``PREFER_TYPE1_FRACTION`` (5%) longer (``KEPT_FRACTION``, 10%, for an FFT layout that keeps more than
-    ``KEPT_BYTES`` of spectra between the passes) — the smaller
-    Winograd tile when it is within ``WINOGRAD_TILE_WINDOW`` of the larger (it is the more accurate).  With
+    ``KEPT_BYTES`` of spectra between the passes) — the smaller Winograd tile when it is within
+    ``WINOGRAD_TILE_WINDOW`` of the larger (it is the more accurate).  With
     autotune off (``CCT_AUTOTUNE=0``) the FFT model decides; with it forced on, every applicable layer is
     measured."""
     if choice == "lowering":
