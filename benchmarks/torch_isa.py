@@ -13,6 +13,10 @@ skips it.
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # cct from this checkout, as the scripts use it
 
 # numpy's OpenBLAS kernel (threadpoolctl's "architecture", lower case) -> (oneDNN ISA cap, MKL's)
 _CAPS = {"haswell": ("AVX2", "AVX2"), "zen": ("AVX2", "AVX2"), "sandybridge": ("AVX", "AVX"),
@@ -21,14 +25,11 @@ _CAPS = {"haswell": ("AVX2", "AVX2"), "zen": ("AVX2", "AVX2"), "sandybridge": ("
 
 def numpy_blas_kernel() -> str:
     """The kernel numpy's BLAS runs ("Haswell", "SkylakeX", ...; "" when unknown)."""
-    import numpy  # noqa: F401  (loads its BLAS)
-    from threadpoolctl import threadpool_info
+    from cct.device.query import blas_libraries
 
-    for lib in threadpool_info():
-        if lib.get("user_api") == "blas" and "numpy" in str(lib.get("filepath", "")):
-            return str(lib.get("architecture") or "")
-    libs = [lib for lib in threadpool_info() if lib.get("user_api") == "blas"]
-    return str(libs[0].get("architecture") or "") if libs else ""
+    libs = blas_libraries()
+    mine = [lib for lib in libs if "numpy" in lib.path] or libs
+    return mine[0].kernel if mine else ""
 
 
 def match_torch_isa(native: bool = False) -> str:

@@ -11,16 +11,21 @@ from cct.device import backend
 from cct.runtime.threads import cpu_cores
 
 
-def cpu_model() -> str:
-    """The CPU's model name (from /proc/cpuinfo where there is one)."""
+def _cpuinfo(field: str) -> str | None:
+    """The first ``field`` line's value in /proc/cpuinfo (None where there is none)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
+                if line.startswith(field):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine() or "unknown"
+    return None
+
+
+def cpu_model() -> str:
+    """The CPU's model name (from /proc/cpuinfo where there is one)."""
+    return _cpuinfo("model name") or platform.processor() or platform.machine() or "unknown"
 
 
 @dataclass(frozen=True)
@@ -55,15 +60,8 @@ _FLAG_WIDTH = (("avx512f", 512), ("avx2", 256), ("avx", 256), ("sse4_2", 128))
 
 def cpu_vector_bits() -> int:
     """The widest float vectors the CPU offers (512 with AVX-512, 256 with AVX/AVX2, 128), 0 when unknown."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    return next((bits for flag, bits in _FLAG_WIDTH if flag in flags), 0)
-    except OSError:
-        pass
-    return 0
+    flags = set((_cpuinfo("flags") or "").split())
+    return next((bits for flag, bits in _FLAG_WIDTH if flag in flags), 0)
 
 
 def narrow_blas_kernel() -> str:

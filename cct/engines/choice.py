@@ -18,7 +18,7 @@ cost models (:func:`cct.engines.estimate_convolution`).
 
 Engine ``auto`` per layer (:func:`choose_conv_engine`, ZNN's layerwise autotuning): the lowering engine where
 the FFT engine does not apply, the layer is strided, or the FFT engine cannot plausibly save
-``PREFER_TYPE1_SECONDS`` (its model's prediction divided by ``FFT_WINDOW``), and the Winograd engine does not
+``PREFER_TYPE1_SECONDS`` (its model's prediction divided by ``FAST_FFT_WINDOW``), and the Winograd engine does not
 apply or the layer is too small to be worth measuring; otherwise the candidates measured on the layer
 (:func:`cct.engines.autotune.autotune_conv_engine`) and the fastest taken when the lowering engine takes over
 ``PREFER_TYPE1_FRACTION`` longer.
@@ -61,10 +61,8 @@ AUTOTUNE_MIN_SECONDS = 0.05
 # ... where the calibrated model finds another lowering within this factor of its best (a close call);
 # only those candidates are measured
 AUTOTUNE_WINDOW = 1.15
-# auto engine choice: the FFT engine's prediction may be off by this factor (screening; -autotune full) ...
-FFT_WINDOW = 2.0
-# ... and with -autotune fast, where a measurement must be worth its time: the FFT engine measured only where its
-# prediction is within this factor of a gain
+# auto engine choice with -autotune fast, where a measurement must be worth its time: the FFT engine measured only
+# where its prediction is within this factor of a gain (-autotune full measures it wherever it applies)
 FAST_FFT_WINDOW = 1.3
 # ... over this fraction for an engine that keeps more than KEPT_BYTES between a layer's passes (the FFT engine's
 # spectra): measured alone it has the caches to itself, in a net it does not (CaffeNet's conv2 at 64 images with
@@ -208,7 +206,7 @@ def choose_conv_engine(g: ConvGeometry, dtype: Any = np.float32, xp: Any = None,
     ``winograd``: the Winograd engine wherever it applies (3x3, stride 1, 2-D, CPU), the lowering engine
     elsewhere with the reason.  ``auto``: the candidates beside the lowering engine are the FFT engine, where
     it applies and the two models (:func:`predicted_seconds`, :func:`predicted_fft_seconds`) leave it a chance
-    to save ``PREFER_TYPE1_SECONDS`` even at ``FFT_WINDOW`` times its prediction, and the Winograd engine,
+    to save ``PREFER_TYPE1_SECONDS`` even at ``FAST_FFT_WINDOW`` times its prediction, and the Winograd engine,
     where it applies and the layer is predicted to take ``AUTOTUNE_MIN_SECONDS`` or more (its transforms cost
     some float32 precision, so small layers keep the lowering engine's sums; it has no calibrated model, so
     with autotune off it runs only when forced).  With no candidate the lowering engine runs (small layers,
@@ -249,9 +247,8 @@ def choose_conv_engine(g: ConvGeometry, dtype: Any = np.float32, xp: Any = None,
     wino = wino_ok and tune is not False and (tune is True or t_low >= AUTOTUNE_MIN_SECONDS)
     fft = not fft_why
     t_fft = predicted_fft_seconds(g, dtype, rates) if fft else 0.0
-    if fft and tune is not True:
-        window = FAST_FFT_WINDOW
-        fft = t_low - t_fft / window >= PREFER_TYPE1_SECONDS  # else the usual case: the log line shows both
+    if fft and tune is not True:  # else the usual case: the layer's log line shows both predictions
+        fft = t_low - t_fft / FAST_FFT_WINDOW >= PREFER_TYPE1_SECONDS
     if fft and tune is False:
         if t_low - t_fft >= max(PREFER_TYPE1_SECONDS, PREFER_TYPE1_FRACTION * t_low):
             return "fft", f"engine by cost model (lowering predicted {t_low * 1e3:.3g} ms)"

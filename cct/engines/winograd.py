@@ -117,9 +117,9 @@ class WinogradEngine(ConvEngine):
 
             forward = one_pass(g.in_channels, g.out_channels)
             backward = one_pass(g.out_channels, g.in_channels) + weights
-            per_image = cls(m)._image_bytes(max(g.in_channels, g.out_channels), max(g.in_channels, g.out_channels),
-                                            g.out_shape, itemsize)
-            parts = partitions_for(g.num, 2.0 * g.out_channels * (g.in_channels // g.group) * 9 * g.out_count)
+            widest = max(g.in_channels, g.out_channels)
+            per_image = _image_bytes(m, widest, widest, g.out_shape, itemsize)
+            parts = partitions_for(g.num, _image_work(g))
             images = max(1, min(-(-g.num // parts), chunk_budget_bytes() // parts // max(per_image, 1)))
             out.append(Estimate("winograd", f"winograd {m}", forward, backward, int(parts * images * per_image)))
         return out
@@ -166,9 +166,7 @@ class WinogradEngine(ConvEngine):
         return self._weights_engine
 
     def _ranges(self, n: int) -> list[tuple[int, int]]:
-        g = self._geom()
-        work = 2.0 * g.out_channels * (g.in_channels // g.group) * 9 * g.out_count
-        return batch_ranges(n, partitions_for(n, work))
+        return batch_ranges(n, partitions_for(n, _image_work(self._geom())))
 
     # ---- the arithmetic ------------------------------------------------------------------------
     def _constants(self, dtype: Any) -> tuple[Any, Any]:
@@ -238,18 +236,10 @@ class WinogradEngine(ConvEngine):
         if bias is not None:
             y += bias.reshape(1, o, 1, 1)
 
-    def _image_bytes(self, c_in: int, c_out: int, out_shape: tuple[int, int], itemsize: int) -> int:
-        """Bytes of :meth:`_conv`'s buffers per image."""
-        m, a = self.tile, self.tile + 2
-        th, tw = _ceil(out_shape[0], m), _ceil(out_shape[1], m)
-        tiles = a * a * th * tw
-        return itemsize * (c_in * (th * m + 2) * (tw * m + 2) + tiles * (2 * c_in + c_out)
-                           + c_out * th * m * tw * m)
-
     def _chunked(self, x: Any, u: Any, pad: tuple[int, int], y: Any, bias: Any | None) -> None:
         """:meth:`_conv` over the batch partitions, each in chunks of images that fit its share of the budget."""
         ranges = self._ranges(x.shape[0])
-        per_image = self._image_bytes(x.shape[1], y.shape[1], y.shape[2:], x.itemsize)
+        per_image = _image_bytes(self.tile, x.shape[1], y.shape[1], y.shape[2:], x.itemsize)
         chunk = max(1, chunk_budget_bytes() // len(ranges) // max(per_image, 1))
 
         def body(part: int, n0: int, n1: int) -> None:
@@ -275,3 +265,17 @@ class WinogradEngine(ConvEngine):
 
 def _ceil(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def _image_work(g: ConvGeometry) -> float:
+    """Direct-convolution flops of one image of ``g`` (what the batch partitions are sized by)."""
+    return 2.0 * g.out_channels * (g.in_channels // g.group) * 9 * g.out_count
+
+
+def _image_bytes(m: int, c_in: int, c_out: int, out_shape: tuple[int, ...], itemsize: int) -> int:
+    """Bytes of one image's F(m x m, 3 x 3) buffers (padded input, tiles, transformed tiles and products,
+    output tiles)."""
+    a = m + 2
+    th, tw = _ceil(out_shape[0], m), _ceil(out_shape[1], m)
+    tiles = a * a * th * tw
+    return itemsize * (c_in * (th * m + 2) * (tw * m + 2) + tiles * (2 * c_in + c_out) + c_out * th * m * tw * m)

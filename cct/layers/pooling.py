@@ -149,11 +149,8 @@ class Pooler:
         """``x`` in a phase buffer whose border (padding and overhang) holds ``fill``; with ``images``, a view
         of the first ``len(x)`` images of a buffer for that many (chunks of one size share it)."""
         n = x.shape[0]
-        if images is None or images == n:
-            buf = self._phase_buffer(f"x_pad{fill}", x, fill)
-        else:
-            whole = self._buf(f"x_pad{fill}", self.stride + (images,) + x.shape[1:2] + self.phase_extent, x, fill)
-            buf = whole[(slice(None),) * len(self.stride) + (slice(0, n),)]
+        shape = self.stride + (n if images is None else images,) + x.shape[1:2] + self.phase_extent
+        buf = self._buf(f"x_pad{fill}", shape, x, fill)[(slice(None),) * len(self.stride) + (slice(0, n),)]
         for bsl, xsl in self._phase_blocks():
             buf[bsl] = x[xsl]
         return buf

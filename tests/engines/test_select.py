@@ -4,7 +4,7 @@ from __future__ import annotations
 import io
 import json
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import numpy as np
 import pytest
@@ -167,10 +167,14 @@ def test_measurements_are_cached_per_blas_kernel(monkeypatch):
             monkeypatch.setattr(query, "blas_libraries", lambda libs=libs: libs)
             keys.append(query.machine_key())
         assert keys[0] == keys[1]
-        autotune._write_cache({"rates": {haswell[1]: {"gemm_peak": 1.0}}})
+        measured = replace(cost_model.DEFAULT_RATES, gemm_flops=1.0)
+        autotune._write_cache({"rates": {haswell[1]: asdict(measured)}})
         kernel("SkylakeX")
         monkeypatch.setattr(autotune, "_rates_memo", {})
         assert autotune.machine_rates() == cost_model.DEFAULT_RATES  # Haswell's entry is not this kernel's
+        kernel("Haswell")
+        monkeypatch.setattr(autotune, "_rates_memo", {})
+        assert autotune.machine_rates() == measured  # ... and is that kernel's
     finally:
         autotune._machine_digest.cache_clear()
 
@@ -179,8 +183,6 @@ def test_the_fft_model_runs_at_the_machines_calibrated_fft_rates():
     """The FFT engine's predictions follow the calibrated transform rate and fixed cost per call (the
     constants fitted on an AVX2 machine overestimated a Zen 5 machine's FFT layers 2x, so auto never
     measured FFT on 3^3 3-D layers where it is the faster engine)."""
-    from dataclasses import replace
-
     from cct.engines.fft import FFTEngine
 
     g = ConvGeometry(1, 16, 16, 1, (30, 30, 30), (3, 3, 3), (1, 1, 1), (0, 0, 0), (1, 1, 1))
