@@ -183,11 +183,13 @@ def layer_scratch(lp: pb.LayerParameter, shapes: Mapping[str, BlobShape], primit
     if t == MPF_TYPE:
         return fragment_temp_bytes(x.shape, pool_kernel(lp, len(x.spatial)), itemsize), 0
     if t == "Pooling":
-        if lp.pooling_param.pool == pb.PoolingParameter.MAX:  # the maxima, and a padded chunk of images
+        if lp.pooling_param.pool == pb.PoolingParameter.MAX:
+            # the maxima; a padded chunk of images and its scan's scratch (maxima, codes: ~half of it at stride 2)
             from cct.layers.pooling import MAX_POOL_CHUNK_BYTES
 
             whole = x.count * itemsize
-            return 0, min(whole, max(whole // max(x.batch, 1), MAX_POOL_CHUNK_BYTES)) + top
+            chunk = min(whole, max(whole // max(x.batch, 1), MAX_POOL_CHUNK_BYTES))
+            return 0, chunk + chunk // 2 + top
         return 0, x.count * itemsize + top  # AVE/STOCHASTIC: a padded copy of the input, and the output
     if t == "BatchNorm":
         return 2 * top, 0

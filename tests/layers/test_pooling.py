@@ -510,3 +510,45 @@ def test_max_backward_routes_through_forwards_winners_when_the_bottom_changes_in
         pl.backward(dy, got)
     with pytest.raises(CctError, match="the bottom changed since the TEST-phase forward"):
         pl.backward(dy, got, x * np.float32(2))
+
+
+@pytest.mark.parametrize("in_shape, kernel, stride, pad, dilation", [
+    ((11, 11), (3, 3), (2, 2), (0, 0), (1, 1)),   # CaffeNet's pools: a flat scan
+    ((10, 7), (3, 3), (2, 2), (1, 1), (1, 1)),    # padding, ceil-mode overhang
+    ((9, 8), (2, 3), (1, 3), (0, 1), (1, 1)),     # per-axis kernels and strides
+    ((9, 9), (2, 2), (1, 1), (0, 0), (2, 3)),     # dilated windows (sparse max-filtering)
+    ((5, 6, 7), (2, 3, 2), (2, 1, 2), (1, 0, 1), (1, 1, 1)),  # 3-D
+])
+def test_max_flat_scan_is_bitwise_the_strided_scan(in_shape, kernel, stride, pad, dilation):
+    """MAX pooling scans each kernel offset as one contiguous run of the phase buffer where the padded phase
+    planes are little larger than the output planes (``FLAT_SCAN_MAX_OVERHEAD``), reading past each output row
+    into neighbouring cells that are dropped: maxima, winners (ties, NaN, -inf and -FLT_MAX cells), mask and
+    gradients are bitwise those of the scan over strided views shaped like the output."""
+    rng = np.random.default_rng(3)
+    x = rng.integers(-4, 3, (3, 2) + in_shape).astype(np.float32)  # many ties
+    flat = x.reshape(-1)
+    flat[rng.choice(flat.size, 9, replace=False)] = np.nan
+    flat[rng.choice(flat.size, 9, replace=False)] = -np.inf
+    flat[rng.choice(flat.size, 9, replace=False)] = np.float32(-3.4028234663852886e38)
+    results = []
+    for flat_scan in (False, True):
+        pl = Pooler(pb.PoolingParameter.MAX, in_shape, kernel, stride, pad, dilation=dilation)
+        pl.flat_scan = flat_scan
+        y = np.empty((3, 2) + pl.out_shape, np.float32)
+        mask = np.empty_like(y)
+        dy = rng.standard_normal(y.shape).astype(np.float32) if not results else results[0][-1]
+        pl.forward(x, y, mask=mask)
+        dx = np.empty_like(x)
+        pl.backward(dy, dx)
+        pl.forward(x, y, train=False)  # winners found again in backward, by the same scan
+        dx_test = np.empty_like(x)
+        pl.backward(dy, dx_test, x)
+        results.append((y.copy(), mask, dx, dx_test, pl._buffers["winners"].copy(), dy))
+    for a, b in zip(*results):
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+def test_max_flat_scan_only_where_the_phase_planes_are_little_larger_than_the_output():
+    assert Pooler(pb.PoolingParameter.MAX, (55, 55), (3, 3), (2, 2), (0, 0)).flat_scan      # 28² vs 27²
+    assert Pooler(pb.PoolingParameter.MAX, (13, 13), (3, 3), (2, 2), (0, 0)).flat_scan      # 7² vs 6²
+    assert not Pooler(pb.PoolingParameter.MAX, (13, 13), (13, 13), (1, 1), (0, 0)).flat_scan  # global: 169 vs 1
