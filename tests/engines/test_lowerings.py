@@ -30,6 +30,10 @@ CASES = [
     (ConvGeometry(1, 2, 3, 1, (3, 3), (3, 3), (1, 1), (2, 2), (2, 2)), (1, 2, 3)),
     (ConvGeometry(1, 2, 2, 1, (2, 2), (3, 3), (1, 1), (3, 3), (3, 3)), (1, 2, 3)),
     (ConvGeometry(3, 4, 2, 2, (5, 4), (3, 2), (1, 1), (1, 0), (1, 1)), (1, 2, 3)),
+    # strided lowered axes go through stride phases: whole phase cycles and a remainder, stride > kernel
+    (ConvGeometry(2, 3, 4, 1, (27, 27), (11, 11), (4, 4), (0, 0), (1, 1)), (1, 1, 1)),
+    (ConvGeometry(2, 3, 4, 1, (13, 12), (2, 2), (3, 3), (0, 0), (1, 1)), (1, 1, 1)),
+    (ConvGeometry(2, 2, 3, 1, (6, 20, 17), (2, 5, 3), (1, 2, 3), (0, 1, 2), (1, 1, 1)), (1, 2, 1)),
 ]
 IDS = [f"case{i}" for i in range(len(CASES))]
 
