@@ -425,9 +425,16 @@ class Pooler:
                                    "in-place layer on data it shares); run forward again before backward")
             index = self._scratch("flat_index", winner.shape, images, dy, np.intp)
             xp.take(self._cell_deltas(xp), winner, out=index, **clip)
-            index += self._window_start(xp)
-            index += self._plane_base(winner.shape, xp)
+            index += self._chunk_base(winner.shape, xp)
             self._scatter_add(dy[a:b], dx[a:b], index, None if winner.all() else winner > 0, accumulate, xp)
+
+    def _chunk_base(self, shape: tuple[int, ...], xp: Any) -> Any:
+        """The flat index in a bottom chunk of each window's first cell, for a top chunk of ``shape``: its
+        plane's base plus :meth:`_window_start` (one table per chunk shape, added in one pass)."""
+        key = ("chunk_base", xp, shape)
+        if key not in self._tables:
+            self._tables[key] = self._plane_base(shape, xp) + self._window_start(xp)
+        return self._tables[key]
 
     def _plane_base(self, shape: tuple[int, ...], xp: Any) -> Any:
         """``(n*C + c) * plane`` for a top of ``shape``, broadcastable against it."""
