@@ -7,7 +7,9 @@
 * :func:`autotune` — the lowerings measured on one chunk of a layer's geometry;
 * :func:`autotune_conv_engine` — the lowering engine against the FFT engine's layouts on a layer;
 * one measuring harness for both (:func:`_measure_engines`: forward + backward of a training step, operands new
-  each step, a warm-up, interleaved rounds).
+  each step, a warm-up, interleaved rounds);
+* :func:`measured_choice` — the faster of a few ways to run one computation (a GEMM's operand orientation),
+  measured on the operands themselves.
 
 The cache is one small JSON file, ``autotune.json`` in the cache directory (``CCT_CACHE_DIR``, else
 ``$XDG_CACHE_HOME/cct``, else ``~/.cache/cct``: :mod:`cct.cache`): rates keyed by core count and partition
@@ -21,9 +23,10 @@ import contextvars
 import functools
 import hashlib
 import math
+import statistics
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -197,6 +200,47 @@ def machine_rates(calibrate_if_missing: bool = False) -> MachineRates:
         rates = calibrate()
     _rates_memo[key] = rates
     return rates
+
+
+# measured_choice: untimed runs of each candidate, then this many timed runs each, alternated (median kept)
+CHOICE_ROUNDS = 5
+
+
+def measured_choice(kind: str, key: str, candidates: dict[str, Callable[[], Any]]) -> str:
+    """The name of the fastest of ``candidates`` — callables each running one way of the same computation once,
+    on the caller's own operands —, measured alternately (one untimed run each, then ``CHOICE_ROUNDS`` timed,
+    the medians compared) the first time ``key`` is asked for on this machine and thread setting, and cached
+    under ``kind``.  Without measuring (``-autotune off``, or a net's measuring budget spent): the cached name,
+    else the first candidate.  The candidates' last runs are the timed ones: the caller runs the chosen one
+    again when its result must be that one's."""
+    names = list(candidates)
+    full_key = f"{key}-{_threads_key()}"
+    memo_key = (str(cache_path()), kind, full_key)
+    memo = _choice_memo.get(memo_key)
+    if memo is not None:
+        return memo
+    cached = _read_cache().get(kind, {}).get(full_key)
+    if cached in candidates:
+        _choice_memo[memo_key] = cached
+        return cached
+    if settings.get("autotune") is False or not _may_measure():
+        return names[0]
+    with _charged():
+        for name in names:
+            candidates[name]()
+        times: dict[str, list[float]] = {name: [] for name in names}
+        for _ in range(CHOICE_ROUNDS):
+            for name in names:
+                t = time.perf_counter()
+                candidates[name]()
+                times[name].append(time.perf_counter() - t)
+    best = min(names, key=lambda name: statistics.median(times[name]))
+    _write_cache({kind: {full_key: best}})
+    _choice_memo[memo_key] = best
+    return best
+
+
+_choice_memo: dict[tuple[str, str, str], str] = {}  # (cache file, kind, key): read once per process
 
 
 def _best_time(fn: Any, repeat: int = 3) -> float:

@@ -153,3 +153,54 @@ def test_against_caffe_lenet():
     y2, dx2 = run("ip2", "ip1")
     assert_close(y2, z["data/ip2"], "ip2 top")
     assert_close(dx2 * (z["data/ip1"] > 0), z["diff/ip1"], "ip2 bottom diff (after relu1's backward)")
+
+
+@pytest.mark.parametrize("way", ["direct", "swapped"])
+@pytest.mark.parametrize("params,shape,axis", CASES)
+def test_each_gemm_orientation(monkeypatch, way, params, shape, axis):
+    """Big products run the orientation measured faster on the machine (``x Wᵀ``, or ``(W xᵀ)ᵀ`` through a
+    transposed scratch copy): forced either way, on every layer mode, forward and gradients are right."""
+    from cct.engines import autotune
+    from cct.layers import inner_product
+
+    monkeypatch.setattr(inner_product, "ORIENTATION_MIN_FLOPS", 0)
+    asked = []
+    monkeypatch.setattr(autotune, "measured_choice", lambda kind, key, ways: asked.append(key) or way)
+    x = RNG.standard_normal(shape)
+    run = setup_layer(ip(params), [x], dtype=np.float64)
+    lay = run.layer
+    bias = lay.blobs[1].data if len(lay.blobs) > 1 else None
+    np.testing.assert_allclose(run.forward()[0], reference(x, lay.blobs[0].data, bias, axis,
+                                                           "transpose: true" in params), rtol=1e-10)
+    assert asked and asked[0].startswith("forward-")
+    check_gradient(ip(params), [x])
+    assert any(k.startswith("data-") for k in asked)
+
+
+def test_measured_choice_keeps_the_faster_way_per_machine(monkeypatch):
+    """The faster candidate is measured once, cached on disk, and not measured again; with ``-autotune off``
+    nothing is measured and the first candidate runs."""
+    import time
+
+    from cct.config import settings
+    from cct.engines import autotune
+
+    runs = {"slow": 0, "fast": 0}
+
+    def slow():
+        runs["slow"] += 1
+        time.sleep(0.02)
+
+    def fast():
+        runs["fast"] += 1
+
+    ways = {"slow": slow, "fast": fast}
+    assert autotune.measured_choice("test_choice", "k1", ways) == "fast"
+    measured = dict(runs)
+    assert measured["slow"] == measured["fast"] == 1 + autotune.CHOICE_ROUNDS
+    monkeypatch.setattr(autotune, "_choice_memo", {})  # a new process: read back from the cache file
+    assert autotune.measured_choice("test_choice", "k1", ways) == "fast"
+    assert runs == measured
+    with settings.override(autotune=False):
+        assert autotune.measured_choice("test_choice", "k2", ways) == "slow"
+    assert runs == measured
