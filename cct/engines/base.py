@@ -6,6 +6,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class ConvGeometry:
@@ -142,16 +144,25 @@ class ConvEngine(ABC):
 
     @staticmethod
     def backward_bias(dy: Any, db: Any) -> Any:
-        """``db += Σ_{n, spatial} dy[n, o, ...]``; returns ``db``.  The spatial sums are one matrix-vector
-        product of the ``(n·o, positions)`` rows with a ones vector (Caffe's bias multiplier): 3x-6x faster
-        than numpy's reduction over the strided image and spatial axes (CaffeNet's conv1, 64 images: 1.0 vs
-        3.3 ms), as accurate."""
+        """``db += Σ_{n, spatial} dy[n, o, ...]``; returns ``db``.  The spatial sums are matrix-vector products of
+        the ``(images·o, positions)`` rows with a ones vector (Caffe's bias multiplier), over the batch
+        partitions with one BLAS thread each (OpenBLAS's own threads would spin on after the call, beside the
+        next layer's partitions): 3x-6x faster than numpy's reduction over the strided image and spatial axes
+        (CaffeNet's conv1, 64 images: 1.0 vs 3.3 ms), as accurate."""
         from cct.device import get_array_module
+        from cct.runtime.partition import run_batch
 
         xp = get_array_module(dy)
         n, o = dy.shape[:2]
         if dy.size == 0:
             return db
         rows = dy.reshape(n * o, -1)
-        db += (rows @ xp.ones(rows.shape[1], dtype=dy.dtype)).reshape(n, o).sum(axis=0)
+        ones = xp.ones(rows.shape[1], dtype=dy.dtype)
+        sums = xp.empty(n * o, dtype=dy.dtype)
+        if xp is np:
+            run_batch(n, lambda _p, a, b: np.matmul(rows[a * o:b * o], ones, out=sums[a * o:b * o]),
+                      work=rows.shape[1] * o)
+        else:
+            xp.matmul(rows, ones, out=sums)
+        db += sums.reshape(n, o).sum(axis=0)
         return db
