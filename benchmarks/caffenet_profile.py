@@ -4,7 +4,8 @@ Run:   python benchmarks/caffenet_profile.py [--batch 64] [--iters 3] [--lowerin
        (``env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python ...`` lets numpy's OpenBLAS pick its own kernels,
        e.g. AVX-512, where the environment pins them; the script prints what it ran with.)
 Prints: one line per layer with its median forward and backward milliseconds, its share of the iteration and
-what engine it runs (``describe_layer_engine``); then the iteration total, the update time, the bytes held
+what engine it runs (``describe_layer_engine``); then the update time, the share of the layers other than
+Convolution and InnerProduct, each convolution's backward/forward ratio, the iteration total, the bytes held
 in the convolution workspace (shared by all conv layers: ``shared_workspace_bytes``) and the peak RSS.
 """
 from __future__ import annotations
@@ -79,6 +80,13 @@ def main() -> None:
         print(f"{layer.name:<10}{layer.type:<18}{f:9.1f}{b:9.1f}{(f + b) / tot / 10:7.1f}%  "
               f"{describe_layer_engine(layer)}")
     print(f"update: {statistics.median(upd) * 1e3:.1f} ms")
+    other = sum(statistics.median(fwd[i]) + statistics.median(bwd[i]) for i, layer in enumerate(net.layers)
+                if layer.type not in ("Convolution", "InnerProduct"))
+    print(f"layers other than Convolution and InnerProduct: {other * 1e3:.1f} ms, {other / tot * 100:.1f}% of the "
+          f"iteration")
+    ratios = [f"{layer.name} {statistics.median(bwd[i]) / statistics.median(fwd[i]):.2f}"
+              for i, layer in enumerate(net.layers) if layer.type == "Convolution"]
+    print(f"backward/forward per convolution: {', '.join(ratios)}")
     print(f"iteration (fwd+bwd+update), median of {args.iters}: {tot * 1e3:.0f} ms")
     print(f"conv workspace (shared by all conv layers): {shared_workspace_bytes() / 2**20:.1f} MiB; "
           f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
