@@ -172,3 +172,36 @@ def test_class_fixes_the_rule_and_get_solver_uses_type(tmp_path):
         assert type(solvers.NesterovSolver(str(path))) is solvers.NesterovSolver
         assert type(solvers.SGDSolver(str(path))) is solvers.SGDSolver
     assert solvers.solver_type_list() == sorted(RULES)
+
+
+@pytest.mark.parametrize("overlapped", [False, True])
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("kind", list(RULES))
+def test_chunked_update_is_bitwise_the_whole_blob_update(monkeypatch, kind, variant, overlapped):
+    """Large parameters are updated chunk by chunk (``UPDATE_CHUNK`` values, split over the batch partitions,
+    or in the calling thread for the per-parameter updates that overlap backward): the same float32
+    operations on every value, so weights and history are bitwise those of the whole-blob update."""
+    from cct.solvers import sgd
+
+    def train(chunk):
+        monkeypatch.setattr(sgd, "UPDATE_CHUNK", chunk)
+        solver = solvers.create_solver(tiny_solver_param(type=kind, **RULES[kind], **VARIANTS[variant]))
+        feed_solver(solver)
+        if overlapped and solver.updates_per_parameter() and solver.param.clip_gradients < 0:
+            for _ in range(4):  # what an overlapping executor does: each parameter on its own
+                solver.net.clear_param_diffs()
+                solver.net.forward_backward()
+                rate = solver.get_learning_rate()
+                for i in range(len(solver.net.learnable_params)):
+                    solver.update_param(i, rate)
+                solver.iter += 1
+        else:
+            solver.step(4)
+        return [p.data.copy() for p in solver.net.learnable_params] + [h.data.copy() for h in solver.history]
+
+    whole = train(1 << 30)
+    sizes = [a.size for a in whole]
+    chunked = train(3)  # chunks of 3 values: every parameter of at least 6 is chunked
+    assert max(sizes) >= 6
+    for a, b in zip(whole, chunked):
+        np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
