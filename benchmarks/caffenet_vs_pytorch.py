@@ -1,7 +1,7 @@
-"""CaffeNet forward + backward, batch 64, 2 threads: cct (as a net runs it, each lowering, auto) vs PyTorch CPU.
+"""CaffeNet training iteration, batch 64, 2 threads: cct (as a net runs it, each lowering, auto) vs PyTorch CPU.
 
 Run:   pip install torch==2.13.0          (the CPU wheel; torch is imported only by this script's worker)
-       python benchmarks/caffenet_vs_pytorch.py [--batch 64] [--iters 5] [--threads 2]
+       python benchmarks/caffenet_vs_pytorch.py [--batch 64] [--iters 5] [--threads 2] [--no-update]
        (``env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python ...`` lets numpy's OpenBLAS use its own kernel
        choice, e.g. AVX-512, where the environment pins it; the script prints the values it ran with.)
 Each framework runs in its own worker process (so each one's peak RSS is its own); the parent alternates
@@ -12,7 +12,9 @@ force a lowering and ``auto`` is ``-conv_engine lowering -lowering auto``.
 Where numpy's OpenBLAS runs AVX2 kernels (``OPENBLAS_CORETYPE=Haswell``) PyTorch is held to AVX2 too
 (:mod:`torch_isa`; ``--torch-native`` lifts it), so the ratio compares the frameworks, not vector widths.
 Both build models/caffenet/train.prototxt's network (conv/ReLU/max-pool/LRN/InnerProduct/dropout/softmax
-loss) with the same weights and the same input.  Prints per variant the median fwd+bwd milliseconds, the
+loss) with the same weights and the same input; an iteration is forward, backward and the SGD update (momentum
+0.9, weight decay 5e-4: cct's SGD solver with the file's lr/decay multipliers, ``torch.optim.SGD``), or with
+``--no-update`` forward and backward alone.  Prints per variant the median fwd+bwd milliseconds, the
 ratio cct/pytorch, the share of the machine's sgemm peak it reaches (the GEMM arithmetic of the convolution and
 InnerProduct layers: forward, then the data and weight gradients, conv1's data gradient excepted, over the
 time of the whole iteration; the peak is a 2048³ float32 matmul on the same threads, measured in the cct
@@ -52,14 +54,18 @@ def _inputs(batch: int) -> tuple[np.ndarray, np.ndarray]:
             rng.integers(0, 1000, batch).astype(np.float32))
 
 
-def cct_worker(conn, batch: int, threads: int, weights: str, variants: tuple[str, ...]) -> None:
+def cct_worker(conn, batch: int, threads: int, weights: str, variants: tuple[str, ...], update: bool) -> None:
     sys.path.insert(0, str(ROOT))
     os.environ.setdefault("GLOG_minloglevel", "1")
-    import cct
     from cct.engines.choice import SelectedEngine
     from cct.engines.lowering import LoweringEngine, shared_workspace_bytes
+    from cct.proto import caffe_pb2 as pb
+    from cct.solvers.solver import create_solver
 
-    net = cct.Net(str(MODEL), cct.TRAIN)
+    param = pb.SolverParameter(net=str(MODEL), base_lr=0.01, lr_policy="fixed", momentum=0.9, weight_decay=5e-4,
+                               max_iter=1 << 30, snapshot_after_train=False)
+    solver = create_solver(param)
+    net = solver.net
     net.blobs["data"].reshape(batch, 3, 227, 227)
     net.blobs["label"].reshape(batch)
     net.reshape()
@@ -106,10 +112,12 @@ def cct_worker(conn, batch: int, threads: int, weights: str, variants: tuple[str
         net.forward()
         net.clear_param_diffs()
         net.backward()
+        if update:
+            solver.apply_update()
         conn.send(("time", time.perf_counter() - t))
 
 
-def torch_worker(conn, batch: int, threads: int, weights: str, variants: tuple[str, ...]) -> None:
+def torch_worker(conn, batch: int, threads: int, weights: str, variants: tuple[str, ...], update: bool) -> None:
     import torch
     from torch import nn
 
@@ -143,6 +151,7 @@ def torch_worker(conn, batch: int, threads: int, weights: str, variants: tuple[s
     x, label = _inputs(batch)
     xt, lt = torch.from_numpy(x), torch.from_numpy(label.astype(np.int64))
     loss_fn = nn.CrossEntropyLoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
     conn.send(("ready", torch.__version__))
     while True:
         msg = conn.recv()
@@ -153,6 +162,8 @@ def torch_worker(conn, batch: int, threads: int, weights: str, variants: tuple[s
         model.zero_grad(set_to_none=False)
         loss = loss_fn(model(xt), lt)
         loss.backward()
+        if update:
+            opt.step()
         conn.send(("time", time.perf_counter() - t))
 
 
@@ -164,12 +175,14 @@ def main() -> None:
     ap.add_argument("--variants", default="net,1,2,3,auto",
                     help="cct variants to run (comma separated: net, 1, 2, 3, auto); 'net' alone gives the peak "
                          "RSS of what cct train runs")
+    ap.add_argument("--no-update", action="store_true", help="time forward + backward only (no SGD update)")
     ap.add_argument("--torch-native", action="store_true",
                     help="let PyTorch use its own instruction set even where numpy's OpenBLAS is held to AVX2")
     args = ap.parse_args()
     print(f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')} "
           f"OPENBLAS_L2_SIZE={os.environ.get('OPENBLAS_L2_SIZE', '(unset)')} threads={args.threads} "
-          f"batch={args.batch} CCT_PARTITIONS={os.environ.get('CCT_PARTITIONS', 'auto')}")
+          f"batch={args.batch} update={'none' if args.no_update else 'SGD'} "
+          f"CCT_PARTITIONS={os.environ.get('CCT_PARTITIONS', 'auto')}")
     print(match_torch_isa(args.torch_native))
     # both workers see exactly `threads` BLAS/OpenMP threads
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -180,7 +193,8 @@ def main() -> None:
     workers = {}
     for name, target in (("cct", cct_worker), ("pytorch", torch_worker)):
         parent, child = ctx.Pipe()
-        proc = ctx.Process(target=target, args=(child, args.batch, args.threads, weights, chosen), daemon=True)
+        proc = ctx.Process(target=target, args=(child, args.batch, args.threads, weights, chosen, not args.no_update),
+                           daemon=True)
         proc.start()
         kind, info = parent.recv()
         workers[name] = (proc, parent)
