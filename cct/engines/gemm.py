@@ -122,6 +122,14 @@ class _CblasGemm:
 _CBLAS: _CblasGemm | None = None
 
 
+def accumulates_in_place(dtype: Any) -> bool:
+    """Whether :func:`matmul_accumulate` on host arrays of ``dtype`` is one BLAS call (no temporary)."""
+    global _CBLAS
+    if _CBLAS is None:
+        _CBLAS = _CblasGemm()
+    return np.dtype(dtype) in _CBLAS.functions
+
+
 def matmul_accumulate(out: Any, a: Any, b: Any) -> None:
     """``out += a @ b`` without a temporary the size of ``out``.
 

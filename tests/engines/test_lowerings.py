@@ -314,3 +314,28 @@ def test_backward_reuses_forwards_lowering_only_for_unchanged_input(strategy, mo
     dw_fresh[...] = 0
     fresh.backward(x, dy, w, None, dw_fresh)
     np.testing.assert_array_equal(dw, dw_fresh)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("g,expected", CASES, ids=IDS)
+def test_type2_forward_by_lifting_gemms_matches_reference(monkeypatch, g, expected, dtype):
+    """Type 2 forward on the host with wide outputs adds each lifted kernel offset's GEMM into its output rows
+    (``FUSED_LIFT_MIN_COLS``; lowered here to every geometry): the same convolution as the reference, with
+    and without bias, in chunks and partitions."""
+    if expected[1] != 2:
+        pytest.skip("type 2 does not apply")
+    monkeypatch.setattr(lowering, "FUSED_LIFT_MIN_COLS", 0)
+    called = []
+    original = LoweringEngine._forward_lifting_gemms
+    monkeypatch.setattr(LoweringEngine, "_forward_lifting_gemms",
+                        lambda self, *a: called.append(1) or original(self, *a))
+    x, w, b, dy = _data(g, 3, dtype)
+    tol = dict(rtol=1e-10, atol=1e-10) if dtype == np.float64 else dict(rtol=1e-5, atol=1e-5)
+    for bias in (b, None):
+        for budget in (None, 1):  # one chunk, or a chunk per image
+            eng = LoweringEngine(2, max_lowered_bytes=budget)
+            eng.configure(g, dtype)
+            y = np.full(dy.shape, np.nan, dtype=dtype)
+            eng.forward(x, w, bias, y)
+            np.testing.assert_allclose(y, ref.conv_forward(g, x, w, bias), **tol)
+    assert called
