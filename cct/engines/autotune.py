@@ -134,14 +134,24 @@ def _effort() -> Ledger:
 
 @contextlib.contextmanager
 def _charged() -> Iterator[None]:
+    """Charge the block's time to the net's ledger (a measurement made inside another one, e.g. a GEMM layout
+    measured in an engine's warm-up step, is the outer one's)."""
+    if _charging.get():
+        yield
+        return
+    token = _charging.set(True)
     t = time.perf_counter()
     try:
         yield
     finally:
+        _charging.reset(token)
         ledger = _ledger.get()
         if ledger is not None:
             ledger.spent += time.perf_counter() - t
             ledger.measured += 1
+
+
+_charging: contextvars.ContextVar[bool] = contextvars.ContextVar("cct_autotune_charging", default=False)
 
 
 def cache_path() -> Path:

@@ -69,6 +69,8 @@ FLAT_COL2IM_MAX_WIDTH = 6
 # lifting or transposing pass (CaffeNet's conv2, 27x27 outputs: forward 11% faster; on its 13x13 layers the
 # extra calls cost what the passes saved)
 FUSED_LIFT_MIN_COLS = 512
+# weight-gradient GEMMs (per group and chunk) of at least this many flops have their layout measured
+WEIGHT_LAYOUT_MIN_FLOPS = 2e8
 # forward keeps its lowered matrix for backward's weight gradient when the whole batch's is at most this big
 # (small layers, where lowering costs as much as the GEMMs) and the engine has computed a weight gradient
 # before (inference keeps nothing); reused only while its input is bitwise unchanged
@@ -238,6 +240,7 @@ class LoweringEngine(ConvEngine):
         # once a weight gradient has been asked for (never for an engine that only runs forward)
         self._kept: dict[tuple[int, int], tuple[Any, Any, Any]] = {}
         self._trains = False
+        self._layouts: dict[str, str] = {}  # weight-gradient GEMM layout per chunk shape (measured once)
 
     # ---- cost ----------------------------------------------------------------------------------
     @classmethod
@@ -702,23 +705,49 @@ class LoweringEngine(ConvEngine):
         return dz.reshape(L.G, L.M, n * L.cols)
 
     def _weight_grad_chunk(self, ws: dict[str, Any], x: Any, dz: Any, acc: Any, first: bool,
-                           col: Any | None = None) -> Any:
-        """``acc += (dZ · colᵀ)ᵀ`` (G, K, M: the transposed layout, whose GEMM ``col · dZᵀ`` OpenBLAS runs
-        at full speed where ``dZ · colᵀ`` with its long inner dimension can crawl); ``first``: assign.
-        Returns the lowered ``col`` matrix."""
+                           col: Any | None = None, by_rows: bool = False) -> Any:
+        """``acc += dZ · colᵀ``: (G, K, M) by the GEMM ``col · dZᵀ``, or with ``by_rows`` (G, M, K) by
+        ``dZ · colᵀ`` (:meth:`_weight_grad_layout`); ``first``: assign.  Returns the lowered ``col`` matrix."""
         L = self._lay()
         xp = get_array_module(x)
         n = x.shape[0]
         if col is None:
             col = self._lower(ws, x).reshape(L.G, L.K, n * L.cols)
-        tmp = None if first else self._view(ws, "dwm_tmp", (L.K, L.M), x)
+        tmp = None if first else self._view(ws, "dwm_tmp", acc.shape[1:], x)
         for gi in range(L.G):
+            a, b = (dz[gi], col[gi].T) if by_rows else (col[gi], dz[gi].T)
             if first:
-                xp.matmul(col[gi], dz[gi].T, out=acc[gi])
+                xp.matmul(a, b, out=acc[gi])
             else:
-                xp.matmul(col[gi], dz[gi].T, out=tmp)
+                xp.matmul(a, b, out=tmp)
                 acc[gi] += tmp
         return col
+
+    def _weight_grad_layout(self, images: int, dtype: Any, parts: int, xp: Any) -> str:
+        """``"kxm"`` (the GEMM ``col · dZᵀ``) or ``"mxk"`` (``dZ · colᵀ``) for the weight gradient of chunks of
+        ``images``: the same sums, as fast as each other with AVX2 OpenBLAS kernels; with AVX-512 ones
+        ``dZ · colᵀ`` is 8% faster on CaffeNet's conv2 (K 240, M 640, 2916 columns) and 14% slower on conv1
+        (K 363, M 96, 9075 columns), so it is measured once per shape and machine
+        (:func:`cct.engines.autotune.measured_choice`) on stand-in operands, in every partition at once, as
+        the layer runs.  Small GEMMs and other array modules keep ``"kxm"``."""
+        L = self._lay()
+        columns = images * L.cols
+        if 2.0 * L.K * L.M * columns < WEIGHT_LAYOUT_MIN_FLOPS or xp is not np:
+            return "kxm"
+        key = f"wgrad-k{L.K}-m{L.M}-n{columns}-{np.dtype(dtype).name}-p{parts}"
+        layout = self._layouts.get(key)
+        if layout is not None:
+            return layout
+        from cct.engines.autotune import _concurrent, measured_choice
+
+        rng = np.random.default_rng(0)
+        col = [rng.standard_normal((L.K, columns), dtype=np.float32).astype(dtype, copy=False) for _ in range(parts)]
+        dz = [rng.standard_normal((L.M, columns), dtype=np.float32).astype(dtype, copy=False) for _ in range(parts)]
+        outs = [[np.empty((L.K, L.M), dtype), np.empty((L.M, L.K), dtype)] for _ in range(parts)]
+        ways = {"kxm": _concurrent(parts, lambda p: lambda: np.matmul(col[p], dz[p].T, out=outs[p][0])),
+                "mxk": _concurrent(parts, lambda p: lambda: np.matmul(dz[p], col[p].T, out=outs[p][1]))}
+        layout = self._layouts[key] = measured_choice("gemm_orientation", key, ways)
+        return layout
 
     # ---- the engine interface -----------------------------------------------------------------
     def forward(self, x: Any, w: Any, b: Any | None, y: Any) -> Any:
@@ -732,20 +761,25 @@ class LoweringEngine(ConvEngine):
                                                                (n0, n1) if keep else None))
         return y
 
-    def _weight_accumulators(self, space: Workspace, dw: Any | None, parts: int) -> list[Any]:
-        """Per partition, where it accumulates dW_m (transposed, (G, K, M)): a workspace buffer."""
+    def _weight_accumulators(self, space: Workspace, dw: Any | None, chunks: list[list[tuple[int, int]]]
+                             ) -> tuple[list[Any], bool]:
+        """Per partition, where it accumulates dW_m — a workspace buffer, (G, K, M) or (G, M, K) as
+        :meth:`_weight_grad_layout` has it — and whether it is the latter."""
         L = self._lay()
         if dw is None:
-            return []
-        return [self._view(space.part(p), "dw_acc", (L.G, L.K, L.M), dw) for p in range(parts)]
+            return [], False
+        images = max(n1 - n0 for c in chunks for n0, n1 in c)
+        by_rows = self._weight_grad_layout(images, dw.dtype, len(chunks), get_array_module(dw)) == "mxk"
+        shape = (L.G, L.M, L.K) if by_rows else (L.G, L.K, L.M)
+        return [self._view(space.part(p), "dw_acc", shape, dw) for p in range(len(chunks))], by_rows
 
-    def _finish_weight_grad(self, dw: Any | None, accs: list[Any]) -> None:
+    def _finish_weight_grad(self, dw: Any | None, accs: list[Any], by_rows: bool) -> None:
         if dw is None:
             return
         total = accs[0]
         for a in accs[1:]:
             total += a
-        self._add_weight_grad(dw, total)
+        self._add_weight_grad(dw, total.transpose(0, 2, 1) if by_rows else total)
 
     def backward(self, x: Any, dy: Any, w: Any, dx: Any | None, dw: Any | None) -> None:
         """Weight and data gradients sharing one unlifting of ``dy`` and one lowering buffer."""
@@ -757,7 +791,7 @@ class LoweringEngine(ConvEngine):
         n = dy.shape[0]
         space = self._space(dy)
         chunks = self._chunks(n, dy.itemsize)
-        accs = self._weight_accumulators(space, dw, len(chunks))
+        accs, by_rows = self._weight_accumulators(space, dw, chunks)
         firsts = {c[0][0] for c in chunks}
         self._trains = self._trains or dw is not None
 
@@ -765,7 +799,7 @@ class LoweringEngine(ConvEngine):
             dz = self._grad_z(ws, dy[n0:n1])
             if dw is not None:
                 self._weight_grad_chunk(ws, x[n0:n1], dz, accs[part], n0 in firsts,
-                                        self._kept_lowered((n0, n1), x[n0:n1]))
+                                        self._kept_lowered((n0, n1), x[n0:n1]), by_rows)
             if dx is not None:
                 dcol = self._view(ws, "col", (L.G, L.K, (n1 - n0) * L.cols), dy)
                 for gi in range(L.G):
@@ -773,7 +807,7 @@ class LoweringEngine(ConvEngine):
                 self._col2im(ws, dcol.reshape((L.C,) + L.kL + (n1 - n0,) + L.inF + L.outL), dx[n0:n1])
 
         self._run(space, chunks, body)
-        self._finish_weight_grad(dw, accs)
+        self._finish_weight_grad(dw, accs, by_rows)
 
     def forward_and_backward_weights(self, x: Any, w: Any, y: Any | None, dy: Any, dw: Any | None) -> None:
         """``y[...] = conv(x, w)`` and ``dw += corr(x, dy)``, lowering ``x`` once (Deconvolution backward)."""
@@ -784,17 +818,17 @@ class LoweringEngine(ConvEngine):
         wm = self._weight_matrix(w)
         space = self._space(x)
         chunks = self._chunks(x.shape[0], x.itemsize)
-        accs = self._weight_accumulators(space, dw, len(chunks))
+        accs, by_rows = self._weight_accumulators(space, dw, chunks)
         firsts = {c[0][0] for c in chunks}
 
         def body(ws: dict[str, Any], part: int, n0: int, n1: int) -> None:
             dz = self._grad_z(ws, dy[n0:n1])
             col = self._lower(ws, x[n0:n1]).reshape(L.G, L.K, (n1 - n0) * L.cols)
-            self._weight_grad_chunk(ws, x[n0:n1], dz, accs[part], n0 in firsts, col)
+            self._weight_grad_chunk(ws, x[n0:n1], dz, accs[part], n0 in firsts, col, by_rows)
             self._forward_lowered(ws, col, wm, None, y[n0:n1])  # z and yT slots: dz/dyT are dead now
 
         self._run(space, chunks, body)
-        self._finish_weight_grad(dw, accs)
+        self._finish_weight_grad(dw, accs, by_rows)
 
     # ---- Im2col layer helpers (type-1 layout) --------------------------------------------------
     def im2col(self, x: Any, out: Any | None = None) -> Any:

@@ -339,3 +339,29 @@ def test_type2_forward_by_lifting_gemms_matches_reference(monkeypatch, g, expect
             eng.forward(x, w, bias, y)
             np.testing.assert_allclose(y, ref.conv_forward(g, x, w, bias), **tol)
     assert called
+
+
+@pytest.mark.parametrize("layout", ["kxm", "mxk"])
+@pytest.mark.parametrize("strategy", [1, 2, 3])
+@pytest.mark.parametrize("g,expected", CASES, ids=IDS)
+def test_weight_gradient_in_either_gemm_layout(monkeypatch, g, expected, strategy, layout):
+    """The weight gradient's GEMM runs as ``col · dZᵀ`` or ``dZ · colᵀ``, whichever the machine measured faster
+    for the shape (``WEIGHT_LAYOUT_MIN_FLOPS``; forced here): both are the reference's gradient, accumulated,
+    in chunks and partitions, and in the fused Deconvolution step."""
+    from cct.engines import autotune
+
+    monkeypatch.setattr(lowering, "WEIGHT_LAYOUT_MIN_FLOPS", 0)
+    asked = []
+    monkeypatch.setattr(autotune, "measured_choice", lambda kind, key, ways: asked.append(key) or layout)
+    x, w, b, dy = _data(g, 5)
+    expected_dw = ref.conv_backward_weights(g, x, dy)
+    for budget in (None, 1):
+        eng = LoweringEngine(strategy, max_lowered_bytes=budget)
+        eng.configure(g, np.float64)
+        dw = np.ones_like(w)
+        eng.backward(x, dy, w, None, dw)
+        np.testing.assert_allclose(dw - 1, expected_dw, rtol=1e-10, atol=1e-10)
+        y, dw2 = np.empty_like(dy), np.zeros_like(w)
+        eng.forward_and_backward_weights(x, w, y, dy, dw2)
+        np.testing.assert_allclose(dw2, expected_dw, rtol=1e-10, atol=1e-10)
+    assert asked and all(k.startswith("wgrad-") for k in asked)
