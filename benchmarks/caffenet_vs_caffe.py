@@ -14,7 +14,10 @@ cct/Caffe and a ``*`` where cct is slower; then the median forward-backward iter
 of all rounds) and the ratio.  Both leave ``Input`` blobs at zero, as ``caffe time`` does (Caffe's branchy
 max-pooling loop runs its best case on such ties; cct's is branch-free).
 A CPU build of Caffe links its own BLAS (a system OpenBLAS, say): the kernels can differ from numpy's, which the
-header shows (Caffe's from ``OPENBLAS_VERBOSE=2``, cct's from threadpoolctl).
+header shows (Caffe's from ``OPENBLAS_VERBOSE=2``, cct's from threadpoolctl).  Caffe 1.0 builds on a current
+Debian with its Makefile (``CPU_ONLY := 1``, ``USE_OPENCV := 0``, ``BLAS := open``, the HDF5 serial include and
+library directories) once ``CodedInputStream::SetTotalBytesLimit`` is called with the one argument newer
+protobuf releases take.
 """
 from __future__ import annotations
 
