@@ -29,8 +29,8 @@ MAX_POOL_CHUNK_BYTES = 2 << 20
 # ... and scans a chunk as whole-chunk runs where the padded phase planes are at most this much larger than the
 # output planes: every kernel offset's cells then lie at one fixed shift of the phase buffer's flat storage, so
 # each pass over them is one contiguous run (the positions past an output row's end read neighbouring cells and
-# are dropped) instead of one short row at a time — CaffeNet pool1 training forward 12.9 -> 8.6 ms per 32
-# images, pool2 11.2 -> 6.3 ms (numpy's per-row loop overhead dominated rows of 27 and 13 cells)
+# are dropped) instead of one short row at a time — CaffeNet pool1 training forward 13.4 -> 9.7 ms per 32
+# images on one thread, pool2 11.4 -> 7.3 ms (numpy's per-row loop overhead dominated rows of 27 and 13 cells)
 FLAT_SCAN_MAX_OVERHEAD = 1.5
 FLT_MAX = 3.4028234663852886e38
 FLT_MIN = 1.1754943508222875e-38
