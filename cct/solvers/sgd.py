@@ -20,6 +20,7 @@ Adam keep a second set after the first.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -147,11 +148,11 @@ class SGDSolver(Solver):
         w, g = p.data.reshape(-1), p.diff.reshape(-1)
         hs = [h.reshape(-1) for h in history]
 
-        def body(part: int, a0: int, a1: int) -> None:
+        def body(_part: int, a0: int, a1: int) -> None:
             for a in range(a0, a1, UPDATE_CHUNK):
                 b = min(a + UPDATE_CHUNK, a1)
                 self._step(i, rate, _Slab(w[a:b], g[a:b], tuple(h[a:b] for h in hs),
-                                          lambda k, part=part, size=b - a: self._chunk_scratch(part, k, w)[:size]))
+                                          lambda k, size=b - a: self._chunk_scratch(k, w)[:size]))
         if parallel:
             run_batch(p.count, body, work=16.0)
         else:
@@ -163,10 +164,13 @@ class SGDSolver(Solver):
         self._rule(i, rate, s)
         _xp(s.w).subtract(s.w, s.g, out=s.w)  # Caffe's Blob::Update
 
-    def _chunk_scratch(self, part: int, k: int, like: Any) -> Any:
-        t = self._chunk_temp.get((part, k))
-        if t is None or t.dtype != like.dtype:
-            t = self._chunk_temp[part, k] = np.empty(UPDATE_CHUNK, dtype=like.dtype)
+    def _chunk_scratch(self, k: int, like: Any) -> Any:
+        """Scratch array ``k`` of one chunk, the calling thread's own (partitions and overlapped updates run
+        on several threads at once)."""
+        key = (threading.get_ident(), k)
+        t = self._chunk_temp.get(key)
+        if t is None or t.dtype != like.dtype or t.size < UPDATE_CHUNK:
+            t = self._chunk_temp[key] = np.empty(UPDATE_CHUNK, dtype=like.dtype)
         return t
 
     def clip_gradients(self) -> None:
