@@ -7,39 +7,44 @@
 * :func:`autotune` — the lowerings measured on one chunk of a layer's geometry;
 * :func:`autotune_conv_engine` — the lowering engine against the FFT engine's layouts on a layer;
 * one measuring harness for both (:func:`_measure_engines`: forward + backward of a training step, operands new
-  each step, a warm-up, interleaved rounds);
-* :func:`measured_choice` — the faster of a few ways to run one computation (a GEMM's operand orientation),
-  measured on the operands themselves.
+  each step, a warm-up, interleaved rounds).
 
-The cache is one small JSON file, ``autotune.json`` in the cache directory (``CCT_CACHE_DIR``, else
-``$XDG_CACHE_HOME/cct``, else ``~/.cache/cct``: :mod:`cct.cache`): rates keyed by core count and partition
-setting, measurements by geometry, dtype and the same, all per machine and BLAS kernel (:func:`_threads_key`).
-When to measure is the choice policy's business (:mod:`cct.engines.choice`).
+What is measured is kept in the cache of :mod:`cct.engines.measured` (one JSON file; rates keyed by core count
+and partition setting, measurements by geometry, dtype and the same, all per machine and BLAS kernel:
+:func:`~cct.engines.measured._threads_key`), which also holds the net's measuring budget and the measured
+choices of engines and layers (:func:`~cct.engines.measured.measured_choice`).  When to measure is the choice
+policy's business (:mod:`cct.engines.choice`).
 """
 from __future__ import annotations
 
 import contextlib
-import contextvars
-import functools
-import hashlib
 import math
-import statistics
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from cct.cache import cache_dir, read_json, update_json
 from cct.config import settings
 from cct.engines.base import ConvEngine, ConvGeometry
 from cct.engines.cost_model import DEFAULT_RATES, MachineRates, layer_costs
-from cct.runtime.threads import cpu_cores
+from cct.engines.measured import (  # noqa: F401  (the cache and budget helpers are autotune's too)
+    CACHE_FILE,
+    CHOICE_ROUNDS,
+    _charged,
+    _concurrent,
+    _ledger,
+    _machine_digest,
+    _may_measure,
+    _read_cache,
+    _threads_key,
+    _write_cache,
+    cache_path,
+    measured_choice,
+)
 
-CACHE_FILE = "autotune.json"
 RATES_VERSION = 3  # of calibrate()'s probes: rates cached by another version are measured again
 # of autotune_conv_engine's method (7: each engine steady in a block, operands new each step; close calls on the whole
 # batch; 8: close calls measured twice, in both orders): entries measured by another version are measured again
@@ -101,7 +106,6 @@ class Ledger:
         return False
 
 
-_ledger: contextvars.ContextVar[Ledger | None] = contextvars.ContextVar("cct_autotune_ledger", default=None)
 
 
 @contextlib.contextmanager
@@ -121,64 +125,10 @@ def measuring_session() -> Iterator[Ledger]:
         _ledger.reset(token)
 
 
-def _may_measure() -> bool:
-    ledger = _ledger.get()
-    return ledger is None or ledger.may_measure()
-
-
 def _effort() -> Ledger:
     """How hard to measure: the current net's ledger, or (outside a net) a full measurement."""
     return _ledger.get() or Ledger("full", math.inf, engine_seconds=ENGINE_AUTOTUNE_SECONDS,
                                    engine_rounds=ENGINE_AUTOTUNE_ROUNDS, lowering_rounds=AUTOTUNE_ROUNDS)
-
-
-@contextlib.contextmanager
-def _charged() -> Iterator[None]:
-    """Charge the block's time to the net's ledger (a measurement made inside another one, e.g. a GEMM layout
-    measured in an engine's warm-up step, is the outer one's)."""
-    if _charging.get():
-        yield
-        return
-    token = _charging.set(True)
-    t = time.perf_counter()
-    try:
-        yield
-    finally:
-        _charging.reset(token)
-        ledger = _ledger.get()
-        if ledger is not None:
-            ledger.spent += time.perf_counter() - t
-            ledger.measured += 1
-
-
-_charging: contextvars.ContextVar[bool] = contextvars.ContextVar("cct_autotune_charging", default=False)
-
-
-def cache_path() -> Path:
-    return cache_dir() / CACHE_FILE
-
-
-def _read_cache() -> dict[str, Any]:
-    return read_json(CACHE_FILE)
-
-
-def _write_cache(update: dict[str, Any]) -> None:
-    update_json(CACHE_FILE, update)
-
-
-def _threads_key() -> str:
-    """The machine (:func:`cct.device.query.machine_key`, as a short digest: a cache directory shared by
-    machines, or one machine run with another BLAS kernel, keeps one entry per machine) and thread setting
-    a measurement holds for."""
-    forced = settings.get("partitions")
-    return f"cores{cpu_cores()}-p{forced or 'auto'}-m{_machine_digest()}"
-
-
-@functools.lru_cache(maxsize=1)
-def _machine_digest() -> str:
-    from cct.device.query import machine_key
-
-    return hashlib.sha1(machine_key().encode()).hexdigest()[:10]
 
 
 def geometry_key(g: ConvGeometry, dtype: Any) -> str:
@@ -212,47 +162,6 @@ def machine_rates(calibrate_if_missing: bool = False) -> MachineRates:
     return rates
 
 
-# measured_choice: untimed runs of each candidate, then this many timed runs each, alternated (median kept)
-CHOICE_ROUNDS = 5
-
-
-def measured_choice(kind: str, key: str, candidates: dict[str, Callable[[], Any]]) -> str:
-    """The name of the fastest of ``candidates`` — callables each running one way of the same computation once,
-    on the caller's own operands —, measured alternately (one untimed run each, then ``CHOICE_ROUNDS`` timed,
-    the medians compared) the first time ``key`` is asked for on this machine and thread setting, and cached
-    under ``kind``.  Without measuring (``-autotune off``, or a net's measuring budget spent): the cached name,
-    else the first candidate.  The candidates' last runs are the timed ones: the caller runs the chosen one
-    again when its result must be that one's."""
-    names = list(candidates)
-    full_key = f"{key}-{_threads_key()}"
-    memo_key = (str(cache_path()), kind, full_key)
-    memo = _choice_memo.get(memo_key)
-    if memo is not None:
-        return memo
-    cached = _read_cache().get(kind, {}).get(full_key)
-    if cached in candidates:
-        _choice_memo[memo_key] = cached
-        return cached
-    if settings.get("autotune") is False or not _may_measure():
-        return names[0]
-    with _charged():
-        for name in names:
-            candidates[name]()
-        times: dict[str, list[float]] = {name: [] for name in names}
-        for _ in range(CHOICE_ROUNDS):
-            for name in names:
-                t = time.perf_counter()
-                candidates[name]()
-                times[name].append(time.perf_counter() - t)
-    best = min(names, key=lambda name: statistics.median(times[name]))
-    _write_cache({kind: {full_key: best}})
-    _choice_memo[memo_key] = best
-    return best
-
-
-_choice_memo: dict[tuple[str, str, str], str] = {}  # (cache file, kind, key): read once per process
-
-
 def _best_time(fn: Any, repeat: int = 3) -> float:
     best = float("inf")
     for _ in range(repeat):
@@ -260,15 +169,6 @@ def _best_time(fn: Any, repeat: int = 3) -> float:
         fn()
         best = min(best, time.perf_counter() - t)
     return best
-
-
-def _concurrent(parts: int, make: Any) -> Any:
-    """A callable running ``make(part)()`` in every batch partition at once (as a layer's partitions run)."""
-    from cct.runtime.partition import run_partitions
-
-    bodies = [make(p) for p in range(parts)]
-    ranges = [(p, p + 1) for p in range(parts)]
-    return lambda: run_partitions(ranges, lambda part, a, b: bodies[part]())
 
 
 def calibrate(save: bool = True) -> MachineRates:

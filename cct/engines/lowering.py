@@ -728,7 +728,7 @@ class LoweringEngine(ConvEngine):
         ``images``: the same sums, as fast as each other with AVX2 OpenBLAS kernels; with AVX-512 ones
         ``dZ · colᵀ`` is 8% faster on CaffeNet's conv2 (K 240, M 640, 2916 columns) and 14% slower on conv1
         (K 363, M 96, 9075 columns), so it is measured once per shape and machine
-        (:func:`cct.engines.autotune.measured_choice`) on stand-in operands, in every partition at once, as
+        (:func:`cct.engines.measured.measured_choice`) on stand-in operands, in every partition at once, as
         the layer runs.  Small GEMMs and other array modules keep ``"kxm"``."""
         L = self._lay()
         columns = images * L.cols
@@ -738,7 +738,7 @@ class LoweringEngine(ConvEngine):
         layout = self._layouts.get(key)
         if layout is not None:
             return layout
-        from cct.engines.autotune import _concurrent, measured_choice
+        from cct.engines.measured import _concurrent, measured_choice
 
         rng = np.random.default_rng(0)
         col = [rng.standard_normal((L.K, columns), dtype=np.float32).astype(dtype, copy=False) for _ in range(parts)]

@@ -35,6 +35,8 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from cct.engines import ConvGeometry
 from cct.errors import CctError
 from cct.inference.fov import BlobShape, NetSpec
@@ -70,6 +72,8 @@ def format_bytes(n: float) -> str:
 
 
 def _lowering_bytes(g: ConvGeometry, strategy: int, itemsize: int) -> int:
+    from cct.engines.gemm import accumulates_in_place
+    from cct.engines.lowering import FUSED_LIFT_MIN_COLS
     from cct.inference.runner import LOWERED_BYTES
     from cct.runtime.partition import batch_ranges, partitions_for
 
@@ -82,7 +86,9 @@ def _lowering_bytes(g: ConvGeometry, strategy: int, itemsize: int) -> int:
     result = kF * O * cols
     lifting = O * g.out_count if f else 0
     direct = f == 0 and cols >= 128  # type 1 with big images: one GEMM per image straight into y
-    per_image = lowered + (0 if direct else result) + lifting
+    # type 2 on wide outputs: the GEMMs add straight into y (no GEMM result, no lifting buffer)
+    fused = f == 1 and g.out_count >= FUSED_LIFT_MIN_COLS and accumulates_in_place(np.dtype(f"f{itemsize}"))
+    per_image = lowered + (0 if direct or fused else result) + (0 if fused else lifting)
     M, K = kF * (O // G), (C // G) * kL
     parts = partitions_for(g.num, 2.0 * M * K * cols)
     budget = max(1, LOWERED_BYTES // parts)

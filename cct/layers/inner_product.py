@@ -96,7 +96,7 @@ class InnerProductLayer(Layer):
         machine runs it faster: directly, or as ``(bᵀ aᵀ)ᵀ`` into a scratch copy transposed into ``out`` —
         the same sums, the operands swapped (CaffeNet's fc6 forward, 64 rows: 18.4 vs 14.7 ms with AVX-512
         OpenBLAS kernels on 2 cores; 1-3% the other way with AVX2 ones).  Measured once per shape and machine
-        (:func:`cct.engines.autotune.measured_choice`) where the product is big enough to matter."""
+        (:func:`cct.engines.measured.measured_choice`) where the product is big enough to matter."""
         xp = get_array_module(out)
         rows, inner = a.shape
         cols = out.shape[1]
@@ -118,7 +118,7 @@ class InnerProductLayer(Layer):
         if xp is not np or flops < ORIENTATION_MIN_FLOPS:
             direct()
             return
-        from cct.engines.autotune import measured_choice
+        from cct.engines.measured import measured_choice
 
         ways = {"direct": direct, "swapped": swapped}
         key = f"{which}-m{rows}-k{inner}-n{cols}-{'t' if self.transpose else 'n'}-{out.dtype.name}"

@@ -348,11 +348,11 @@ def test_weight_gradient_in_either_gemm_layout(monkeypatch, g, expected, strateg
     """The weight gradient's GEMM runs as ``col · dZᵀ`` or ``dZ · colᵀ``, whichever the machine measured faster
     for the shape (``WEIGHT_LAYOUT_MIN_FLOPS``; forced here): both are the reference's gradient, accumulated,
     in chunks and partitions, and in the fused Deconvolution step."""
-    from cct.engines import autotune
+    from cct.engines import measured
 
     monkeypatch.setattr(lowering, "WEIGHT_LAYOUT_MIN_FLOPS", 0)
     asked = []
-    monkeypatch.setattr(autotune, "measured_choice", lambda kind, key, ways: asked.append(key) or layout)
+    monkeypatch.setattr(measured, "measured_choice", lambda kind, key, ways: asked.append(key) or layout)
     x, w, b, dy = _data(g, 5)
     expected_dw = ref.conv_backward_weights(g, x, dy)
     for budget in (None, 1):

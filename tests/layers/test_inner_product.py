@@ -160,12 +160,12 @@ def test_against_caffe_lenet():
 def test_each_gemm_orientation(monkeypatch, way, params, shape, axis):
     """Big products run the orientation measured faster on the machine (``x Wᵀ``, or ``(W xᵀ)ᵀ`` through a
     transposed scratch copy): forced either way, on every layer mode, forward and gradients are right."""
-    from cct.engines import autotune
+    from cct.engines import measured
     from cct.layers import inner_product
 
     monkeypatch.setattr(inner_product, "ORIENTATION_MIN_FLOPS", 0)
     asked = []
-    monkeypatch.setattr(autotune, "measured_choice", lambda kind, key, ways: asked.append(key) or way)
+    monkeypatch.setattr(measured, "measured_choice", lambda kind, key, ways: asked.append(key) or way)
     x = RNG.standard_normal(shape)
     run = setup_layer(ip(params), [x], dtype=np.float64)
     lay = run.layer
@@ -183,7 +183,7 @@ def test_measured_choice_keeps_the_faster_way_per_machine(monkeypatch):
     import time
 
     from cct.config import settings
-    from cct.engines import autotune
+    from cct.engines import measured
 
     runs = {"slow": 0, "fast": 0}
 
@@ -195,12 +195,12 @@ def test_measured_choice_keeps_the_faster_way_per_machine(monkeypatch):
         runs["fast"] += 1
 
     ways = {"slow": slow, "fast": fast}
-    assert autotune.measured_choice("test_choice", "k1", ways) == "fast"
-    measured = dict(runs)
-    assert measured["slow"] == measured["fast"] == 1 + autotune.CHOICE_ROUNDS
-    monkeypatch.setattr(autotune, "_choice_memo", {})  # a new process: read back from the cache file
-    assert autotune.measured_choice("test_choice", "k1", ways) == "fast"
-    assert runs == measured
+    assert measured.measured_choice("test_choice", "k1", ways) == "fast"
+    counted = dict(runs)
+    assert counted["slow"] == counted["fast"] == 1 + measured.CHOICE_ROUNDS
+    monkeypatch.setattr(measured, "_choice_memo", {})  # a new process: read back from the cache file
+    assert measured.measured_choice("test_choice", "k1", ways) == "fast"
+    assert runs == counted
     with settings.override(autotune=False):
-        assert autotune.measured_choice("test_choice", "k2", ways) == "slow"
-    assert runs == measured
+        assert measured.measured_choice("test_choice", "k2", ways) == "slow"
+    assert runs == counted

@@ -1,0 +1,140 @@
+"""What this machine measured once and keeps: the measurement cache, the measuring budget of a net, and measured
+choices between ways to run one computation.
+
+* the cache — one small JSON file, ``autotune.json`` in the cache directory (``CCT_CACHE_DIR``, else
+  ``$XDG_CACHE_HOME/cct``, else ``~/.cache/cct``: :mod:`cct.cache`); every entry is keyed by the machine and
+  thread setting (:func:`_threads_key`: host, CPU, cores, the BLAS libraries and the kernels they run, and the
+  partition setting);
+* the budget — the ledger of the net being built (:mod:`cct.engines.autotune`'s ``measuring_session``): what a
+  measurement costs is charged to it (:func:`_charged`), and once it is spent nothing more is measured
+  (:func:`_may_measure`);
+* :func:`measured_choice` — the faster of a few ways to run one computation (a GEMM's operand orientation),
+  measured on the caller's operands (or stand-ins) the first time and cached.
+
+It imports no engine, so that engines and layers can ask for measured choices and the engine autotune
+(:mod:`cct.engines.autotune`, which measures engines) can keep its entries here too.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import hashlib
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from cct.cache import cache_dir, read_json, update_json
+from cct.config import settings
+from cct.runtime.threads import cpu_cores
+
+CACHE_FILE = "autotune.json"
+
+# the ledger of the net being built (an autotune.Ledger: may_measure(), spent, measured), None outside one
+_ledger: contextvars.ContextVar[Any] = contextvars.ContextVar("cct_autotune_ledger", default=None)
+
+
+def _may_measure() -> bool:
+    ledger = _ledger.get()
+    return ledger is None or ledger.may_measure()
+
+
+@contextlib.contextmanager
+def _charged() -> Iterator[None]:
+    """Charge the block's time to the net's ledger (a measurement made inside another one, e.g. a GEMM layout
+    measured in an engine's warm-up step, is the outer one's)."""
+    if _charging.get():
+        yield
+        return
+    token = _charging.set(True)
+    t = time.perf_counter()
+    try:
+        yield
+    finally:
+        _charging.reset(token)
+        ledger = _ledger.get()
+        if ledger is not None:
+            ledger.spent += time.perf_counter() - t
+            ledger.measured += 1
+
+
+_charging: contextvars.ContextVar[bool] = contextvars.ContextVar("cct_autotune_charging", default=False)
+
+
+def cache_path() -> Path:
+    return cache_dir() / CACHE_FILE
+
+
+def _read_cache() -> dict[str, Any]:
+    return read_json(CACHE_FILE)
+
+
+def _write_cache(update: dict[str, Any]) -> None:
+    update_json(CACHE_FILE, update)
+
+
+def _threads_key() -> str:
+    """The machine (:func:`cct.device.query.machine_key`, as a short digest: a cache directory shared by
+    machines, or one machine run with another BLAS kernel, keeps one entry per machine) and thread setting
+    a measurement holds for."""
+    forced = settings.get("partitions")
+    return f"cores{cpu_cores()}-p{forced or 'auto'}-m{_machine_digest()}"
+
+
+@functools.lru_cache(maxsize=1)
+def _machine_digest() -> str:
+    from cct.device.query import machine_key
+
+    return hashlib.sha1(machine_key().encode()).hexdigest()[:10]
+
+
+# measured_choice: untimed runs of each candidate, then this many timed runs each, alternated (median kept)
+CHOICE_ROUNDS = 5
+
+
+def measured_choice(kind: str, key: str, candidates: dict[str, Callable[[], Any]]) -> str:
+    """The name of the fastest of ``candidates`` — callables each running one way of the same computation once,
+    on the caller's own operands —, measured alternately (one untimed run each, then ``CHOICE_ROUNDS`` timed,
+    the medians compared) the first time ``key`` is asked for on this machine and thread setting, and cached
+    under ``kind``.  Without measuring (``-autotune off``, or a net's measuring budget spent): the cached name,
+    else the first candidate.  The candidates' last runs are the timed ones: the caller runs the chosen one
+    again when its result must be that one's."""
+    names = list(candidates)
+    full_key = f"{key}-{_threads_key()}"
+    memo_key = (str(cache_path()), kind, full_key)
+    memo = _choice_memo.get(memo_key)
+    if memo is not None:
+        return memo
+    cached = _read_cache().get(kind, {}).get(full_key)
+    if cached in candidates:
+        _choice_memo[memo_key] = cached
+        return cached
+    if settings.get("autotune") is False or not _may_measure():
+        return names[0]
+    with _charged():
+        for name in names:
+            candidates[name]()
+        times: dict[str, list[float]] = {name: [] for name in names}
+        for _ in range(CHOICE_ROUNDS):
+            for name in names:
+                t = time.perf_counter()
+                candidates[name]()
+                times[name].append(time.perf_counter() - t)
+    best = min(names, key=lambda name: statistics.median(times[name]))
+    _write_cache({kind: {full_key: best}})
+    _choice_memo[memo_key] = best
+    return best
+
+
+_choice_memo: dict[tuple[str, str, str], str] = {}  # (cache file, kind, key): read once per process
+
+
+def _concurrent(parts: int, make: Any) -> Any:
+    """A callable running ``make(part)()`` in every batch partition at once (as a layer's partitions run)."""
+    from cct.runtime.partition import run_partitions
+
+    bodies = [make(p) for p in range(parts)]
+    ranges = [(p, p + 1) for p in range(parts)]
+    return lambda: run_partitions(ranges, lambda part, a, b: bodies[part]())
