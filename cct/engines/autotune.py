@@ -30,9 +30,7 @@ import numpy as np
 from cct.config import settings
 from cct.engines.base import ConvEngine, ConvGeometry
 from cct.engines.cost_model import DEFAULT_RATES, MachineRates, layer_costs
-from cct.engines.measured import (  # noqa: F401  (the cache and budget helpers are autotune's too)
-    CACHE_FILE,
-    CHOICE_ROUNDS,
+from cct.engines.measured import (  # noqa: F401  (the cache and budget helpers, also reached through here)
     _charged,
     _concurrent,
     _ledger,
@@ -42,7 +40,6 @@ from cct.engines.measured import (  # noqa: F401  (the cache and budget helpers 
     _threads_key,
     _write_cache,
     cache_path,
-    measured_choice,
 )
 
 RATES_VERSION = 3  # of calibrate()'s probes: rates cached by another version are measured again
