@@ -9,9 +9,9 @@ Both tools run the same command line, ``time -model MODEL -iterations ITERS`` (C
 ``cct time``), with ``OPENBLAS_NUM_THREADS`` = ``OMP_NUM_THREADS`` = ``--threads``, alternately, ``--rounds``
 times each, so the machine's noise hits both alike.  The script reads their logs with one parser — the
 "Iteration: i forward-backward time" and "<layer> forward/backward: X ms." lines are the same in both — and
-prints per layer the median (over rounds) of each tool's average forward and backward milliseconds, their ratio
-cct/Caffe and a ``*`` where cct is slower; then the median forward-backward iteration of each (all iterations
-of all rounds) and the ratio.  Both leave ``Input`` blobs at zero, as ``caffe time`` does (Caffe's branchy
+prints the engine cct runs each convolution with, then per layer the median (over rounds) of each tool's average
+forward and backward milliseconds, their ratio cct/Caffe and a ``*`` where cct is slower; then the median
+forward-backward iteration of each (all iterations of all rounds) and the ratio.  Both leave ``Input`` blobs at zero, as ``caffe time`` does (Caffe's branchy
 max-pooling loop runs its best case on such ties; cct's is branch-free).
 A CPU build of Caffe links its own BLAS (a system OpenBLAS, say): the kernels can differ from numpy's, which the
 header shows (Caffe's from ``OPENBLAS_VERBOSE=2``, cct's from threadpoolctl).  Caffe 1.0 builds on a current
@@ -35,6 +35,7 @@ MODEL = ROOT / "models" / "caffenet" / "train.prototxt"
 ITERATION = re.compile(r"Iteration: \d+ forward-backward time: ([0-9.]+) ms")
 LAYER = re.compile(r"\]\s+(\S+)\s+(forward|backward): ([0-9.]+) ms")
 CORE = re.compile(r"Core: (\S+)")
+ENGINE = re.compile(r"Convolution layer (\S+): (.*?) \[d/o")
 
 
 def parse_time_log(text: str) -> tuple[list[float], dict[str, dict[str, float]]]:
@@ -86,7 +87,9 @@ def main() -> None:
     print(f"cct:   {machine_key()}")
 
     runs: dict[str, list[tuple[list[float], dict[str, dict[str, float]]]]] = {"caffe": [], "cct": []}
-    run_time(cct_cmd[:-1] + ["1"], args.threads)  # engine measurements cached before the timed runs
+    warm = run_time(cct_cmd[:-1] + ["1"], args.threads)  # engine measurements cached before the timed runs
+    for layer, engine in ENGINE.findall(warm):
+        print(f"cct {layer}: {engine}")
     for r in range(args.rounds):
         for name, cmd in (("caffe", caffe_cmd), ("cct", cct_cmd)):
             runs[name].append(parse_time_log(run_time(cmd, args.threads)))
