@@ -11,8 +11,9 @@ times each, so the machine's noise hits both alike.  The script reads their logs
 "Iteration: i forward-backward time" and "<layer> forward/backward: X ms." lines are the same in both — and
 prints the engine cct runs each convolution with, then per layer the median (over rounds) of each tool's average
 forward and backward milliseconds, their ratio cct/Caffe and a ``*`` where cct is slower; then the median
-forward-backward iteration of each (all iterations of all rounds) and the ratio.  Both leave ``Input`` blobs at zero, as ``caffe time`` does (Caffe's branchy
-max-pooling loop runs its best case on such ties; cct's is branch-free).
+forward-backward iteration of each (all iterations of all rounds) and the ratio.  Both leave ``Input`` blobs at
+zero, as ``caffe time`` does (Caffe's branchy max-pooling loop runs its best case on such ties; cct's is
+branch-free).
 A CPU build of Caffe links its own BLAS (a system OpenBLAS, say): the kernels can differ from numpy's, which the
 header shows (Caffe's from ``OPENBLAS_VERBOSE=2``, cct's from threadpoolctl).  Caffe 1.0 builds on a current
 Debian with its Makefile (``CPU_ONLY := 1``, ``USE_OPENCV := 0``, ``BLAS := open``, the HDF5 serial include and
