@@ -1,4 +1,4 @@
-"""CaffeNet training iterations, batch 64: cct vs real Caffe 1.0 (a CPU build), layer by layer, same command.
+"""CaffeNet forward + backward, batch 64: cct vs real Caffe 1.0 (a CPU build), layer by layer, same command.
 
 Run:   python benchmarks/caffenet_vs_caffe.py --caffe PATH/TO/caffe [--model models/caffenet/train.prototxt]
                                               [--iters 5] [--rounds 3] [--threads 2]
