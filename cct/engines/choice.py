@@ -65,9 +65,11 @@ AUTOTUNE_WINDOW = 1.15
 # where its prediction is within this factor of a gain (-autotune full measures it wherever it applies)
 FAST_FFT_WINDOW = 1.3
 # ... over this fraction for an engine that keeps more than KEPT_BYTES between a layer's passes (the FFT engine's
-# spectra): measured alone it has the caches to itself, in a net it does not (CaffeNet's conv2 at 64 images with
-# AVX-512 kernels: FFT measured 7% faster than lowering alone, 25% slower in the net, and 300 MiB more RSS)
-KEPT_FRACTION = 0.10
+# spectra): measured alone it has the caches to itself, in a net it does not, and each pass allocates and faults
+# in hundreds of MiB — CaffeNet's conv2 at 64 images, FFT against lowering: AVX-512 kernels, 7% faster alone, 25%
+# slower in the net; AVX2 kernels, 26% faster alone (300 vs 406 ms), 1.5% slower in the net (414 vs 408 ms), and
+# 300 MiB more RSS. Both are a 1.35x swing: below this margin the net would gain nothing for its memory
+KEPT_FRACTION = 0.40
 KEPT_BYTES = 64 << 20
 # auto takes the smaller Winograd tile (F(2x2,3x3): the more accurate) when it is measured within this factor of
 # the larger's time
@@ -212,7 +214,7 @@ def choose_conv_engine(g: ConvGeometry, dtype: Any = np.float32, xp: Any = None,
     with autotune off it runs only when forced).  With no candidate the lowering engine runs (small layers,
     most strided ones: they keep Caffe's summation order); otherwise all are measured on the layer
     (:func:`autotune_conv_engine`, cached) and the fastest taken when the lowering engine takes over
-    ``PREFER_TYPE1_FRACTION`` (5%) longer (``KEPT_FRACTION``, 10%, for an FFT layout that keeps more than
+    ``PREFER_TYPE1_FRACTION`` (5%) longer (``KEPT_FRACTION``, 40%, for an FFT layout that keeps more than
     ``KEPT_BYTES`` of spectra between the passes) — the smaller Winograd tile when it is within
     ``WINOGRAD_TILE_WINDOW`` of the larger (it is the more accurate).  With
     autotune off (``CCT_AUTOTUNE=0``) the FFT model decides; with it forced on, every applicable layer is

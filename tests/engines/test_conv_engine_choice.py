@@ -158,14 +158,16 @@ def test_measured_steps_see_new_operands_and_keep_the_engines_memory():
 
 def test_an_fft_layout_keeping_many_spectra_must_save_more(monkeypatch):
     """Measured alone, the FFT engine has the caches to itself; in a net its kept spectra compete with every
-    other layer (CaffeNet's conv2: 7% faster alone, 25% slower in the net): above KEPT_BYTES of spectra it
-    must save KEPT_FRACTION, else 5%."""
+    other layer (CaffeNet's conv2: 7% faster alone, 25% slower in the net; with AVX2 kernels 26% faster alone,
+    as fast in the net): above KEPT_BYTES of spectra it must save KEPT_FRACTION, else 5%."""
     conv2 = ConvGeometry(64, 96, 256, 2, (27, 27), (5, 5), (1, 1), (2, 2), (1, 1))
     small = ConvGeometry(1, 16, 16, 1, (30, 30, 30), (3, 3, 3), (1, 1, 1), (0, 0, 0), (1, 1, 1))
     assert choice._kept_bytes(conv2, np.float32, {"fft lifted": 0})["fft lifted"] > choice.KEPT_BYTES
     assert choice._kept_bytes(small, np.float32, {"fft lifted": 0})["fft lifted"] < choice.KEPT_BYTES
     settings.set("autotune", True)  # measure every applicable layer
-    for g, lowering, expected in ((conv2, 0.107, "lowering"), (conv2, 0.115, "fft lifted"),
+    kept = 0.100 * (1 + choice.KEPT_FRACTION)
+    for g, lowering, expected in ((conv2, 0.107, "lowering"), (conv2, kept - 0.003, "lowering"),
+                                  (conv2, kept + 0.003, "fft lifted"),
                                   (small, 0.107, "fft lifted"), (small, 0.104, "lowering")):
         monkeypatch.setattr(choice, "autotune_conv_engine",
                             lambda *a, lowering=lowering, **k: {"lowering": lowering, "fft lifted": 0.100})
