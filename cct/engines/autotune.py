@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
@@ -74,7 +73,6 @@ FULL_BATCH_SECONDS = 3.0
 # a 24->24 3^3 layer 57, 34 and 17 ms, then 14 ms with spikes to 20 (the allocator adapts to the engine's arrays)
 ENGINE_SETTLE_SECONDS = 0.25
 SETTLE_STEPS = 3
-_cache_lock = threading.Lock()
 _rates_memo: dict[str, MachineRates] = {}
 
 
@@ -101,8 +99,6 @@ class Ledger:
             return True
         self.skipped += 1
         return False
-
-
 
 
 @contextlib.contextmanager
@@ -377,9 +373,10 @@ def autotune_conv_engine(g: ConvGeometry, dtype: Any = np.float32, strategy: int
     ``predicted`` (seconds) to take longer than ``ENGINE_AUTOTUNE_SECONDS`` is measured on fewer images and
     scaled to the batch — the FFT engine's kernel transforms, done once per batch, then count for more than in
     the layer, and a few images' spectra stay in the caches where the batch's do not —; the candidates within
-    ``FULL_BATCH_WINDOW`` of the fastest are then measured again on the whole batch when that is predicted to
-    take at most ``FULL_BATCH_SECONDS``.  Cached per geometry, dtype, thread setting, lowering and candidate
-    set; None when nothing is cached and the net's measuring budget is spent."""
+    ``FULL_BATCH_WINDOW`` of the fastest are then measured again, in the other order, on the whole batch when
+    that is predicted to take at most ``FULL_BATCH_SECONDS`` (that measurement decides; on a layer measured
+    whole the first time, the better of the two counts).  Cached per geometry, dtype, thread setting, lowering
+    and candidate set; None when nothing is cached and the net's measuring budget is spent."""
     from cct.engines.lowering import strategy_fallback
 
     strategy = strategy if strategy_fallback(strategy, g) is None else 1

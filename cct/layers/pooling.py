@@ -7,6 +7,7 @@ spatial axes and loops only over kernel offsets; the Pooling layer (4-D as Caffe
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -75,13 +76,6 @@ def _dims(t: Sequence[int]) -> str:
     return " x ".join(str(v) for v in t)
 
 
-def _prod(t: Sequence[int]) -> int:
-    out = 1
-    for v in t:
-        out *= v
-    return out
-
-
 class Pooler:
     """Pooling of ``(N, C, *in_shape)`` into ``(N, C, *out_shape)`` with one window geometry.
 
@@ -114,15 +108,15 @@ class Pooler:
         # the padded extent split by stride phase: padded cell p of axis i is held in phase p % stride at
         # position p // stride, so each kernel offset's cells form one unit-stride block (vectorised loops)
         self.phase_extent = tuple(-(-e // s) for e, s in zip(self.padded_shape, self.stride))
-        self.phase_plane = _prod(self.phase_extent)
-        self.flat_scan = self.phase_plane <= FLAT_SCAN_MAX_OVERHEAD * _prod(self.out_shape)  # MAX (see there)
+        self.phase_plane = math.prod(self.phase_extent)
+        self.flat_scan = self.phase_plane <= FLAT_SCAN_MAX_OVERHEAD * math.prod(self.out_shape)  # MAX (see there)
         self._blocks: list[tuple[tuple[Any, ...], tuple[slice, ...]]] | None = None
         self._buffers: dict[str, Any] = {}
         self._winners_kept = False  # whether the last MAX forward kept each window's winner (training)
         self._index: Any = None
         self._tables: dict[Any, Any] = {}  # per array module (and dtype): offset tables, divisors
         self._stats: tuple[Any, Any] | None = None
-        self.plane = _prod(self.in_shape)
+        self.plane = math.prod(self.in_shape)
 
     # ---- helpers -------------------------------------------------------------------------------
     def _buf(self, name: str, shape: tuple[int, ...], like: Any, fill: float | None = None,
@@ -168,7 +162,7 @@ class Pooler:
         in turn, then ``fill`` cells past the largest kernel-offset shift) and the size of one phase's block."""
         n = x.shape[0]
         block = (n if images is None else images) * x.shape[1] * self.phase_plane
-        phases = _prod(self.stride)
+        phases = math.prod(self.stride)
         tail = max(shift for _, shift in self._flat_shifts())
         flat = self._buf(f"x_pad{fill}", (phases * block + tail,), x, fill)
         shape = self.stride + (n if images is None else images,) + x.shape[1:2] + self.phase_extent
