@@ -10,7 +10,8 @@ max-pool 2, conv 3x3 pad 1 → 50, max-pool 2, fc 500, ReLU, fc 10, softmax loss
 (momentum 0.9, weight decay 5e-4) on batches sliced from the same training records held in memory (scaled by
 1/256 like the Data layer's transform), so its data step is a slice, not a database read.
 Each framework runs in its own worker process; the parent alternates blocks of ``--block`` iterations
-(cct, PyTorch, cct, ...) so machine noise hits both alike, and prints the median milliseconds per iteration,
+(cct, PyTorch, cct, ...), each after a pause that lets the other's worker threads stop spinning, so machine
+noise hits both alike, and prints the median milliseconds per iteration,
 iterations per second and the ratio cct/PyTorch.
 On a machine whose other cores are busy, ``--threads 1`` is the fair setting: PyTorch's OpenMP barriers with
 two threads then wait for a time slice on every layer (measured on a loaded 2-core AMD EPYC: 39 ms/iteration
@@ -32,6 +33,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SOLVER = "models/digits/solver.prototxt"
 TRAIN_DB = "models/digits/digits_train_lmdb"
 BATCH = 64
+# pause before each block: OpenBLAS and OpenMP worker threads spin for ~0.1-0.2 s after their last parallel
+# call, and a block (~50 ms) inside that window would share its cores with them
+SETTLE_S = 0.3
 
 
 def cct_worker(conn, threads: int) -> None:
@@ -131,6 +135,7 @@ def main() -> None:
     times: dict[str, list[float]] = {name: [] for name in workers}
     for _ in range(max(1, args.iters // args.block)):
         for name, (_, conn) in workers.items():
+            time.sleep(SETTLE_S)  # the other worker's BLAS/OpenMP threads stop spinning before this block
             conn.send(("run", args.block))
             times[name].append(conn.recv()[1])
     for proc, conn in workers.values():

@@ -20,7 +20,7 @@ import numpy as np
 from cct import log, mode
 from cct.blob import Blob
 from cct.data.base import Batch, PrefetchingDataLayer, reuse
-from cct.data.datum import DatumError, datum_to_array, decode_flag, parse_datum, raw_view
+from cct.data.datum import DatumError, datum_to_array, decode_flag, parse_datum, raw_batch, raw_view
 from cct.data.db import LeveldbReader, LmdbReader, open_reader
 from cct.data.transformer import DataTransformer
 from cct.errors import CctError, ParamError
@@ -104,9 +104,13 @@ class DbProducer:
     def next_batch(self, recycled: Batch | None) -> Batch:
         records = [self._read() for _ in range(self.batch_size)]
         keys = [k for k, _ in records]
-        decoded = self._decode_all(records)
-        images = [im for im, _ in decoded]
-        labels = [lab for _, lab in decoded]
+        alike = raw_batch([v for _, v in records])
+        if alike is not None:
+            images, labels = alike
+        else:
+            decoded = self._decode_all(records)
+            images = [im for im, _ in decoded]
+            labels = [lab for _, lab in decoded]
         names = _RecordNames(self.reader.path, keys)
         try:
             shape = (self.batch_size,) + self.transformer.infer_shape(images[0].shape)

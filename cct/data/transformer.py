@@ -132,15 +132,18 @@ class DataTransformer:
 
     def transform_batch(self, images: Sequence[np.ndarray], out: np.ndarray,
                         names: Sequence[str] | None = None) -> None:
-        """Transform ``images`` (each ``(C, H, W)``, uint8 or float32) into ``out`` ``(N, C, H', W')``
-        float32, ``len(images) == N``; each image may have its own H, W when cropping.  ``names``
-        (e.g. database keys) label the images in error messages."""
+        """Transform ``images`` (each ``(C, H, W)``, uint8 or float32; or one ``(N, C, H, W)`` array) into
+        ``out`` ``(N, C, H', W')`` float32, ``len(images) == N``; each image may have its own H, W when
+        cropping.  ``names`` (e.g. database keys) label the images in error messages."""
         _, oc, oh, ow = out.shape
         mean = self.mean
         crop = self.crop_size
         first: dict[tuple[int, ...], int] = {}  # each distinct shape checked once, on its first image
-        for i, im in enumerate(images):
-            first.setdefault(im.shape, i)
+        if isinstance(images, np.ndarray):
+            first[images.shape[1:]] = 0
+        else:
+            for i, im in enumerate(images):
+                first.setdefault(im.shape, i)
         for i in first.values():
             im = images[i]
             try:
@@ -155,13 +158,17 @@ class DataTransformer:
                 if names is not None:
                     raise CctError(f"{names[i]}: {e}") from None
                 raise
-        mirrors, h_offs, w_offs = self.draw([im.shape for im in images])
+        whole = isinstance(images, np.ndarray)
+        mirrors, h_offs, w_offs = self.draw([images.shape[1:]] * len(images) if whole else [im.shape for im in images])
         staged = None
         if mean is None:
-            floats = any(im.dtype != np.uint8 for im in images)
+            floats = images.dtype != np.uint8 if whole else any(im.dtype != np.uint8 for im in images)
             staged = np.empty(out.shape, dtype=np.float32 if floats else np.uint8)
         if staged is not None and not crop and not mirrors.any():
-            np.stack(images, out=staged)  # one copy of the whole batch
+            if whole:
+                np.copyto(staged, images)
+            else:
+                np.stack(images, out=staged)  # one copy of the whole batch
             images = ()
         for i, im in enumerate(images):
             do_mirror, h_off, w_off = bool(mirrors[i]), int(h_offs[i]), int(w_offs[i])

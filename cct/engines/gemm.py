@@ -37,9 +37,9 @@ def split_gemm(n: int, flops: float, xp: Any, body: Callable[[int, int], None]) 
     spinning thread: 164 ms instead of 118 ms on 2 cores.  Splitting the output columns keeps each operand
     read once (rows would read the weights once per partition).  Other array modules: one call."""
     if xp is np and flops >= SMALL_GEMM_FLOPS and n > 1:
-        from cct.runtime.partition import run_batch
+        from cct.runtime.partition import GEMM_FLOPS_PER_OPERATION, run_batch
 
-        run_batch(n, lambda _part, j0, j1: body(j0, j1), work=flops / n)
+        run_batch(n, lambda _part, j0, j1: body(j0, j1), work=flops / n / GEMM_FLOPS_PER_OPERATION)
         return
     with gemm_threads(flops, xp):
         body(0, n)

@@ -75,7 +75,7 @@ def _lowering_bytes(g: ConvGeometry, strategy: int, itemsize: int) -> int:
     from cct.engines.gemm import accumulates_in_place
     from cct.engines.lowering import FUSED_LIFT_MIN_COLS
     from cct.inference.runner import LOWERED_BYTES
-    from cct.runtime.partition import batch_ranges, partitions_for
+    from cct.runtime.partition import batch_ranges, partitions_for_flops
 
     nd = g.num_spatial_axes
     f = {1: 0, 2: 1, 3: nd}[strategy]
@@ -90,7 +90,7 @@ def _lowering_bytes(g: ConvGeometry, strategy: int, itemsize: int) -> int:
     fused = f == 1 and g.out_count >= FUSED_LIFT_MIN_COLS and accumulates_in_place(np.dtype(f"f{itemsize}"))
     per_image = lowered + (0 if direct or fused else result) + (0 if fused else lifting)
     M, K = kF * (O // G), (C // G) * kL
-    parts = partitions_for(g.num, 2.0 * M * K * cols)
+    parts = partitions_for_flops(g.num, 2.0 * M * K * cols)
     budget = max(1, LOWERED_BYTES // parts)
     chunk = max(lowered, result) * itemsize
     images = sum(max(1, min(n1 - n0, budget // max(chunk, 1))) for n0, n1 in batch_ranges(g.num, parts))

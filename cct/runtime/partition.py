@@ -20,7 +20,8 @@ in sequence) simply do not call this.
 
 ``auto`` (the cost model): ``p = min(cores, n)`` when a partition still holds at least
 ``MIN_WORK_PER_PARTITION`` operations (thread start-up and the BLAS thread switch cost some tens of
-microseconds; below that a layer is not worth splitting), else 1.
+microseconds; below that a layer is not worth splitting), else 1; GEMM-bound work counts its flops
+``GEMM_FLOPS_PER_OPERATION`` to an operation (:func:`partitions_for_flops`).
 """
 from __future__ import annotations
 
@@ -32,6 +33,11 @@ from cct.config import settings
 from cct.runtime.threads import blas_threads, cpu_cores
 
 MIN_WORK_PER_PARTITION = 1 << 20
+# GEMM flops per operation of MIN_WORK_PER_PARTITION's count (elementwise work is memory-bound, GEMMs are not):
+# convolution layers gain from two partitions on 2 cores from ~24 MFLOP per partition (a 3x3 layer of 64 8x8
+# images, 24 -> 32 channels: forward and backward 0.84x one partition's time with two BLAS threads; 20 -> 50
+# channels on 4x4 images, 9 MFLOP: 1.67x, the thread hand-offs cost more than the GEMMs gain)
+GEMM_FLOPS_PER_OPERATION = 24.0
 
 _local = threading.local()
 _pool: ThreadPoolExecutor | None = None
@@ -53,6 +59,11 @@ def partitions_for(n: int, work: float = float("inf")) -> int:
     while p > 1 and n * work / p < MIN_WORK_PER_PARTITION:
         p -= 1
     return p
+
+
+def partitions_for_flops(n: int, flops: float) -> int:
+    """:func:`partitions_for` ``n`` items of ``flops`` GEMM flops each (``GEMM_FLOPS_PER_OPERATION``)."""
+    return partitions_for(n, flops / GEMM_FLOPS_PER_OPERATION)
 
 
 def batch_ranges(n: int, parts: int) -> list[tuple[int, int]]:

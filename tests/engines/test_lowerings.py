@@ -56,14 +56,19 @@ def _run_engine(eng: LoweringEngine, x, w, b, dy):
     return y, dx, dw - 1
 
 
+@pytest.mark.parametrize("images_last", [None, False, True], ids=["cols", "images-first", "images-last"])
 @pytest.mark.parametrize("strategy", [1, 2, 3])
 @pytest.mark.parametrize("g,expected", CASES, ids=IDS)
-def test_lowering_matches_direct_reference(g, expected, strategy):
+def test_lowering_matches_direct_reference(g, expected, strategy, images_last, monkeypatch):
+    if images_last is not None:  # type 1's column order forced either way (by default: by the image size)
+        monkeypatch.setattr(lowering, "images_last_order", lambda lay: images_last and lay.f == 0)
     x, w, b, dy = _data(g)
     eng = LoweringEngine(strategy)
     eng.configure(g, np.float64)
     assert eng.strategy == expected[strategy - 1]
     assert eng.reason.startswith("fallback") == (eng.strategy != strategy)
+    if images_last is not None:
+        assert eng._lay().images_last == (images_last and eng.strategy == 1)
     y, dx, dw = _run_engine(eng, x, w, b, dy)
     np.testing.assert_allclose(y, ref.conv_forward(g, x, w, b), rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(dx, ref.conv_backward_data(g, dy, w), rtol=1e-10, atol=1e-10)
