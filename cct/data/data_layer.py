@@ -102,7 +102,11 @@ class DbProducer:
         return self.reader.next()
 
     def next_batch(self, recycled: Batch | None) -> Batch:
-        records = [self._read() for _ in range(self.batch_size)]
+        if self.shard is None:
+            self.offset += self.batch_size
+            records = self.reader.take(self.batch_size)
+        else:
+            records = [self._read() for _ in range(self.batch_size)]
         keys = [k for k, _ in records]
         alike = raw_batch([v for _, v in records])
         if alike is not None:

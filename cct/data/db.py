@@ -141,20 +141,28 @@ class LmdbReader:
         """The record at the cursor; then advance, wrapping to the first record at the end.
 
         The value is a zero-copy view into the database, valid until :meth:`close`."""
-        if self._cursor is None:
+        return self.take(1)[0]
+
+    def take(self, n: int) -> list[tuple[bytes, memoryview]]:
+        """The next ``n`` records (:meth:`next` ``n`` times, in one call)."""
+        cursor = self._cursor
+        if cursor is None:
             self._txn = self._env.begin(buffers=True)
-            self._cursor = self._txn.cursor()
-            if not self._cursor.first():
+            cursor = self._cursor = self._txn.cursor()
+            if not cursor.first():
                 raise CctError(f"{self.path}: the database is empty")
             for _ in range(self._start):
-                self._cursor.next()
+                cursor.next()
             self._start = 0
-        key, value = self._cursor.item()
-        key = bytes(key)
-        if not self._cursor.next():
-            log.debug("Restarting data prefetching from start.")  # DLOG in Caffe: silent in release builds
-            self._cursor.first()
-        return key, value
+        item, advance = cursor.item, cursor.next
+        out = []
+        for _ in range(n):
+            key, value = item()
+            out.append((bytes(key), value))
+            if not advance():
+                log.debug("Restarting data prefetching from start.")  # DLOG in Caffe: silent in release builds
+                cursor.first()
+        return out
 
     def skip(self) -> None:
         """Advance without reading (multi-rank sharding)."""
@@ -295,6 +303,10 @@ class LeveldbReader:
             log.debug("Restarting data prefetching from start.")
             self._it.seek_to_first()
         return key, value
+
+    def take(self, n: int) -> list[tuple[bytes, bytes]]:
+        """The next ``n`` records."""
+        return [self.next() for _ in range(n)]
 
     def skip(self) -> None:
         self.next()

@@ -17,16 +17,15 @@ from cct.device import get_array_module, to_host
 
 
 def _finite(a: Any) -> bool:
+    """Whether every element of ``a`` is finite (call under ``np.errstate(over="ignore", invalid="ignore")``)."""
     xp = get_array_module(a)
-    with np.errstate(over="ignore", invalid="ignore"):
-        if bool(xp.isfinite(xp.sum(a, dtype=a.dtype))):
-            return True
-        return bool(xp.isfinite(a).all())
+    return bool(xp.isfinite(xp.sum(a, dtype=a.dtype))) or bool(xp.isfinite(a).all())
 
 
 def gradients_finite(net: Any) -> bool:
     """True when every learnable parameter's gradient is finite."""
-    return all(p.diff is None or _finite(p.diff) for p in net.learnable_params)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return all(p.diff is None or _finite(p.diff) for p in net.learnable_params)
 
 
 def _first_bad(a: Any) -> str:
@@ -37,6 +36,11 @@ def _first_bad(a: Any) -> str:
 
 def first_nonfinite(net: Any) -> str | None:
     """Where the first non-finite value of the last forward/backward pass is, in words; None if nowhere."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return _first_nonfinite(net)
+
+
+def _first_nonfinite(net: Any) -> str | None:
     names = net._blob_names
     for layer, tops, top_ids in zip(net.layers, net._top_vecs, net._top_id_vecs):
         for blob, bid in zip(tops, top_ids):
