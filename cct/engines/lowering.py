@@ -19,6 +19,10 @@ gradient, ∝ k²·o):
     weights   dW_m += dZ · colᵀ
     data      dcol = W_mᵀ · dZ,  dx = col2im_L(dcol)  (scatter-add of the k_L slices; F = all: a transposition)
 
+On outputs of fewer than ``IMAGES_LAST_MAX_COLS`` cells per image, types 1 and 2 order the lowered columns
+with the image innermost, ``col[c, k_L, i_F, o_L, b]`` (:func:`images_last_order`): each row copied while
+lowering is then an output row times the images, not one short output row.
+
 Generalisations: groups (one GEMM per group), dilation (offsets ``k·dil``), N-D (balanced lifts the first
 spatial axis and lowers the rest).  A lifted axis needs stride 1 (otherwise the GEMM would compute ``s``
 times the rows it uses), so a strategy whose lifted axes have a stride > 1, type 2 with one spatial axis
@@ -60,6 +64,9 @@ from cct.runtime.partition import batch_ranges, in_partition, partitions_for_flo
 _DEFAULT_MAX_MB = 32.0
 # type 1 forward: one GEMM per image straight into the output when an image has at least this many columns
 DIRECT_MIN_COLS = 128
+# types 1 and 2 order the lowered columns with the images innermost below this many output cells per image
+# (images_last_order); above it, at 27x27, both orders run as fast
+IMAGES_LAST_MAX_COLS = 512
 # col2im by contiguous shifts (LoweringEngine._col2im_flat) below this output width, stride and dilation 1: on
 # 4-wide outputs 25% faster than a strided slice per kernel offset, even at 7, 10% slower at 8
 FLAT_COL2IM_MAX_WIDTH = 6
@@ -173,15 +180,24 @@ def shared_workspace_bytes() -> int:
 
 
 def images_last_order(lay: _Layout) -> bool:
-    """Whether type 1 orders ``lay``'s lowered columns (*out, image) instead of (image, *out): on small images
-    (fewer columns than ``DIRECT_MIN_COLS``, where the per-image GEMMs do not apply), copying a kernel offset's
-    rows then moves runs of (output row x images) instead of one short output row each (the digits LeNet's
-    conv2, 4x4 outputs: lowering 64 images 168 -> 14 us), for transposing the input, the output and its
-    gradient as (items, images) matrices.  Worth it where the lowered rows outnumber the output channels and
-    a kernel has several offsets: forward + backward measured on 2 cores 0.57-0.86x the time on 3x3 layers
-    (4x4 to 8x8 images, 3 to 64 input channels), but 1.19x on the digits' 1 -> 20 channel conv1 and
-    1.10-1.15x on 1x1 layers of 7x7 images (whose lowering is a transposition either way)."""
-    return lay.f == 0 and lay.cols < DIRECT_MIN_COLS and lay.KL > 1 and lay.K >= lay.Og
+    """Whether ``lay`` orders its lowered columns (*in_F, *out_L, image) instead of (image, *in_F, *out_L), types 1
+    and 2 on outputs of fewer than ``IMAGES_LAST_MAX_COLS`` cells per image: copying a kernel offset's rows
+    then moves runs of (output row x images) instead of one short output row each, for transposing the input,
+    the output and its gradient as (items, images) matrices.  The digits LeNet's conv2 (4x4 outputs) lowers 64
+    images in 14 instead of 168 us.  Measured forward + backward on 2 cores (AVX-512 kernels, against the
+    images-first layout with its per-image GEMMs where they apply): type 1 0.57-0.86x on 3x3 layers of 4x4 to
+    8x8 images, 0.88-0.92x on CaffeNet-sized 13x13 layers and 0.91-0.93x on 16x16 and 20x20 ones, even on
+    27x27; type 2 0.97-0.99x on 13x13.  Only where the lowered rows outnumber the output channels and a kernel
+    has several lowered offsets: 1.19x on the digits' 1 -> 20 channel conv1, 1.10-1.15x on 1x1 layers of 7x7
+    images (whose lowering is a transposition either way)."""
+    if lay.KL <= 1 or lay.K < lay.Og or lay.f > 1 or (lay.f == 1 and not lay.outL):
+        return False
+    return lay.out_count < IMAGES_LAST_MAX_COLS
+
+
+def lowers_images_last(g: ConvGeometry, strategy: int) -> bool:
+    """Whether ``strategy`` (which must apply to ``g``) lowers ``g`` with the images innermost."""
+    return _Layout(g, strategy).images_last
 
 
 class _Layout:
@@ -195,6 +211,7 @@ class _Layout:
         self.kF, self.kL = g.kernel[:f], g.kernel[f:]
         self.KF, self.KL = _prod(self.kF), _prod(self.kL)
         self.inF, self.outF, self.outL = g.in_shape[:f], g.out_shape[:f], g.out_shape[f:]
+        self.out_count = g.out_count
         self.padL = g.pad[f:]
         # lowered column count per image: F axes at input resolution, L axes at output resolution
         self.cols = _prod(self.inF) * _prod(self.outL)
@@ -205,10 +222,20 @@ class _Layout:
 
     def col_shape(self, n: int) -> tuple[int, ...]:
         """The lowered matrix of ``n`` images as an array: (C, *k_L, n, *in_F, *out_L), or with
-        :attr:`images_last` (C, *k, *out, n)."""
+        :attr:`images_last` (C, *k_L, *in_F, *out_L, n)."""
         if self.images_last:
-            return (self.C,) + self.kL + self.outL + (n,)
+            return (self.C,) + self.kL + self.inF + self.outL + (n,)
         return (self.C,) + self.kL + (n,) + self.inF + self.outL
+
+    def z_shape(self, n: int) -> tuple[int, ...]:
+        """The GEMM result (and the unlifted gradient) of ``n`` images as an array: (G, KF, Og, n, *in_F,
+        *out_L), or with :attr:`images_last` (G, KF, Og, *in_F, *out_L, n)."""
+        cols = self.inF + self.outL
+        return (self.G, self.KF, self.Og) + ((cols + (n,)) if self.images_last else ((n,) + cols))
+
+    def yt_shape(self, n: int, out_shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The channel-first output (G, Og, n, *out), or with :attr:`images_last` (G, Og, *out, n)."""
+        return (self.G, self.Og) + ((out_shape + (n,)) if self.images_last else ((n,) + out_shape))
 
     def _lift_plan(self, g: ConvGeometry) -> list[tuple[int, tuple[slice, ...], tuple[slice, ...], bool]]:
         """Per lifted kernel offset: (flat index, output slices, input slices, covers the whole output),
@@ -408,8 +435,8 @@ class LoweringEngine(ConvEngine):
             steps["col2im"] = lambda: self._col2im(ws, col, dx)
         if lay.f:
             g = self._geom()
-            z = self._grad_z(ws, dy).copy().reshape((lay.G, lay.KF, lay.Og, g.num) + lay.inF + lay.outL)
-            yt = np.empty((lay.G, lay.Og, g.num) + g.out_shape, dtype=z.dtype)
+            z = self._grad_z(ws, dy).copy().reshape(lay.z_shape(g.num))
+            yt = np.empty(lay.yt_shape(g.num, g.out_shape), dtype=z.dtype)
 
             def lift() -> None:
                 self._lift(z, yt)
@@ -474,22 +501,23 @@ class LoweringEngine(ConvEngine):
         return buf
 
     def _images_last(self, ws: dict[str, Any], x: Any) -> Any:
-        """``x`` (n, C, *in) as (C, *in padded, n), zero-padded (in the padded input's slot)."""
+        """``x`` (n, C, *in) as (C, *in, n), zero-padded along the lowered axes (in the padded input's slot)."""
         L = self._lay()
         sizes = x.shape[2:]
-        buf = self._view(ws, "x_pad", (L.C,) + tuple(i + 2 * p for i, p in zip(sizes, L.padL)) + (x.shape[0],), x)
-        for a, (i, p) in enumerate(zip(sizes, L.padL)):  # a shared slot: its border is not zero from a previous use
+        pads = (0,) * L.f + L.padL
+        buf = self._view(ws, "x_pad", (L.C,) + tuple(i + 2 * p for i, p in zip(sizes, pads)) + (x.shape[0],), x)
+        for a, (i, p) in enumerate(zip(sizes, pads)):  # a shared slot: its border is not zero from a previous use
             if p:
                 lead, rest = (slice(None),) * (1 + a), (slice(None),) * (len(sizes) - a)
                 buf[lead + (slice(0, p),) + rest] = 0
                 buf[lead + (slice(p + i, None),) + rest] = 0
-        inner = (slice(None),) + tuple(slice(p, p + i) for i, p in zip(sizes, L.padL))
+        inner = (slice(None),) + tuple(slice(p, p + i) for i, p in zip(sizes, pads))
         get_array_module(x).copyto(buf[inner], get_array_module(x).moveaxis(x, 0, -1))
         return buf
 
     def _lower(self, ws: dict[str, Any], x: Any, out: Any | None = None, images_last: bool | None = None) -> Any:
         """``col`` (C, *k_L, n, *in_F, *out_L) from ``x`` (n, C, *in), into ``out`` or the workspace; with
-        :attr:`_Layout.images_last` (type 1; ``images_last`` overrides) ``col`` (C, *k, *out, n)."""
+        :attr:`_Layout.images_last` (``images_last`` overrides) ``col`` (C, *k_L, *in_F, *out_L, n)."""
         g, L = self._geom(), self._lay()
         xp = get_array_module(x)
         n, f, nd = x.shape[0], L.f, g.num_spatial_axes
@@ -500,8 +528,8 @@ class LoweringEngine(ConvEngine):
             st = src.strides
             xp.copyto(out, xp.lib.stride_tricks.as_strided(
                 src, shape=out.shape,
-                strides=(st[0],) + tuple(st[1 + a] * g.dilation[a] for a in range(nd))
-                + tuple(st[1 + a] * g.stride[a] for a in range(nd)) + (st[-1],)))
+                strides=(st[0],) + tuple(st[1 + a] * g.dilation[a] for a in range(f, nd)) + st[1:1 + f]
+                + tuple(st[1 + a] * g.stride[a] for a in range(f, nd)) + (st[-1],)))
             return out
         if out is None:
             out = self._view(ws, "col", (L.C,) + L.kL + (n,) + L.inF + L.outL, x)
@@ -575,13 +603,15 @@ class LoweringEngine(ConvEngine):
             return dx
         sizes = g.in_shape[f:]
         if L.images_last if images_last is None else images_last:
-            target = self._view(ws, "x_pad", (L.C,) + tuple(i + 2 * p for i, p in zip(sizes, L.padL)) + (n,), dx)
+            target = self._view(ws, "x_pad", (L.C,) + L.inF + tuple(i + 2 * p for i, p in zip(sizes, L.padL))
+                                + (n,), dx)
             target.fill(0)
+            lead = (slice(None),) * (1 + f)
             for off in itertools.product(*(range(k) for k in L.kL)):
                 cells = tuple(slice(o * d, o * d + s * (m - 1) + 1, s)
-                              for o, d, s, m in zip(off, g.dilation, g.stride, L.outL))
-                target[(slice(None),) + cells] += col[(slice(None),) + off]
-            inner = (slice(None),) + tuple(slice(p, p + i) for i, p in zip(sizes, L.padL))
+                              for o, d, s, m in zip(off, g.dilation[f:], g.stride[f:], L.outL))
+                target[lead + cells] += col[(slice(None),) + off]
+            inner = lead + tuple(slice(p, p + i) for i, p in zip(sizes, L.padL))
             xp.copyto(dx, xp.moveaxis(target[inner], -1, 0))
             return dx
         shape = (L.C, n) + L.inF + tuple(i + 2 * p for i, p in zip(sizes, L.padL))
@@ -627,9 +657,10 @@ class LoweringEngine(ConvEngine):
             flat[:, :, shift:shift + span] += spread[:, j, :, :span]
 
     def _lift(self, z: Any, yt: Any) -> None:
-        """``yt`` (G, Og, n, *out) = Σ_{k_F} shifted slices of ``z`` (G, KF, Og, n, *in_F, *out_L)."""
+        """``yt`` (G, Og, n, *out) = Σ_{k_F} shifted slices of ``z`` (G, KF, Og, n, *in_F, *out_L) (with images
+        last: (G, Og, *out, n) and (G, KF, Og, *in_F, *out_L, n))."""
         L = self._lay()
-        lead = (slice(None),) * 3
+        lead = (slice(None),) * (2 if L.images_last else 3)
         plan = L.lift
         if not plan or not plan[0][3]:
             yt.fill(0)
@@ -644,7 +675,7 @@ class LoweringEngine(ConvEngine):
         """Adjoint of :meth:`_lift`: ``dz[:, k_F]`` = ``dyt`` shifted into input rows, zero elsewhere."""
         L = self._lay()
         g = self._geom()
-        lead = (slice(None),) * 2
+        lead = (slice(None),) * (2 if L.images_last else 3)  # (G, Og, n) before the F axes of a dz[:, k_F] view
         written = {e[0]: e for e in L.lift}
         for flat in range(L.KF):
             view = dz[:, flat]
@@ -656,12 +687,12 @@ class LoweringEngine(ConvEngine):
             for a, sl in enumerate(src):  # zero the rows this offset does not reach, axis by axis
                 idx = [slice(None)] * view.ndim
                 if sl.start > 0:
-                    idx[3 + a] = slice(0, sl.start)
+                    idx[len(lead) + a] = slice(0, sl.start)
                     view[tuple(idx)] = 0
                 if sl.stop < g.in_shape[a]:
-                    idx[3 + a] = slice(sl.stop, None)
+                    idx[len(lead) + a] = slice(sl.stop, None)
                     view[tuple(idx)] = 0
-            view[lead + (slice(None),) + src] = dyt[lead + (slice(None),) + dst]
+            view[lead + src] = dyt[lead + dst]
 
     # ---- per chunk bodies ----------------------------------------------------------------------
     def _forward_chunk(self, ws: dict[str, Any], x: Any, wm: Any, b: Any | None, y: Any,
@@ -707,20 +738,20 @@ class LoweringEngine(ConvEngine):
             if b is not None:
                 y += b.reshape((1, L.O) + (1,) * g.num_spatial_axes)
             return
-        if L.f == 1 and xp is np and g.out_count >= FUSED_LIFT_MIN_COLS and y.flags.c_contiguous \
-                and accumulates_in_place(y.dtype):
+        if L.f == 1 and not L.images_last and xp is np and g.out_count >= FUSED_LIFT_MIN_COLS \
+                and y.flags.c_contiguous and accumulates_in_place(y.dtype):
             self._forward_lifting_gemms(col, wm, b, y)
             return
         z = self._view(ws, "z", (L.G, L.M, n * L.cols), y)
         for gi in range(L.G):
             xp.matmul(wm[gi], col[gi], out=z[gi])
         if L.f:
-            yt = self._view(ws, "yT", (L.G, L.Og, n) + g.out_shape, y)
-            self._lift(z.reshape((L.G, L.KF, L.Og, n) + L.inF + L.outL), yt)
+            yt = self._view(ws, "yT", L.yt_shape(n, g.out_shape), y)
+            self._lift(z.reshape(L.z_shape(n)), yt)
         else:
             yt = z
         if L.images_last:
-            src = xp.moveaxis(z.reshape((L.O,) + g.out_shape + (n,)), -1, 0)
+            src = xp.moveaxis(yt.reshape((L.O,) + g.out_shape + (n,)), -1, 0)
         else:
             src = xp.moveaxis(yt.reshape((L.O, n) + g.out_shape), 0, 1)
         if b is None:
@@ -755,16 +786,12 @@ class LoweringEngine(ConvEngine):
         g, L = self._geom(), self._lay()
         xp = get_array_module(dy)
         n = dy.shape[0]
-        if L.images_last:
-            dyt = self._view(ws, "z", (L.O,) + g.out_shape + (n,), dy)
-            xp.copyto(dyt, xp.moveaxis(dy, 0, -1))
-            return dyt.reshape(L.G, L.M, n * L.cols)
-        dyt = self._view(ws, "yT" if L.f else "z", (L.O, n) + g.out_shape, dy)
-        xp.copyto(dyt, xp.moveaxis(dy, 1, 0))
+        dyt = self._view(ws, "yT" if L.f else "z", (L.O,) + L.yt_shape(n, g.out_shape)[2:], dy)
+        xp.copyto(dyt, xp.moveaxis(dy, 0, -1) if L.images_last else xp.moveaxis(dy, 1, 0))
         if not L.f:
             return dyt.reshape(L.G, L.M, n * L.cols)
-        dz = self._view(ws, "z", (L.G, L.KF, L.Og, n) + L.inF + L.outL, dy)
-        self._unlift(dyt.reshape((L.G, L.Og, n) + g.out_shape), dz)
+        dz = self._view(ws, "z", L.z_shape(n), dy)
+        self._unlift(dyt.reshape(L.yt_shape(n, g.out_shape)), dz)
         return dz.reshape(L.G, L.M, n * L.cols)
 
     def _weight_grad_chunk(self, ws: dict[str, Any], x: Any, dz: Any, acc: Any, first: bool,

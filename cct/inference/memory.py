@@ -73,7 +73,7 @@ def format_bytes(n: float) -> str:
 
 def _lowering_bytes(g: ConvGeometry, strategy: int, itemsize: int) -> int:
     from cct.engines.gemm import accumulates_in_place
-    from cct.engines.lowering import FUSED_LIFT_MIN_COLS
+    from cct.engines.lowering import DIRECT_MIN_COLS, FUSED_LIFT_MIN_COLS, lowers_images_last
     from cct.inference.runner import LOWERED_BYTES
     from cct.runtime.partition import batch_ranges, partitions_for_flops
 
@@ -85,9 +85,11 @@ def _lowering_bytes(g: ConvGeometry, strategy: int, itemsize: int) -> int:
     lowered = C * kL * cols if f < nd else C * math.prod(g.in_shape)
     result = kF * O * cols
     lifting = O * g.out_count if f else 0
-    direct = f == 0 and cols >= 128  # type 1 with big images: one GEMM per image straight into y
+    last = f < nd and lowers_images_last(g, strategy)  # then always a GEMM result, transposed into y
+    direct = f == 0 and cols >= DIRECT_MIN_COLS and not last  # type 1, big images: one GEMM per image into y
     # type 2 on wide outputs: the GEMMs add straight into y (no GEMM result, no lifting buffer)
-    fused = f == 1 and g.out_count >= FUSED_LIFT_MIN_COLS and accumulates_in_place(np.dtype(f"f{itemsize}"))
+    fused = f == 1 and not last and g.out_count >= FUSED_LIFT_MIN_COLS \
+        and accumulates_in_place(np.dtype(f"f{itemsize}"))
     per_image = lowered + (0 if direct or fused else result) + (0 if fused else lifting)
     M, K = kF * (O // G), (C // G) * kL
     parts = partitions_for_flops(g.num, 2.0 * M * K * cols)

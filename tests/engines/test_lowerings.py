@@ -34,6 +34,8 @@ CASES = [
     (ConvGeometry(2, 3, 4, 1, (27, 27), (11, 11), (4, 4), (0, 0), (1, 1)), (1, 1, 1)),
     (ConvGeometry(2, 3, 4, 1, (13, 12), (2, 2), (3, 3), (0, 0), (1, 1)), (1, 1, 1)),
     (ConvGeometry(2, 2, 3, 1, (6, 20, 17), (2, 5, 3), (1, 2, 3), (0, 1, 2), (1, 1, 1)), (1, 2, 1)),
+    # images of >= DIRECT_MIN_COLS output cells: type 1 images first runs one GEMM per image into the output
+    (ConvGeometry(2, 3, 2, 1, (12, 13), (3, 3), (1, 1), (1, 1), (1, 1)), (1, 2, 3)),
 ]
 IDS = [f"case{i}" for i in range(len(CASES))]
 
@@ -61,14 +63,14 @@ def _run_engine(eng: LoweringEngine, x, w, b, dy):
 @pytest.mark.parametrize("g,expected", CASES, ids=IDS)
 def test_lowering_matches_direct_reference(g, expected, strategy, images_last, monkeypatch):
     if images_last is not None:  # type 1's column order forced either way (by default: by the image size)
-        monkeypatch.setattr(lowering, "images_last_order", lambda lay: images_last and lay.f == 0)
+        monkeypatch.setattr(lowering, "images_last_order", lambda lay: images_last and lay.f < len(lay.inF + lay.outL))
     x, w, b, dy = _data(g)
     eng = LoweringEngine(strategy)
     eng.configure(g, np.float64)
     assert eng.strategy == expected[strategy - 1]
     assert eng.reason.startswith("fallback") == (eng.strategy != strategy)
     if images_last is not None:
-        assert eng._lay().images_last == (images_last and eng.strategy == 1)
+        assert eng._lay().images_last == (images_last and eng.strategy < 3 and eng._lay().f < g.num_spatial_axes)
     y, dx, dw = _run_engine(eng, x, w, b, dy)
     np.testing.assert_allclose(y, ref.conv_forward(g, x, w, b), rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(dx, ref.conv_backward_data(g, dy, w), rtol=1e-10, atol=1e-10)
@@ -331,6 +333,7 @@ def test_type2_forward_by_lifting_gemms_matches_reference(monkeypatch, g, expect
     (``FUSED_LIFT_MIN_COLS``; lowered here to every geometry): the same convolution as the reference, with
     and without bias, in chunks and partitions."""
     monkeypatch.setattr(lowering, "FUSED_LIFT_MIN_COLS", 0)
+    monkeypatch.setattr(lowering, "images_last_order", lambda lay: False)  # the fused GEMMs read images first
     called = []
     original = LoweringEngine._forward_lifting_gemms
     monkeypatch.setattr(LoweringEngine, "_forward_lifting_gemms",
