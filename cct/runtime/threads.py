@@ -26,8 +26,6 @@ import contextlib
 import os
 import sys
 import threading
-from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 
@@ -50,7 +48,7 @@ class ThreadBudget:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._active: Counter[int] = Counter()
+        self._active: dict[int, int] = {}  # requested count -> blocks inside it, all threads
         self._saved: list[tuple[Any, int]] | None = None  # each library's count before the first request
         self._local = threading.local()
         self._libs: list[Any] | None = None
@@ -82,25 +80,29 @@ class ThreadBudget:
     def acquire(self, n: int) -> None:
         n = max(1, int(n))
         with self._lock:
-            if not self._active:
+            active = self._active
+            if not active:
                 self._saved = [(lib, lib.get_num_threads()) for lib in self.libraries()]
                 self._known = {id(lib): count for lib, count in self._saved}
-            self._active[n] += 1
-            self._set(min(self._active))
-        stack = getattr(self._local, "stack", None)
-        if stack is None:
-            stack = self._local.stack = []
-        stack.append(n)
+            active[n] = active.get(n, 0) + 1
+            self._set(min(active))
+        try:
+            self._local.stack.append(n)
+        except AttributeError:
+            self._local.stack = [n]
 
     def release(self, n: int) -> None:
         n = max(1, int(n))
         self._local.stack.pop()
         with self._lock:
-            self._active[n] -= 1
-            if not self._active[n]:
-                del self._active[n]
-            if self._active:
-                self._set(min(self._active))
+            active = self._active
+            left = active[n] - 1
+            if left:
+                active[n] = left
+            else:
+                del active[n]
+            if active:
+                self._set(min(active))
             else:
                 for lib, count in self._saved or []:
                     if self._known.get(id(lib), lib.get_num_threads()) != count:
@@ -122,14 +124,20 @@ class ThreadBudget:
 BUDGET = ThreadBudget()
 
 
-@contextlib.contextmanager
-def blas_threads(n: int) -> Iterator[None]:
-    """Run the block with at most ``n`` BLAS threads (see the module docstring for concurrent blocks)."""
-    BUDGET.acquire(n)
-    try:
-        yield
-    finally:
-        BUDGET.release(n)
+class blas_threads(contextlib.AbstractContextManager):  # noqa: N801 - used like the function it replaced
+    """Run the block with at most ``n`` BLAS threads (see the module docstring for concurrent blocks).  A
+    plain class rather than a generator context manager: GEMM helpers enter one around every call."""
+
+    __slots__ = ("n",)
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __enter__(self) -> None:
+        BUDGET.acquire(self.n)
+
+    def __exit__(self, *exc: object) -> None:
+        BUDGET.release(self.n)
 
 
 def thread_budget() -> int:
