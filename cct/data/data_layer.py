@@ -28,8 +28,8 @@ from cct.layers.registry import register
 from cct.proto import caffe_pb2 as pb
 
 
-def _key_name(key: bytes) -> str:
-    return key.decode("utf-8", "backslashreplace")
+def _key_name(key: bytes | memoryview) -> str:
+    return bytes(key).decode("utf-8", "backslashreplace")
 
 
 class _RecordNames(Sequence[str]):

@@ -18,6 +18,7 @@ implementation from the backend name or number.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import weakref
@@ -141,10 +142,12 @@ class LmdbReader:
         """The record at the cursor; then advance, wrapping to the first record at the end.
 
         The value is a zero-copy view into the database, valid until :meth:`close`."""
-        return self.take(1)[0]
+        key, value = self.take(1)[0]
+        return bytes(key), value
 
-    def take(self, n: int) -> list[tuple[bytes, memoryview]]:
-        """The next ``n`` records (:meth:`next` ``n`` times, in one call)."""
+    def take(self, n: int) -> list[tuple[memoryview, memoryview]]:
+        """The next ``n`` records (:meth:`next` ``n`` times, in one call), key and value as zero-copy views into
+        the database, valid until :meth:`close`."""
         cursor = self._cursor
         if cursor is None:
             self._txn = self._env.begin(buffers=True)
@@ -154,12 +157,12 @@ class LmdbReader:
             for _ in range(self._start):
                 cursor.next()
             self._start = 0
-        item, advance = cursor.item, cursor.next
-        out = []
-        for _ in range(n):
-            key, value = item()
-            out.append((bytes(key), value))
-            if not advance():
+        out: list[tuple[memoryview, memoryview]] = []
+        while len(out) < n:
+            want = n - len(out)
+            out.extend(itertools.islice(cursor.iternext(), want))  # from the record at the cursor on
+            # the cursor is on the last record taken, or past the end when there were fewer
+            if len(out) < n or not cursor.next():
                 log.debug("Restarting data prefetching from start.")  # DLOG in Caffe: silent in release builds
                 cursor.first()
         return out

@@ -41,6 +41,24 @@ def test_order_wrap_and_continuity(tmp_path):
         layer.close()
 
 
+def test_lmdb_batches_wrap_like_records_one_by_one(tmp_path):
+    """``take(n)`` is ``next()`` n times: batches longer than the database, ending on its last record, after
+    a seek, and mixed with single reads."""
+    from cct.data.db import LmdbReader
+
+    src = small_db(tmp_path)
+    keys = [f"{i:08d}".encode() for i in range(7)]
+    reader = LmdbReader(src)
+    got = []
+    for n in (3, 4, 7, 1, 15, 2):
+        got += [bytes(k) for k, _ in reader.take(n)]
+        got.append(reader.next()[0])
+    assert got == [keys[i % 7] for i in range(len(got))]
+    reader.seek(5)
+    assert [bytes(k) for k, _ in reader.take(4)] == [keys[5], keys[6], keys[0], keys[1]]
+    reader.close()
+
+
 def test_single_top_and_rand_skip_logged(tmp_path):
     src = small_db(tmp_path)
     with captured_log() as buf:
