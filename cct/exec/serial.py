@@ -1,10 +1,13 @@
 """Caffe's executor: the layers one after the other (``Net::ForwardFromTo`` / ``BackwardFromTo``), each run
-by a :class:`LayerRunner`, with the net's per-layer callbacks and its ``debug_info`` lines around it."""
+by a :class:`LayerRunner`, with the net's per-layer callbacks and its ``debug_info`` lines around it.  With the
+plain runner, an in-place ReLU and the MAX pooling after it run as one step backward (:mod:`cct.exec.fusion`:
+the same numbers, one pass less)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from cct.exec.base import Executor
+from cct.exec.fusion import backward_pairs
 
 if TYPE_CHECKING:  # pragma: no cover
     from cct.net import NetCore
@@ -23,6 +26,10 @@ class LayerRunner:
     def backward_layer(self, net: NetCore, i: int) -> None:
         net.layers[i].backward_layer(net.top_vecs[i], net.bottom_need_backward[i], net.bottom_vecs[i])
 
+    def backward_rectified(self, net: NetCore, i: int) -> None:
+        """Layer ``i`` (a MAX Pooling) and the in-place ReLU below it, as one step."""
+        net.layers[i].backward_rectified(net.top_vecs[i], net.bottom_need_backward[i], net.bottom_vecs[i])
+
     def describe(self) -> str:
         return "whole batch"
 
@@ -36,6 +43,13 @@ class SerialExecutor(Executor):
     def attach(self, net: NetCore) -> None:
         super().attach(net)
         self.runner.attach(net)
+        plain = type(self.runner) is LayerRunner  # other runners split layers their own way
+        self._backward_pairs = backward_pairs(net) if plain else {}
+
+    def fused_backward_pairs(self) -> dict[int, int]:
+        """The pairs this executor runs as one backward step (:mod:`cct.exec.fusion`): MAX Pooling index -> the
+        index of the in-place ReLU below it."""
+        return dict(self._backward_pairs)
 
     def forward(self, net: NetCore, start: int, end: int) -> float:
         loss = 0.0
@@ -53,7 +67,15 @@ class SerialExecutor(Executor):
     def backward(self, net: NetCore, start: int, end: int) -> None:
         before, after, runner, need = net.before_backward_hooks, net.after_backward_hooks, self.runner, \
             net.layer_need_backward
-        for i in range(start, end - 1, -1):
+        pairs = {} if before or after or net.debug_info else self._backward_pairs
+        i = start
+        while i >= end:
+            relu = pairs.get(i)
+            if relu is not None and relu >= end and need[i] and need[relu] and net.bottom_need_backward[i][0] \
+                    and net.bottom_need_backward[relu][0]:
+                runner.backward_rectified(net, i)
+                i = relu - 1
+                continue
             for cb in before:
                 cb(i)
             if need[i]:
@@ -62,6 +84,7 @@ class SerialExecutor(Executor):
                     net.backward_debug_info(i)
             for cb in after:
                 cb(i)
+            i -= 1
 
     def describe(self) -> str:
         return f"layer by layer ({self.runner.describe()})"

@@ -396,7 +396,8 @@ class Pooler:
             self._tables[key] = xp.asarray(deltas, dtype=np.intp)
         return self._tables[key]
 
-    def _backward_max(self, dy: Any, dx: Any, x: Any | None, accumulate: bool, xp: Any) -> None:
+    def _backward_max(self, dy: Any, dx: Any, x: Any | None, accumulate: bool, xp: Any, positive: bool = False
+                      ) -> None:
         """Route each window's ``dy`` to the cell its forward scan kept: the flat index of that cell in ``dx``
         (the window's start plus the winning offset's delta, plus the plane's base) and one in-order scatter,
         chunk by chunk.  The winners are forward's; after a forward that kept none (TEST phase) they are found
@@ -420,7 +421,12 @@ class Pooler:
             index = self._scratch("flat_index", winner.shape, images, dy, np.intp)
             xp.take(self._cell_deltas(xp), winner, out=index, **clip)
             index += self._chunk_base(winner.shape, xp)
-            self._scatter_add(dy[a:b], dx[a:b], index, None if winner.all() else winner > 0, accumulate, xp)
+            routed = dy[a:b]
+            if positive:  # dy·(max > 0), as ReLU's backward multiplies (non-finite gradients stay non-finite)
+                above = xp.greater(ymax[a:b], 0, out=self._scratch("above", routed.shape, images, dy, bool))
+                routed = xp.multiply(routed, above, out=self._scratch("dy_positive", routed.shape, images, dy,
+                                                                      dy.dtype))
+            self._scatter_add(routed, dx[a:b], index, None if winner.all() else winner > 0, accumulate, xp)
 
     def _chunk_base(self, shape: tuple[int, ...], xp: Any) -> Any:
         """The flat index in a bottom chunk of each window's first cell, for a top chunk of ``shape``: its
@@ -468,15 +474,19 @@ class Pooler:
 
     # ---- backward ------------------------------------------------------------------------------
     def backward(self, dy: Any, dx: Any, x: Any | None = None, mask: Any | None = None,
-                 train: bool = True, accumulate: bool = False) -> None:
+                 train: bool = True, accumulate: bool = False, positive: bool = False) -> None:
         """``dx`` from ``dy``: overwritten, or accumulated when ``accumulate``.  MAX routes through
-        ``mask`` (the float mask top) if given, else the argmax kept by forward."""
+        ``mask`` (the float mask top) if given, else the argmax kept by forward; with ``positive`` (MAX, no
+        mask) each window's gradient times whether its maximum is above 0 — what an in-place ReLU below the
+        pooling would make of it (:mod:`cct.exec.fusion`)."""
         xp = get_array_module(dy)
         if self.method == MAX and mask is None:
             if "ymax" not in self._buffers:
                 raise CctError("pooling backward called before forward")
-            self._backward_max(dy, dx, x, accumulate, xp)
+            self._backward_max(dy, dx, x, accumulate, xp, positive)
             return
+        if positive:
+            raise ValueError("positive-only routing is MAX pooling's without a mask top")
         if self.method == MAX or (self.method == STOCHASTIC and train):
             index = self._index if mask is None else mask.astype(np.intp)
             if index is None:
@@ -692,6 +702,15 @@ class Pooling(Layer):
             x[a:b], y[a:b], train, None if mask is None else mask[a:b]))
 
     def backward(self, top: list[Blob], propagate_down: Sequence[bool], bottom: list[Blob]) -> None:
+        self._backward(top, propagate_down, bottom, False)
+
+    def backward_rectified(self, top: list[Blob], propagate_down: Sequence[bool], bottom: list[Blob]) -> None:
+        """:meth:`backward` and the backward of an in-place ReLU (slope 0) on the bottom: MAX pooling without a
+        mask top routes each window's gradient only where its maximum — the ReLU's output at the winning
+        cell — is above 0 (the serial executor's fused ReLU → Pooling: :mod:`cct.exec.fusion`)."""
+        self._backward(top, propagate_down, bottom, True)
+
+    def _backward(self, top: list[Blob], propagate_down: Sequence[bool], bottom: list[Blob], positive: bool) -> None:
         if not propagate_down[0]:
             return
         assert self.pooler is not None
@@ -699,4 +718,4 @@ class Pooling(Layer):
         dy, dx, x, train = top[0].diff, bottom[0].diff, bottom[0].data, self.phase == pb.TRAIN
         ranges = getattr(self, "_last_ranges", None) or [(0, x.shape[0])]
         run_partitions(ranges, lambda p, a, b: self._part_poolers[p].backward(
-            dy[a:b], dx[a:b], x[a:b], None if mask is None else mask[a:b], train))
+            dy[a:b], dx[a:b], x[a:b], None if mask is None else mask[a:b], train, positive=positive))

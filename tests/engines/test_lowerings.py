@@ -169,7 +169,24 @@ NET = [ConvGeometry(4, 3, 8, 1, (12, 12), (5, 5), (1, 1), (2, 2), (1, 1)),
 @pytest.mark.parametrize("strategy", [1, 2, 3])
 def test_layers_share_one_workspace(strategy):
     """One workspace for all engines of a thread: sized by the largest layer, not the sum; a slot another
-    layer left dirty (the padded input's border, the GEMM buffer) never leaks into results."""
+    layer left dirty (the padded input's border, the GEMM buffer) never leaks into results.  Run in a thread
+    of its own, whose shared workspace no earlier test has grown."""
+    errors = []
+
+    def run() -> None:
+        try:
+            _layers_share_one_workspace(strategy)
+        except BaseException as e:  # noqa: BLE001 - re-raised in the test's thread
+            errors.append(e)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
+
+
+def _layers_share_one_workspace(strategy: int) -> None:
     data = [_data(g, 10 + i) for i, g in enumerate(NET)]
     private, shared = [], []
     for g in NET:

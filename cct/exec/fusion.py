@@ -1,0 +1,54 @@
+"""Layer pairs the serial executor runs as one step: the same numbers as the two layers one after the other,
+with one pass less over the blob between them.
+
+* backward, ``ReLU → Pooling``: the ReLU in place with ``negative_slope`` 0 on the only bottom of a MAX pooling
+  right after it (no mask top), its blob read by no other layer — the pooling routes each window's gradient
+  times whether the window's maximum is above 0 (that maximum *is* the ReLU's output at the cell the gradient
+  goes to, so this is the ReLU's ``dy · (y > 0)``, non-finite gradients included:
+  :meth:`PoolingLayer.backward_rectified`) and the ReLU's backward, a pass over the pooling's whole input, is
+  not run (CaffeNet's pool1, 32 images on one core: 6.9 instead of 5.3 + 4.4 ms).
+
+(A forward ``Convolution → ReLU`` pair, the ReLU applied to each chunk of the convolution's output while in
+the cache, measured no faster than the ReLU's own pass over the whole output, which finds much of it still in
+the last-level cache.)
+
+A pair runs fused only inside a pass that covers both of its layers, and only when nothing looks at the
+blob in between: no per-layer callbacks (pycaffe's, a data-parallel replica's) and no ``debug_info`` (whose
+lines print each layer's own result).  Loss layers never pair (a pair's layers have no loss weight).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from cct.proto import caffe_pb2 as pb
+
+if TYPE_CHECKING:  # pragma: no cover
+    from cct.net import NetCore
+
+
+def _plain_relu(net: NetCore, i: int) -> int | None:
+    """The blob id layer ``i`` rectifies in place with slope 0 and no loss weight, else None."""
+    layer = net.layers[i]
+    if layer.type != "ReLU" or getattr(layer, "negative_slope", None) != 0.0 or any(layer._loss):
+        return None
+    bottoms, tops = net._bottom_id_vecs[i], net._top_id_vecs[i]
+    if len(bottoms) != 1 or bottoms != tops:
+        return None
+    return bottoms[0]
+
+
+def backward_pairs(net: NetCore) -> dict[int, int]:
+    """MAX Pooling layer index -> the index of the ReLU whose backward its own backward does."""
+    pairs = {}
+    for j in range(1, len(net.layers)):
+        pool = net.layers[j]
+        if pool.type != "Pooling" or pool.layer_param.pooling_param.pool != pb.PoolingParameter.MAX \
+                or len(net._top_id_vecs[j]) != 1 or any(pool._loss) or not hasattr(pool, "backward_rectified"):
+            continue
+        blob = _plain_relu(net, j - 1)
+        if blob is None or net._bottom_id_vecs[j] != [blob]:
+            continue
+        readers = [k for k in range(j - 1, len(net.layers)) if blob in net._bottom_id_vecs[k]]
+        if readers == [j - 1, j]:
+            pairs[j] = j - 1
+    return pairs

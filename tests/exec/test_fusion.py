@@ -1,0 +1,123 @@
+"""The serial executor's fused pairs (an in-place ReLU and the MAX pooling after it, backward) give exactly
+the numbers of the layers run one by one, are found only where they apply, and run only inside passes that
+cover both layers with nothing watching in between."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import cct
+from cct.exec.fusion import backward_pairs
+
+FILLERS = 'weight_filler { type: "gaussian" std: 0.5 } bias_filler { type: "gaussian" std: 0.3 }'
+
+
+def _net_text(relu2: str = 'bottom: "conv2" top: "conv2"', pool2: str = "pool: MAX kernel_size: 2 stride: 2",
+              extra: str = "") -> str:
+    return f"""
+name: "fusable" force_backward: true
+input: "data" input_shape {{ dim: 3 dim: 2 dim: 13 dim: 13 }}
+layer {{ name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+        convolution_param {{ num_output: 4 kernel_size: 3 {FILLERS} }} }}
+layer {{ name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }}
+layer {{ name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1"
+        pooling_param {{ pool: MAX kernel_size: 3 stride: 2 }} }}
+layer {{ name: "conv2" type: "Convolution" bottom: "pool1" top: "conv2"
+        convolution_param {{ num_output: 6 kernel_size: 2 pad: 1 {FILLERS} }} }}
+layer {{ name: "relu2" type: "ReLU" {relu2} }}
+layer {{ name: "pool2" type: "Pooling" bottom: "conv2" top: "pool2" pooling_param {{ {pool2} }} }}
+{extra}
+layer {{ name: "ip" type: "InnerProduct" bottom: "pool2" top: "ip" inner_product_param {{ num_output: 3 {FILLERS} }} }}
+"""
+
+
+def _net(tmp_path, text: str | None = None, watched: bool = False):
+    path = tmp_path / "net.prototxt"
+    path.write_text(text or _net_text())
+    net = cct.Net(str(path), cct.TRAIN)
+    rng = np.random.default_rng(7)
+    for ps in net.params.values():  # the same weights for every net of a test
+        for p in ps:
+            p.data[...] = rng.standard_normal(p.data.shape).astype(p.data.dtype)
+    net.blobs["data"].data[...] = rng.standard_normal(net.blobs["data"].data.shape)
+    if watched:  # a per-layer callback: the layers then run one by one
+        net.before_forward_hooks.append(lambda i: None)
+        net.before_backward_hooks.append(lambda i: None)
+    return net
+
+
+def _pass(net, top_diff) -> dict[str, np.ndarray]:
+    net.forward()
+    net.blobs["ip"].diff[...] = top_diff
+    net.clear_param_diffs()
+    net.backward()
+    out = {f"{n}.data": b.data.copy() for n, b in net.blobs.items()}
+    out.update({f"{n}.diff": b.diff.copy() for n, b in net.blobs.items()})
+    out.update({f"{n}.{j}.diff": p.diff.copy() for n, ps in net.params.items() for j, p in enumerate(ps)})
+    return out
+
+
+def _count_calls(net, names=("relu1", "relu2"), methods=("backward",)) -> dict[str, int]:
+    calls: dict[str, int] = {}
+    for name in names:
+        layer = net.layer_dict[name]
+        for m in methods:
+            original = getattr(layer, m)
+
+            def spy(*a, _o=original, _k=f"{name}.{m}", **k):
+                calls[_k] = calls.get(_k, 0) + 1
+                return _o(*a, **k)
+            setattr(layer, m, spy)
+    return calls
+
+
+def test_pairs_found_where_they_apply(tmp_path):
+    net = _net(tmp_path)
+    assert backward_pairs(net) == {3: 2, 6: 5}  # layer 0 is the Input
+    cases = {
+        "ReLU not in place": _net_text(relu2='bottom: "conv2" top: "conv2r"').replace(
+            'bottom: "conv2" top: "pool2"', 'bottom: "conv2r" top: "pool2"'),
+        "leaky ReLU": _net_text(relu2='bottom: "conv2" top: "conv2" relu_param { negative_slope: 0.1 }'),
+        "average pooling": _net_text(pool2="pool: AVE kernel_size: 2 stride: 2"),
+        "the ReLU's blob read again": _net_text(extra='layer { name: "peek" type: "Power" bottom: "conv2" '
+                                                      'top: "peek" }'),
+    }
+    for what, text in cases.items():
+        other = _net(tmp_path, text)
+        assert backward_pairs(other) == {3: 2}, what  # the first pair is untouched
+
+
+@pytest.mark.parametrize("poison", [False, True], ids=["finite", "nan-and-inf-gradient"])
+def test_fused_passes_equal_the_layers_one_by_one(tmp_path, poison):
+    fused, plain = _net(tmp_path), _net(tmp_path, watched=True)
+    calls = _count_calls(fused)
+    top_diff = np.random.default_rng(3).standard_normal(fused.blobs["ip"].diff.shape).astype(np.float32)
+    if poison:  # non-finite gradients go where ReLU's dy * (y > 0) sends them (NaN * 0 is NaN)
+        top_diff[0, 0], top_diff[1, 2] = np.nan, np.inf
+    with np.errstate(invalid="ignore", over="ignore"):
+        got, want = _pass(fused, top_diff), _pass(plain, top_diff)
+    assert calls == {}  # both ReLUs' backward ran inside the poolings
+    assert (want["conv1.data"] == 0).any() and (want["pool1.data"] == 0).any()  # the ReLUs did clip
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+
+
+def test_partial_passes_and_debug_info_run_the_layers_themselves(tmp_path):
+    fused, plain = _net(tmp_path), _net(tmp_path, watched=True)
+    calls = _count_calls(fused)
+    top_diff = np.ones(fused.blobs["ip"].diff.shape, dtype=np.float32)
+    for net in (fused, plain):
+        net.forward()
+        net.blobs["ip"].diff[...] = top_diff
+        net.backward(end="pool1")  # pool1's backward without relu1's: conv1's gradient is not masked
+    assert calls == {}  # relu2's backward ran inside pool2's
+    assert (plain.blobs["conv1"].diff[plain.blobs["conv1"].data == 0] != 0).any()
+    np.testing.assert_array_equal(fused.blobs["conv1"].diff, plain.blobs["conv1"].diff)
+    for net in (fused, plain):
+        net.backward(start="relu1")
+    assert calls == {"relu1.backward": 1}
+    np.testing.assert_array_equal(fused.blobs["data"].diff, plain.blobs["data"].diff)
+    fused.debug_info = True  # its lines print each layer's own gradients
+    fused.forward()
+    fused.backward()
+    assert calls == {"relu1.backward": 2, "relu2.backward": 1}
