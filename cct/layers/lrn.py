@@ -13,6 +13,10 @@ from cct.proto import caffe_pb2 as pb
 from cct.runtime.partition import partitions_for, run_batch
 
 _F = "lrn_param"
+# the element-wise passes of forward and backward (a dozen over the square, the window sums, the scale, its power
+# and the product) run over chunks of about this many bytes of input, so that the chunk's half-dozen arrays
+# stay in the core's cache between passes
+CHUNK_BYTES = 256 << 10
 
 
 def _window_sum(a: Any, axis: int, size: int, padded: Any, out: Any) -> Any:
@@ -30,6 +34,16 @@ def _window_sum(a: Any, axis: int, size: int, padded: Any, out: Any) -> Any:
         else:
             out += padded[tuple(idx)]
     return out
+
+
+def _chunk_images(x: Any) -> int:
+    """Images per chunk of ``x`` (``CHUNK_BYTES``, at least one)."""
+    return max(1, CHUNK_BYTES // max(x[0].nbytes, 1)) if len(x) else 1
+
+
+def _chunks(x: Any) -> list[tuple[int, int]]:
+    step = _chunk_images(x)
+    return [(a, min(a + step, len(x))) for a in range(0, len(x), step)]
 
 
 def _negative_power(xp: Any, base: Any, beta: float, out: Any) -> Any:
@@ -89,15 +103,19 @@ class LRN(Layer):
         return buf
 
     def _window_sum(self, a: Any, axis: int, out: Any, part: int = 0) -> Any:
-        shape = list(a.shape)
+        shape = [_chunk_images(a)] + list(a.shape[1:])
         shape[axis] += self.size - 1
-        return _window_sum(a, axis, self.size, self._buffer(f"pad{axis}-{part}", tuple(shape), a), out)
+        return _window_sum(a, axis, self.size, self._buffer(f"pad{axis}-{part}", tuple(shape), a)[:len(a)], out)
+
+    def _scratch(self, name: str, a: Any) -> Any:
+        """A scratch array shaped like the chunk ``a``: a view of one kept for a whole chunk."""
+        return self._buffer(name, (_chunk_images(a),) + a.shape[1:], a)[:len(a)]
 
     def _neighbourhood_sum(self, a: Any, out: Any, part: int = 0) -> Any:
         """Σ over the normalization window: channels, or the size×size spatial square (separable)."""
         if self.region == pb.LRNParameter.ACROSS_CHANNELS:
             return self._window_sum(a, 1, out, part)
-        tmp = self._buffer(f"tmp-{part}", a.shape, a)
+        tmp = self._scratch(f"tmp-{part}", a)
         self._window_sum(a, 2, tmp, part)
         return self._window_sum(tmp, 3, out, part)
 
@@ -120,16 +138,19 @@ class LRN(Layer):
                     x)
 
     def _forward_part(self, part: int, x: Any, scale: Any, factor: Any, y: Any) -> None:
-        """``y = x · factor`` with ``factor = scale^(-beta)``, kept (with ``scale``) for backward."""
+        """``y = x · factor`` with ``factor = scale^(-beta)``, kept (with ``scale``) for backward; chunk by chunk
+        of images."""
         xp = get_array_module(x)
         const, coeff = self._norm
-        sq = self._buffer(f"sq-{part}", x.shape, x)
-        xp.multiply(x, x, out=sq)
-        self._neighbourhood_sum(sq, scale, part)
-        scale *= coeff
-        scale += const
-        _negative_power(xp, scale, self.beta, factor)
-        xp.multiply(x, factor, out=y)
+        for a, b in _chunks(x):
+            xc, sc, fc = x[a:b], scale[a:b], factor[a:b]
+            sq = self._scratch(f"sq-{part}", xc)
+            xp.multiply(xc, xc, out=sq)
+            self._neighbourhood_sum(sq, sc, part)
+            sc *= coeff
+            sc += const
+            _negative_power(xp, sc, self.beta, fc)
+            xp.multiply(xc, fc, out=y[a:b])
 
     def backward(self, top: list[Blob], propagate_down: Sequence[bool], bottom: list[Blob]) -> None:
         if not propagate_down[0]:
@@ -145,12 +166,13 @@ class LRN(Layer):
     def _backward_part(self, part: int, x: Any, y: Any, dy: Any, dx: Any, scale: Any, factor: Any) -> None:
         xp = get_array_module(dy)
         const, coeff = self._norm
-        t = self._buffer(f"sq-{part}", x.shape, x)
-        xp.multiply(dy, y, out=t)
-        t /= scale
-        ratio = self._buffer(f"ratio-{part}", x.shape, x)
-        self._neighbourhood_sum(t, ratio, part)
-        ratio *= x
-        ratio *= -2.0 * coeff * self.beta
-        xp.multiply(dy, factor, out=dx)
-        dx += ratio
+        for a, b in _chunks(x):
+            t = self._scratch(f"sq-{part}", x[a:b])
+            xp.multiply(dy[a:b], y[a:b], out=t)
+            t /= scale[a:b]
+            ratio = self._scratch(f"ratio-{part}", x[a:b])
+            self._neighbourhood_sum(t, ratio, part)
+            ratio *= x[a:b]
+            ratio *= -2.0 * coeff * self.beta
+            xp.multiply(dy[a:b], factor[a:b], out=dx[a:b])
+            dx[a:b] += ratio

@@ -51,3 +51,22 @@ def test_errors():
         setup_layer('type: "LRN"', [np.zeros((1, 3, 2))])
     with pytest.raises(ParamError, match="in-place"):
         setup_layer('type: "LRN"', [np.zeros((1, 3, 2, 2))], in_place=True)
+
+
+@pytest.mark.parametrize("params", [c[0] for c in CASES])
+def test_chunks_of_images_give_the_whole_batch_result(monkeypatch, params):
+    """Forward and backward run chunk by chunk of images (``CHUNK_BYTES``): chunks of 2 images with a shorter
+    last one give bitwise the results of one chunk."""
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((5, 7, 4, 5)).astype(np.float32)
+    dy = rng.standard_normal(x.shape).astype(np.float32)
+    out = []
+    for chunk in (1 << 30, 2 * x[0].nbytes):
+        monkeypatch.setattr(cct.layers.lrn, "CHUNK_BYTES", chunk)
+        run = setup_layer(f'type: "LRN" lrn_param {{ {params} }}', [x])
+        (y,) = run.forward()
+        run.top[0].diff[...] = dy
+        run.layer.backward(run.top, [True], run.bottom)
+        out.append((y, run.bottom[0].diff.copy()))
+    for a, b in zip(*out):
+        np.testing.assert_array_equal(a, b)
