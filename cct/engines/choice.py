@@ -291,7 +291,8 @@ def _kept_bytes(g: ConvGeometry, dtype: Any, measured: dict[str, float]) -> dict
 def _partitions(g: ConvGeometry) -> int:
     from cct.runtime.partition import partitions_for_flops
 
-    return partitions_for_flops(g.num, 2.0 * g.out_channels * (g.in_channels // g.group) * g.kernel_count * g.out_count)
+    return partitions_for_flops(g.num, 2.0 * g.out_channels * (g.in_channels // g.group) * g.kernel_count
+                                * g.out_count)
 
 
 def predicted_seconds(g: ConvGeometry, rates: MachineRates | None = None) -> dict[int, float]:

@@ -186,10 +186,10 @@ def images_last_order(lay: _Layout) -> bool:
     the output and its gradient as (items, images) matrices.  The digits LeNet's conv2 (4x4 outputs) lowers 64
     images in 14 instead of 168 us.  Measured forward + backward on 2 cores (AVX-512 kernels, against the
     images-first layout with its per-image GEMMs where they apply): type 1 0.57-0.86x on 3x3 layers of 4x4 to
-    8x8 images, 0.88-0.92x on CaffeNet-sized 13x13 layers and 0.91-0.93x on 16x16 and 20x20 ones, even on
-    27x27; type 2 0.97-0.99x on 13x13.  Only where the lowered rows outnumber the output channels and a kernel
-    has several lowered offsets: 1.19x on the digits' 1 -> 20 channel conv1, 1.10-1.15x on 1x1 layers of 7x7
-    images (whose lowering is a transposition either way)."""
+    8x8 images, 0.88-0.92x on CaffeNet-sized 13x13 layers, 0.91-0.93x on 16x16 and 20x20 ones, as fast as
+    each other on 27x27 (hence the bound); type 2 0.97-0.99x on 13x13.  Only where the lowered rows outnumber
+    the output channels and a kernel has several lowered offsets: 1.19x on the digits' 1 -> 20 channel conv1,
+    1.10-1.15x on 1x1 layers of 7x7 images (whose lowering is a transposition either way)."""
     if lay.KL <= 1 or lay.K < lay.Og or lay.f > 1 or (lay.f == 1 and not lay.outL):
         return False
     return lay.out_count < IMAGES_LAST_MAX_COLS
@@ -298,7 +298,7 @@ class LoweringEngine(ConvEngine):
         itemsize = np.dtype(dtype).itemsize
         rates = rates or DEFAULT_RATES
         parts = partitions_for_flops(g.num, 2.0 * g.out_channels * (g.in_channels // g.group) * g.kernel_count
-                               * g.out_count)
+                                     * g.out_count)
         budget = max(1, chunk_budget_bytes() // parts)
         out = []
         for s in (1, 2, 3):
