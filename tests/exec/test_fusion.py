@@ -31,10 +31,10 @@ layer {{ name: "ip" type: "InnerProduct" bottom: "pool2" top: "ip" inner_product
 """
 
 
-def _net(tmp_path, text: str | None = None, watched: bool = False):
+def _net(tmp_path, text: str | None = None, watched: bool = False, phase: int = cct.TRAIN):
     path = tmp_path / "net.prototxt"
     path.write_text(text or _net_text())
-    net = cct.Net(str(path), cct.TRAIN)
+    net = cct.Net(str(path), phase)
     rng = np.random.default_rng(7)
     for ps in net.params.values():  # the same weights for every net of a test
         for p in ps:
@@ -87,9 +87,10 @@ def test_pairs_found_where_they_apply(tmp_path):
         assert backward_pairs(other) == {3: 2}, what  # the first pair is untouched
 
 
+@pytest.mark.parametrize("phase", [cct.TRAIN, cct.TEST], ids=["TRAIN", "TEST"])  # TEST: winners found again
 @pytest.mark.parametrize("poison", [False, True], ids=["finite", "nan-and-inf-gradient"])
-def test_fused_passes_equal_the_layers_one_by_one(tmp_path, poison):
-    fused, plain = _net(tmp_path), _net(tmp_path, watched=True)
+def test_fused_passes_equal_the_layers_one_by_one(tmp_path, poison, phase):
+    fused, plain = _net(tmp_path, phase=phase), _net(tmp_path, watched=True, phase=phase)
     calls = _count_calls(fused)
     top_diff = np.random.default_rng(3).standard_normal(fused.blobs["ip"].diff.shape).astype(np.float32)
     if poison:  # non-finite gradients go where ReLU's dy * (y > 0) sends them (NaN * 0 is NaN)
