@@ -121,7 +121,8 @@ def raw_batch(values: Sequence) -> tuple[np.ndarray, np.ndarray] | None:
     labels = np.zeros(len(values), dtype=np.int64)
     if tail:
         digits = rows[:, start + count + 1:end]  # the label's varint: continuation bits on all but the last byte
-        if not ((digits[:, :-1] >= 0x80).all() and (digits[:, -1] < 0x80).all()):
+        if not ((rows[:, start + count] == 0x28).all() and (digits[:, :-1] >= 0x80).all()
+                and (digits[:, -1] < 0x80).all()):
             return None
         for j in range(digits.shape[1]):
             labels |= (digits[:, j].astype(np.int64) & 0x7F) << (7 * j)

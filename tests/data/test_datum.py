@@ -49,6 +49,8 @@ def test_records_laid_out_differently_fall_back():
         "shapes differ": [_record(ims[0], 1), _record(ims[1].reshape(1, 2, 8), 1), _record(ims[2], 1)],
         "negative label": [_record(ims[0], -1), _record(ims[1], -1), _record(ims[2], -1)],
         "trailer differs": [_record(ims[0], 1), _record(ims[1], 1, False) + b"\x38\x01", _record(ims[2], 1)],
+        "another field where the label goes": [_record(ims[0], 1), _record(ims[1], 1)[:-4] + b"\x30\x01\x38\x00",
+                                               _record(ims[2], 1)],
     }
     for name, values in cases.items():
         assert raw_batch(values) is None, name
