@@ -12,7 +12,10 @@ max-pool 2, conv 3x3 pad 1 → 50, max-pool 2, fc 500, ReLU, fc 10, softmax loss
 Each framework runs in its own worker process; the parent alternates blocks of ``--block`` iterations
 (cct, PyTorch, cct, ...), each after a pause that lets the other's worker threads stop spinning, so machine
 noise hits both alike, and prints the median milliseconds per iteration,
-iterations per second and the ratio cct/PyTorch.
+iterations per second, the ratio cct/PyTorch and the share of the sgemm peak (a 2048³ float32 matmul on the
+same threads, in the cct worker) that the net's GEMM arithmetic reaches in that time (convolutions and
+InnerProducts, forward and both gradients, the first layer's data gradient excepted — the same count for
+both).
 On a machine whose other cores are busy, ``--threads 1`` is the fair setting: PyTorch's OpenMP barriers with
 two threads then wait for a time slice on every layer (measured on a loaded 2-core AMD EPYC: 39 ms/iteration
 with 2 threads, 3.4 ms with 1), and cct runs its small GEMMs on one thread anyway.
@@ -50,7 +53,22 @@ def cct_worker(conn, threads: int) -> None:
     p.max_iter = 1 << 30
     solver = create_solver(p)
     solver.step(20)  # warm-up: workspaces, the prefetch queue
-    conn.send(("ready", None))
+    net = solver.net
+    flops = 0.0  # the GEMM arithmetic of one forward + backward (no data gradient below the first layer)
+    for i, (name, layer) in enumerate(zip(net._layer_names, net.layers)):
+        if layer.type in ("Convolution", "InnerProduct"):
+            w = layer.blobs[0].data  # each output value takes w.size / w.shape[0] multiply-adds
+            per_pass = 2.0 * w.size // w.shape[0] * net.blobs[net.top_names[name][0]].count
+            flops += per_pass * (3 if net.bottom_need_backward[i][0] else 2)
+    a = np.random.default_rng(1).standard_normal((2048, 2048), dtype=np.float32)
+    c = np.empty_like(a)
+    np.matmul(a, a, out=c)
+    peak = 0.0
+    for _ in range(5):
+        t = time.perf_counter()
+        np.matmul(a, a, out=c)
+        peak = max(peak, 2 * 2048**3 / (time.perf_counter() - t))
+    conn.send(("ready", (flops, peak)))
     while True:
         msg = conn.recv()
         if msg[0] == "stop":
@@ -130,7 +148,11 @@ def main() -> None:
         proc.start()
         _, info = parent.recv()
         workers[name] = (proc, parent)
-        if info:
+        if name == "cct":
+            flops, peak = info
+            print(f"GEMM arithmetic per iteration {flops / 1e6:.1f} MFLOP; sgemm peak (2048^3, {args.threads} "
+                  f"thread(s)) {peak / 1e9:.1f} GFLOP/s")
+        else:
             print(f"pytorch {info}")
     times: dict[str, list[float]] = {name: [] for name in workers}
     for _ in range(max(1, args.iters // args.block)):
@@ -142,10 +164,10 @@ def main() -> None:
         conn.send(("stop",))
         proc.join()
     base = statistics.median(times["pytorch"])
-    print(f"{'':<10}{'ms/iter':>9}{'iter/s':>9}{'cct/pytorch':>13}")
+    print(f"{'':<10}{'ms/iter':>9}{'iter/s':>9}{'cct/pytorch':>13}{'% of peak':>11}")
     for name, ts in times.items():
         med = statistics.median(ts)
-        print(f"{name:<10}{med * 1e3:9.2f}{1 / med:9.0f}{med / base:13.2f}")
+        print(f"{name:<10}{med * 1e3:9.2f}{1 / med:9.0f}{med / base:13.2f}{100 * flops / med / peak:10.1f}%")
     print(f"(median of {len(times['cct'])} alternated blocks of {args.block} iterations; load average "
           f"{' '.join(open('/proc/loadavg').read().split()[:3]) if os.path.exists('/proc/loadavg') else '?'})")
 
