@@ -57,6 +57,7 @@ def _inputs(batch: int) -> tuple[np.ndarray, np.ndarray]:
 def cct_worker(conn, batch: int, threads: int, weights: str, variants: tuple[str, ...], update: bool) -> None:
     sys.path.insert(0, str(ROOT))
     os.environ.setdefault("GLOG_minloglevel", "1")
+    from cct.bench.flops import count_net, sgemm_peak
     from cct.engines.choice import SelectedEngine
     from cct.engines.lowering import LoweringEngine, shared_workspace_bytes
     from cct.proto import caffe_pb2 as pb
@@ -85,20 +86,8 @@ def cct_worker(conn, batch: int, threads: int, weights: str, variants: tuple[str
                 LoweringEngine(int(variant), source="forced")
             eng.configure(layer.engine.geometry, np.float32)
             engines[(name, variant)] = eng
-    flops = 0.0  # the GEMM arithmetic of one forward + backward (no data gradient below the first layer)
-    for name, layer in zip(net._layer_names, net.layers):
-        if layer.type in ("Convolution", "InnerProduct"):
-            w = layer.blobs[0].data  # each output value takes w.size / w.shape[0] multiply-adds
-            per_pass = 2.0 * w.size // w.shape[0] * net.blobs[net.top_names[name][0]].count
-            flops += per_pass * (2 if net.bottom_names[name][0] == "data" else 3)
-    a = np.random.default_rng(1).standard_normal((2048, 2048), dtype=np.float32)
-    c = np.empty_like(a)
-    np.matmul(a, a, out=c)
-    peak = 0.0
-    for _ in range(5):
-        t = time.perf_counter()
-        np.matmul(a, a, out=c)
-        peak = max(peak, 2 * 2048**3 / (time.perf_counter() - t))
+    # the GEMM arithmetic of one forward + backward (no data gradient below the first layer) and the sgemm rate
+    flops, peak = count_net(net).products(), sgemm_peak()
     conn.send(("ready", ({v: [engines[(n, v)].describe() for n in CONVS] for v in variants}, flops, peak)))
     while True:
         msg = conn.recv()

@@ -31,6 +31,7 @@ os.environ.setdefault("GLOG_minloglevel", "1")
 
 from torch_isa import match_torch_isa  # noqa: E402
 
+from cct.bench.flops import sgemm_peak  # noqa: E402
 from cct.engines import ConvGeometry  # noqa: E402
 from cct.engines.choice import SelectedEngine  # noqa: E402
 from cct.engines.lowering import LoweringEngine, Workspace, strategy_fallback  # noqa: E402
@@ -40,14 +41,6 @@ from cct.runtime.threads import thread_budget as blas_threads  # noqa: E402
 CAFFENET = [("conv1", 3, 96, 1, 227, 11, 4, 0), ("conv2", 96, 256, 2, 27, 5, 1, 2),
             ("conv3", 256, 384, 1, 13, 3, 1, 1), ("conv4", 384, 384, 2, 13, 3, 1, 1),
             ("conv5", 384, 256, 2, 13, 3, 1, 1)]
-
-
-def sgemm_peak() -> float:
-    a = np.random.default_rng(0).standard_normal((2048, 2048), dtype=np.float32)
-    c = np.empty_like(a)
-    np.matmul(a, a, out=c)
-    best = min(_timed(lambda: np.matmul(a, a, out=c)) for _ in range(5))
-    return 2 * 2048**3 / best
 
 
 def torch_worker(conn, threads: int, repeat: int) -> None:

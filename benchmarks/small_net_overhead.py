@@ -45,6 +45,7 @@ def cct_worker(conn, threads: int) -> None:
     os.chdir(ROOT)  # the solver's paths are relative to the repository root
     sys.path.insert(0, str(ROOT))
     os.environ.setdefault("GLOG_minloglevel", "1")
+    from cct.bench.flops import count_net, sgemm_peak
     from cct.solvers.solver import create_solver, read_solver_file
 
     p = read_solver_file(SOLVER)
@@ -53,21 +54,7 @@ def cct_worker(conn, threads: int) -> None:
     p.max_iter = 1 << 30
     solver = create_solver(p)
     solver.step(20)  # warm-up: workspaces, the prefetch queue
-    net = solver.net
-    flops = 0.0  # the GEMM arithmetic of one forward + backward (no data gradient below the first layer)
-    for i, (name, layer) in enumerate(zip(net._layer_names, net.layers)):
-        if layer.type in ("Convolution", "InnerProduct"):
-            w = layer.blobs[0].data  # each output value takes w.size / w.shape[0] multiply-adds
-            per_pass = 2.0 * w.size // w.shape[0] * net.blobs[net.top_names[name][0]].count
-            flops += per_pass * (3 if net.bottom_need_backward[i][0] else 2)
-    a = np.random.default_rng(1).standard_normal((2048, 2048), dtype=np.float32)
-    c = np.empty_like(a)
-    np.matmul(a, a, out=c)
-    peak = 0.0
-    for _ in range(5):
-        t = time.perf_counter()
-        np.matmul(a, a, out=c)
-        peak = max(peak, 2 * 2048**3 / (time.perf_counter() - t))
+    flops, peak = count_net(solver.net).products(), sgemm_peak()
     conn.send(("ready", (flops, peak)))
     while True:
         msg = conn.recv()

@@ -68,6 +68,12 @@ class NetFlops:
     def backward(self) -> float:
         return sum(layer.backward for layer in self.layers)
 
+    def products(self) -> float:
+        """FLOPs of the convolutions, deconvolutions and inner products, forward and backward: the GEMM work a
+        training iteration cannot do faster than the machine's sgemm rate (:func:`sgemm_peak`)."""
+        return sum(layer.forward + layer.backward for layer in self.layers
+                   if layer.type in ("Convolution", "Deconvolution", "InnerProduct"))
+
     def per_image(self, train: bool) -> float:
         """FLOPs per image of a forward (TEST) or forward + backward (TRAIN) pass."""
         return (self.forward + (self.backward if train else 0.0)) / self.batch
@@ -191,3 +197,19 @@ def count_net(net) -> NetFlops:
             fwd, bwd = counter(layer, net.bottom_vecs[i], net.top_vecs[i], down, learn)
         result.layers.append(LayerFlops(name, kind, float(fwd), float(bwd)))
     return result
+
+
+def sgemm_peak(size: int = 2048, rounds: int = 5) -> float:
+    """FLOP/s of the best of ``rounds`` float32 ``size``³ matrix products with the BLAS threads the caller runs
+    (after one warm-up product): the peak the benchmarks quote their shares of."""
+    import time
+
+    a = np.random.default_rng(0).standard_normal((size, size), dtype=np.float32)
+    c = np.empty_like(a)
+    np.matmul(a, a, out=c)
+    best = float("inf")
+    for _ in range(rounds):
+        t = time.perf_counter()
+        np.matmul(a, a, out=c)
+        best = min(best, time.perf_counter() - t)
+    return 2.0 * size**3 / best
