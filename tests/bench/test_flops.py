@@ -84,6 +84,9 @@ def test_per_image_and_phases() -> None:
     assert flops.per_image(train=False) == flops.forward / 4
     assert flops.per_image(train=True) == (flops.forward + flops.backward) / 4
     assert flops.uncounted == []
+    products = [lf for lf in flops.layers if lf.type in ("Convolution", "Deconvolution", "InnerProduct")]
+    assert products and flops.products() == sum(lf.forward + lf.backward for lf in products)
+    assert flops.products() < flops.forward + flops.backward  # pooling, ReLU and the loss are not products
 
 
 @pytest.fixture
