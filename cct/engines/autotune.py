@@ -29,16 +29,14 @@ import numpy as np
 from cct.config import settings
 from cct.engines.base import ConvEngine, ConvGeometry
 from cct.engines.cost_model import DEFAULT_RATES, MachineRates, layer_costs
-from cct.engines.measured import (  # noqa: F401  (the cache and budget helpers, also reached through here)
+from cct.engines.measured import (
     _charged,
     _concurrent,
     _ledger,
-    _machine_digest,
     _may_measure,
     _read_cache,
     _threads_key,
     _write_cache,
-    cache_path,
 )
 
 # of calibrate()'s probes (4: lowering with the images innermost on small outputs): rates cached by another

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from cct.proto import caffe_pb2 as pb
-
 if TYPE_CHECKING:  # pragma: no cover
     from cct.net import NetCore
 
@@ -42,8 +40,8 @@ def backward_pairs(net: NetCore) -> dict[int, int]:
     pairs = {}
     for j in range(1, len(net.layers)):
         pool = net.layers[j]
-        if pool.type != "Pooling" or pool.layer_param.pooling_param.pool != pb.PoolingParameter.MAX \
-                or len(net._top_id_vecs[j]) != 1 or any(pool._loss) or not hasattr(pool, "backward_rectified"):
+        absorbs = getattr(pool, "absorbs_relu_backward", None)
+        if absorbs is None or not absorbs(net.top_vecs[j]) or any(pool._loss):
             continue
         blob = _plain_relu(net, j - 1)
         if blob is None or net._bottom_id_vecs[j] != [blob]:

@@ -704,6 +704,10 @@ class Pooling(Layer):
     def backward(self, top: list[Blob], propagate_down: Sequence[bool], bottom: list[Blob]) -> None:
         self._backward(top, propagate_down, bottom, False)
 
+    def absorbs_relu_backward(self, top: list[Blob]) -> bool:
+        """Whether :meth:`backward_rectified` applies: MAX pooling without a mask top."""
+        return self.method == MAX and len(top) == 1
+
     def backward_rectified(self, top: list[Blob], propagate_down: Sequence[bool], bottom: list[Blob]) -> None:
         """:meth:`backward` and the backward of an in-place ReLU (slope 0) on the bottom: MAX pooling without a
         mask top routes each window's gradient only where its maximum — the ReLU's output at the winning

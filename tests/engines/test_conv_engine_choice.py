@@ -11,7 +11,7 @@ import pytest
 import cct.layers.conv  # noqa: F401  (registers the layers)
 from cct import cli
 from cct.config import settings
-from cct.engines import ConvGeometry, autotune, choice
+from cct.engines import ConvGeometry, autotune, choice, measured
 from cct.engines.fft import FFTEngine
 from cct.engines.lowering import LoweringEngine
 from cct.errors import CctError
@@ -214,7 +214,7 @@ def test_autotune_measures_once_and_caches(monkeypatch):
     g = ConvGeometry(1, 4, 4, 1, (10, 10, 10), (5, 5, 5), (1, 1, 1), (0, 0, 0), (1, 1, 1))
     first = autotune.autotune_conv_engine(g)
     assert "lowering" in first and {"fft full", "fft lifted"} & set(first) and all(t > 0 for t in first.values())
-    cache = json.loads(autotune.cache_path().read_text())["conv_engine"]
+    cache = json.loads(measured.cache_path().read_text())["conv_engine"]
     assert len(cache) == 1 and next(iter(cache)).startswith(autotune.geometry_key(g, np.float32))
 
     def fail(*a, **k):

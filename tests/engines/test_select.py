@@ -12,7 +12,7 @@ import pytest
 import cct.layers.conv  # noqa: F401  (registers the layers)
 from cct import log
 from cct.config import settings, tristate
-from cct.engines import ConvGeometry, autotune, choice, cost_model
+from cct.engines import ConvGeometry, autotune, choice, cost_model, measured
 from cct.engines.lowering import LoweringEngine
 from cct.errors import CctError
 from cct.gradient_check import setup_layer
@@ -123,7 +123,7 @@ def test_autotune_writes_and_reads_the_cache(tmp_path, monkeypatch):
 def test_cache_dir_follows_xdg(tmp_path, monkeypatch):
     monkeypatch.delenv("CCT_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert autotune.cache_path() == tmp_path / "cct" / "autotune.json"
+    assert measured.cache_path() == tmp_path / "cct" / "autotune.json"
 
 
 def test_calibration_runs_once_per_machine_and_is_cached(tmp_path, monkeypatch):
@@ -134,7 +134,7 @@ def test_calibration_runs_once_per_machine_and_is_cached(tmp_path, monkeypatch):
     assert time.perf_counter() - t < 5  # well under a second on an idle machine
     fields = cost_model.MachineRates.__dataclass_fields__
     assert all(getattr(rates, f) > 0 for f in fields)
-    data = json.loads(autotune.cache_path().read_text())
+    data = json.loads(measured.cache_path().read_text())
     assert data["rates"][autotune._rates_key()] == {f: getattr(rates, f) for f in fields}
 
     def fail(*a, **k):
@@ -154,7 +154,7 @@ def test_measurements_are_cached_per_blas_kernel(monkeypatch):
     def kernel(name):
         monkeypatch.setattr(query, "blas_libraries",
                             lambda: [query.BlasLibrary("openblas", "0.3.30", name, 2, "libopenblas.so")])
-        autotune._machine_digest.cache_clear()
+        measured._machine_digest.cache_clear()
         return autotune._threads_key(), autotune._rates_key(), query.machine_key()
 
     try:
@@ -167,16 +167,16 @@ def test_measurements_are_cached_per_blas_kernel(monkeypatch):
             monkeypatch.setattr(query, "blas_libraries", lambda libs=libs: libs)
             keys.append(query.machine_key())
         assert keys[0] == keys[1]
-        measured = replace(cost_model.DEFAULT_RATES, gemm_flops=1.0)
-        autotune._write_cache({"rates": {haswell[1]: asdict(measured)}})
+        rates = replace(cost_model.DEFAULT_RATES, gemm_flops=1.0)
+        autotune._write_cache({"rates": {haswell[1]: asdict(rates)}})
         kernel("SkylakeX")
         monkeypatch.setattr(autotune, "_rates_memo", {})
         assert autotune.machine_rates() == cost_model.DEFAULT_RATES  # Haswell's entry is not this kernel's
         kernel("Haswell")
         monkeypatch.setattr(autotune, "_rates_memo", {})
-        assert autotune.machine_rates() == measured  # ... and is that kernel's
+        assert autotune.machine_rates() == rates  # ... and is that kernel's
     finally:
-        autotune._machine_digest.cache_clear()
+        measured._machine_digest.cache_clear()
 
 
 def test_the_fft_model_runs_at_the_machines_calibrated_fft_rates():
@@ -252,11 +252,11 @@ def test_autotune_measures_one_chunk_of_the_layer(monkeypatch):
 
     monkeypatch.setattr(LoweringEngine, "configure", spy)
     monkeypatch.setattr(autotune, "AUTOTUNE_BYTES", 0)
-    measured = autotune.autotune(g, np.float32, [2, 3])
-    assert set(measured) == {2, 3} and all(t > 0 for t in measured.values())
+    times = autotune.autotune(g, np.float32, [2, 3])
+    assert set(times) == {2, 3} and all(t > 0 for t in times.values())
     # 1024 GEMM columns per partition at 144 per image: 8 images each, 16 of the 64
     assert sizes[1:] == [16, 16]
-    cached = json.loads(autotune.cache_path().read_text())["autotune"][autotune.geometry_key(g, np.float32)]
+    cached = json.loads(measured.cache_path().read_text())["autotune"][autotune.geometry_key(g, np.float32)]
     assert set(cached) == {"2", "3"}
     # enough images for 64 MB of buffers: more than a partition's chunk (32 images), so one chunk each
     monkeypatch.setattr(autotune, "AUTOTUNE_BYTES", 64 << 20)
