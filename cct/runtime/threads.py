@@ -23,9 +23,11 @@ import can load another BLAS: scipy.linalg brings its own OpenBLAS).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 
@@ -43,17 +45,40 @@ def _set_threads(lib: Any, n: int) -> None:
     (setter or lib.set_num_threads)(n)
 
 
+Knob = tuple[Callable[[], int], Callable[[int], None]]
+
+
+def _knob(lib: Any) -> Knob:
+    """``(get, set)`` of ``lib``'s thread count.  OpenBLAS on its own threads (not OpenMP's): the library's C
+    functions themselves, looked up once (threadpoolctl resolves the symbol on every call: ~1 us, and a GEMM
+    helper's block makes up to six such calls); anything else: threadpoolctl's controller."""
+    dynlib = getattr(lib, "dynlib", None)
+    if getattr(lib, "internal_api", None) == "openblas" and getattr(lib, "threading_layer", None) != "openmp" \
+            and dynlib is not None:
+        for prefix in ("", "scipy_"):
+            for suffix in ("", "64_", "_64"):
+                get = getattr(dynlib, f"{prefix}openblas_get_num_threads{suffix}", None)
+                put = getattr(dynlib, f"{prefix}openblas_set_num_threads{suffix}", None)
+                if get is not None and put is not None:
+                    get.restype, get.argtypes = ctypes.c_int, []
+                    put.restype, put.argtypes = None, [ctypes.c_int]
+                    return get, put
+    return lib.get_num_threads, lambda n: _set_threads(lib, n)
+
+
 class ThreadBudget:
     """The owner of the BLAS libraries' process-wide thread count (see the module docstring)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._active: dict[int, int] = {}  # requested count -> blocks inside it, all threads
-        self._saved: list[tuple[Any, int]] | None = None  # each library's count before the first request
+        self._saved: list[tuple[Knob, int]] | None = None  # each library's count before the first request
         self._local = threading.local()
         self._libs: list[Any] | None = None
         self._modules = 0
-        self._known: dict[int, int] = {}  # id(library) -> its thread count, while blocks are active
+        self._knob_libs: list[Any] | None = None
+        self._knob_list: list[Knob] = []
+        self._known: dict[int, int] = {}  # id(a library's setter) -> its thread count, while blocks are active
 
     def libraries(self) -> list[Any]:
         """threadpoolctl's controllers of the BLAS libraries loaded now."""
@@ -62,28 +87,34 @@ class ThreadBudget:
 
             self._libs = list(ThreadpoolController().select(user_api="blas").lib_controllers)
             self._modules = len(sys.modules)
-            self._known = {}  # new controller objects: read their counts again
         return self._libs
+
+    def _knobs(self) -> list[Knob]:
+        """:func:`_knob` of each of :meth:`libraries` (made again when the list is)."""
+        libs = self.libraries()
+        if libs is not self._knob_libs:
+            self._knob_libs, self._knob_list = libs, [_knob(lib) for lib in libs]
+        return self._knob_list
 
     def _set(self, n: int) -> None:
         """Every library to ``n`` threads; inside blocks the count each has is known (read when the first
         block began, then only changed here), so a library already at ``n`` costs no call."""
         known = self._known
-        for lib in self.libraries():
-            have = known.get(id(lib))
+        for get, put in self._knobs():
+            have = known.get(id(put))
             if have is None:
-                have = known[id(lib)] = lib.get_num_threads()
+                have = known[id(put)] = get()
             if have != n:
-                _set_threads(lib, n)
-                known[id(lib)] = n
+                put(n)
+                known[id(put)] = n
 
     def acquire(self, n: int) -> None:
         n = max(1, int(n))
         with self._lock:
             active = self._active
             if not active:
-                self._saved = [(lib, lib.get_num_threads()) for lib in self.libraries()]
-                self._known = {id(lib): count for lib, count in self._saved}
+                self._saved = [(knob, knob[0]()) for knob in self._knobs()]
+                self._known = {id(put): count for (_, put), count in self._saved}
             active[n] = active.get(n, 0) + 1
             self._set(min(active))
         try:
@@ -104,9 +135,10 @@ class ThreadBudget:
             if active:
                 self._set(min(active))
             else:
-                for lib, count in self._saved or []:
-                    if self._known.get(id(lib), lib.get_num_threads()) != count:
-                        _set_threads(lib, count)
+                for (get, put), count in self._saved or []:
+                    have = self._known.get(id(put))
+                    if (get() if have is None else have) != count:
+                        put(count)
                 self._saved = None
                 self._known = {}
 
@@ -117,7 +149,7 @@ class ThreadBudget:
 
     def process_count(self) -> int:
         """The BLAS libraries' thread count now (the largest if they differ; the cores without a library)."""
-        counts = [lib.get_num_threads() for lib in self.libraries()]
+        counts = [get() for get, _ in self._knobs()]
         return max(counts) if counts else cpu_cores()
 
 

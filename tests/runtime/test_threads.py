@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from cct.runtime.threads import BUDGET, ThreadBudget, blas_threads, thread_budget
+from cct.runtime.threads import BUDGET, ThreadBudget, _knob, blas_threads, thread_budget
 
 
 class FakeLibrary:
@@ -131,3 +131,23 @@ def test_the_real_libraries_follow_requests_from_any_thread():
     t.start()
     t.join()
     assert solo == [1] and BUDGET.process_count() == before
+
+
+def test_each_real_library_knob_reads_and_sets_what_threadpoolctl_sees():
+    """The budget's direct handles on each BLAS library (:func:`_knob`: OpenBLAS's own C functions where it runs
+    its own threads) agree with threadpoolctl's controller on the count, both ways."""
+    import numpy  # noqa: F401
+    import scipy.linalg  # noqa: F401
+
+    libs = BUDGET.libraries()
+    assert libs
+    for lib in libs:
+        get, put = _knob(lib)
+        before = lib.get_num_threads()
+        assert get() == before
+        try:
+            put(1)
+            assert lib.get_num_threads() == 1 and get() == 1
+        finally:
+            put(before)
+        assert lib.get_num_threads() == before
