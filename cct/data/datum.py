@@ -113,7 +113,7 @@ def raw_batch(values: Sequence) -> tuple[np.ndarray, np.ndarray] | None:
     # what follows the pixels: the label (tag 0x28, a varint), then Caffe's explicit "encoded: false" (0x38 0x00)
     end = size - 2 if size - start - count >= 2 and head[size - 2] == 0x38 and head[size - 1] == 0 else size
     tail = end - start - count
-    if tail > 6 or (tail and head[start + count] != 0x28) or any(len(v) != size for v in values):
+    if tail > 6 or (tail and head[start + count] != 0x28) or set(map(len, values)) != {size}:
         return None  # a label wider than 5 varint bytes (or negative), other fields, or records of other sizes
     rows = np.frombuffer(b"".join(values), dtype=np.uint8).reshape(len(values), size)
     if not ((rows[:, :start] == rows[:1, :start]).all() and (rows[:, end:] == rows[:1, end:]).all()):

@@ -110,11 +110,14 @@ class DataTransformer:
                              f"(got {len(self.mean_values)})")
 
     # ---- transform ---------------------------------------------------------------------------
-    def draw(self, shapes: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The random choices for images of the given ``(C, H, W)`` shapes: mirror flags and crop
-        offsets ``h_off``, ``w_off`` (one array each)."""
+    def draw(self, shapes: Sequence[Sequence[int]] | np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The random choices for images of the given ``(C, H, W)`` shapes (a sequence, or an ``(n, 3)`` integer
+        array): mirror flags and crop offsets ``h_off``, ``w_off`` (one array each)."""
         n = len(shapes)
-        hw = np.array([s[1:] for s in shapes], dtype=np.int64).reshape(n, 2)
+        if isinstance(shapes, np.ndarray):
+            hw = shapes[:, 1:]
+        else:
+            hw = np.array([s[1:] for s in shapes], dtype=np.int64).reshape(n, 2)
         mirror = np.zeros(n, dtype=bool)
         if self.mirror:
             if self.rng is None:
@@ -159,7 +162,9 @@ class DataTransformer:
                     raise CctError(f"{names[i]}: {e}") from None
                 raise
         whole = isinstance(images, np.ndarray)
-        mirrors, h_offs, w_offs = self.draw([images.shape[1:]] * len(images) if whole else [im.shape for im in images])
+        shapes = np.broadcast_to(np.array(images.shape[1:], dtype=np.int64), (len(images), 3)) if whole \
+            else [im.shape for im in images]
+        mirrors, h_offs, w_offs = self.draw(shapes)
         staged = None
         if mean is None:
             floats = images.dtype != np.uint8 if whole else any(im.dtype != np.uint8 for im in images)
