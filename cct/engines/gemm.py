@@ -12,11 +12,13 @@ import numpy as np
 from cct.device import get_array_module
 from cct.runtime.threads import blas_threads
 
-# GEMMs below this many flops run on one BLAS thread.  Idle, a second thread saves at most ~0.05 ms on them
-# (64x200x500, 12.8 MFLOP: 0.19 vs 0.14 ms on the project's 2-core machine); with the other core busy, the
-# thread hand-off of every small call can cost a scheduler time slice — the digits model trained in 40 s
-# instead of 17 s (1500 iterations) on a shared machine.
-SMALL_GEMM_FLOPS = 16e6
+# GEMMs below this many flops run on one BLAS thread.  On an idle 2-core machine a second OpenBLAS thread already
+# pays from ~1.5 MFLOP (20x9 by 9x4096: 17.5 -> 11.8 us; 64x200x500, 12.8 MFLOP: 105 -> 58 us), but below a few
+# MFLOP the gain is about what switching the thread count costs.  The digits model per iteration: 2.07 ms at
+# 16 MFLOP (ip1's three 12.8 MFLOP products on one thread), 1.92 ms at 4, 1.91 at 2.  With another process keeping
+# a core busy, every threaded call waits for a time slice whatever this threshold (digits: 7.0 ms at 16 MFLOP,
+# 7.5 at 4, 2.25 on one thread): on a loaded machine give cct one thread (OPENBLAS_NUM_THREADS=1).
+SMALL_GEMM_FLOPS = 4e6
 
 
 def gemm_threads(flops: float, xp: Any = np) -> AbstractContextManager[Any]:
