@@ -86,6 +86,16 @@ KEEP_LOWERED_MAX_BYTES = 4 << 20
 STRATEGY_NAMES = {1: "expensive lowering", 2: "balanced", 3: "expensive lifting"}
 
 
+def images_first_copy(dst: Any, src: Any, bias: Any | None = None) -> None:
+    """``dst`` (n, C, *cells) = ``src`` (C, *cells, n) moved, plus ``bias`` (C,) per channel when given."""
+    xp = get_array_module(dst)
+    moved = xp.moveaxis(src, -1, 0)
+    if bias is None:
+        xp.copyto(dst, moved)
+    else:
+        xp.add(moved, bias.reshape((len(bias),) + (1,) * (dst.ndim - 2)), out=dst)
+
+
 def _prod(values: tuple[int, ...]) -> int:
     n = 1
     for v in values:
@@ -745,6 +755,11 @@ class LoweringEngine(ConvEngine):
                 and y.flags.c_contiguous and accumulates_in_place(y.dtype):
             self._forward_lifting_gemms(col, wm, b, y)
             return
+        if self._lifts_by_gemms(y.dtype, xp):
+            yt = self._view(ws, "yT", L.yt_shape(n, g.out_shape), y)
+            self._lift_by_gemms(col, wm, yt, n)
+            images_first_copy(y, yt.reshape((L.O,) + g.out_shape + (n,)), b)
+            return
         z = self._view(ws, "z", (L.G, L.M, n * L.cols), y)
         for gi in range(L.G):
             xp.matmul(wm[gi], col[gi], out=z[gi])
@@ -754,13 +769,85 @@ class LoweringEngine(ConvEngine):
         else:
             yt = z
         if L.images_last:
-            src = xp.moveaxis(yt.reshape((L.O,) + g.out_shape + (n,)), -1, 0)
-        else:
-            src = xp.moveaxis(yt.reshape((L.O, n) + g.out_shape), 0, 1)
+            images_first_copy(y, yt.reshape((L.O,) + g.out_shape + (n,)), b)
+            return
+        src = xp.moveaxis(yt.reshape((L.O, n) + g.out_shape), 0, 1)
         if b is None:
             xp.copyto(y, src)
         else:
             xp.add(src, b.reshape((1, L.O) + (1,) * g.num_spatial_axes), out=y)
+
+    # ---- type 2 with the images innermost: the lifting sums done by the GEMMs ----------------------------
+    def _lifts_by_gemms(self, dtype: Any, xp: Any) -> bool:
+        """Whether type 2 with the images innermost runs its lifted kernel offsets as GEMMs over whole row
+        blocks (host arrays whose BLAS adds in place): a row of the lifted axis is a contiguous run of columns
+        (the lowered axes' output cells times the chunk's images) in the lowered matrix, the output and its
+        gradient alike, so each offset's rows of every image form one column range — one GEMM per group and
+        offset, adding (beta = 1) into the rows it reaches, instead of a GEMM into a buffer of every offset's
+        products and a pass summing them (and, backward, a pass spreading the gradient into that buffer).  The
+        offsets' products over rows they cannot reach (the input rows beyond the output's) are not computed."""
+        L = self._lay()
+        return L.images_last and L.f == 1 and xp is np and accumulates_in_place(dtype)
+
+    def _lift_by_gemms(self, col: Any, wm: Any, yt: Any, n: int) -> None:
+        """``yt`` (G, Og, *out, n) = Σ over lifted offsets of ``W_m[g, offset] · col[g, rows the offset reads]``
+        (:meth:`_lifts_by_gemms`)."""
+        L = self._lay()
+        plane = _prod(L.outL) * n
+        out = yt.reshape(L.G, L.Og, -1)
+        plan = L.lift
+        if not plan or not plan[0][3]:
+            out.fill(0)
+        for gi in range(L.G):
+            for j, (flat, dst, src, full) in enumerate(plan):
+                a = wm[gi, flat * L.Og:(flat + 1) * L.Og]
+                b = col[gi][:, src[0].start * plane:src[0].stop * plane]
+                if j == 0 and full:
+                    np.matmul(a, b, out=out[gi])
+                else:
+                    matmul_accumulate(out[gi][:, dst[0].start * plane:dst[0].stop * plane], a, b)
+
+    def _weight_grad_by_rows(self, ws: dict[str, Any], x: Any, dyt: Any, acc: Any, first: bool,
+                             col: Any | None, by_rows: bool) -> None:
+        """:meth:`_weight_grad_chunk` from the channel-first gradient ``dyt`` itself: per group and lifted offset
+        ``dW_m[g, offset] += dyt[g, its output rows] · col[g, the input rows they read]ᵀ`` (in ``acc``'s layout)."""
+        L = self._lay()
+        n = x.shape[0]
+        plane = _prod(L.outL) * n
+        if col is None:
+            col = self._lower(ws, x).reshape(L.G, L.K, n * L.cols)
+        dy2 = dyt.reshape(L.G, L.Og, -1)
+        if first:
+            acc.fill(0)
+        for gi in range(L.G):
+            for flat, dst, src, _ in L.lift:
+                d = dy2[gi][:, dst[0].start * plane:dst[0].stop * plane]
+                c = col[gi][:, src[0].start * plane:src[0].stop * plane]
+                rows = slice(flat * L.Og, (flat + 1) * L.Og)
+                if by_rows:
+                    matmul_accumulate(acc[gi, rows], d, c.T)
+                else:
+                    matmul_accumulate(acc[gi][:, rows], c, d.T)
+
+    def _data_grad_by_rows(self, wm: Any, dyt: Any, dcol: Any, n: int) -> None:
+        """``dcol`` (G, K, n·cols) = Σ over lifted offsets of ``W_m[g, offset]ᵀ · dyt[g, its output rows]`` into the
+        input rows they read; the offset that reads every input row, if one does, assigns (else zeros first)."""
+        L = self._lay()
+        plane = _prod(L.outL) * n
+        dy2 = dyt.reshape(L.G, L.Og, -1)
+        rows = L.inF[0]
+        plan = sorted(L.lift, key=lambda e: (e[2][0].start, -e[2][0].stop))  # one reading every row first
+        covers = bool(plan) and plan[0][2][0].start == 0 and plan[0][2][0].stop == rows
+        if not covers:
+            dcol.fill(0)
+        for gi in range(L.G):
+            for j, (flat, dst, src, _) in enumerate(plan):
+                a = wm[gi, flat * L.Og:(flat + 1) * L.Og].T
+                b = dy2[gi][:, dst[0].start * plane:dst[0].stop * plane]
+                if j == 0 and covers:
+                    np.matmul(a, b, out=dcol[gi])
+                else:
+                    matmul_accumulate(dcol[gi][:, src[0].start * plane:src[0].stop * plane], a, b)
 
     def _forward_lifting_gemms(self, col: Any, wm: Any, b: Any | None, y: Any) -> None:
         """Type 2 forward (``FUSED_LIFT_MIN_COLS``): ``y`` (n, O, *out) = bias, then per image, group and lifted
@@ -787,15 +874,22 @@ class LoweringEngine(ConvEngine):
         """dZ (G, KF·Og, n·cols): ``dy`` channel-first (in the "z" slot for type 1, else "yT"), unlifted
         along F into the "z" slot."""
         g, L = self._geom(), self._lay()
-        xp = get_array_module(dy)
         n = dy.shape[0]
-        dyt = self._view(ws, "yT" if L.f else "z", (L.O,) + L.yt_shape(n, g.out_shape)[2:], dy)
-        xp.copyto(dyt, xp.moveaxis(dy, 0, -1) if L.images_last else xp.moveaxis(dy, 1, 0))
+        dyt = self._grad_yt(ws, dy)
         if not L.f:
             return dyt.reshape(L.G, L.M, n * L.cols)
         dz = self._view(ws, "z", L.z_shape(n), dy)
         self._unlift(dyt.reshape(L.yt_shape(n, g.out_shape)), dz)
         return dz.reshape(L.G, L.M, n * L.cols)
+
+    def _grad_yt(self, ws: dict[str, Any], dy: Any) -> Any:
+        """``dy`` channel-first (O, n, *out) — with images last (O, *out, n) — in the "z" slot for type 1, else
+        "yT"."""
+        g, L = self._geom(), self._lay()
+        xp = get_array_module(dy)
+        dyt = self._view(ws, "yT" if L.f else "z", (L.O,) + L.yt_shape(dy.shape[0], g.out_shape)[2:], dy)
+        xp.copyto(dyt, xp.moveaxis(dy, 0, -1) if L.images_last else xp.moveaxis(dy, 1, 0))
+        return dyt
 
     def _weight_grad_chunk(self, ws: dict[str, Any], x: Any, dz: Any, acc: Any, first: bool,
                            col: Any | None = None, by_rows: bool = False) -> Any:
@@ -888,7 +982,19 @@ class LoweringEngine(ConvEngine):
         firsts = {c[0][0] for c in chunks}
         self._trains = self._trains or dw is not None
 
+        by_gemms = self._lifts_by_gemms(dy.dtype, xp)
+
         def body(ws: dict[str, Any], part: int, n0: int, n1: int) -> None:
+            if by_gemms:  # the gradient stays channel-first: its offsets' rows are column ranges of it
+                dyt = self._grad_yt(ws, dy[n0:n1])
+                if dw is not None:
+                    self._weight_grad_by_rows(ws, x[n0:n1], dyt, accs[part], n0 in firsts,
+                                              self._kept_lowered((n0, n1), x[n0:n1]), by_rows)
+                if dx is not None:
+                    dcol = self._view(ws, "col", (L.G, L.K, (n1 - n0) * L.cols), dy)
+                    self._data_grad_by_rows(wm, dyt, dcol, n1 - n0)
+                    self._col2im(ws, dcol.reshape(L.col_shape(n1 - n0)), dx[n0:n1])
+                return
             dz = self._grad_z(ws, dy[n0:n1])
             if dw is not None:
                 self._weight_grad_chunk(ws, x[n0:n1], dz, accs[part], n0 in firsts,

@@ -85,12 +85,14 @@ def _lowering_bytes(g: ConvGeometry, strategy: int, itemsize: int) -> int:
     lowered = C * kL * cols if f < nd else C * math.prod(g.in_shape)
     result = kF * O * cols
     lifting = O * g.out_count if f else 0
-    last = f < nd and lowers_images_last(g, strategy)  # then always a GEMM result, transposed into y
+    last = f < nd and lowers_images_last(g, strategy)  # the output transposed into y
     direct = f == 0 and cols >= DIRECT_MIN_COLS and not last  # type 1, big images: one GEMM per image into y
     # type 2 on wide outputs: the GEMMs add straight into y (no GEMM result, no lifting buffer)
-    fused = f == 1 and not last and g.out_count >= FUSED_LIFT_MIN_COLS \
-        and accumulates_in_place(np.dtype(f"f{itemsize}"))
-    per_image = lowered + (0 if direct or fused else result) + (0 if fused else lifting)
+    in_place = accumulates_in_place(np.dtype(f"f{itemsize}"))
+    fused = f == 1 and not last and g.out_count >= FUSED_LIFT_MIN_COLS and in_place
+    # type 2 with the images innermost: the GEMMs add into the output's rows (no GEMM result; the lifted output)
+    by_rows = f == 1 and last and in_place
+    per_image = lowered + (0 if direct or fused or by_rows else result) + (0 if fused else lifting)
     M, K = kF * (O // G), (C // G) * kL
     parts = partitions_for_flops(g.num, 2.0 * M * K * cols)
     budget = max(1, LOWERED_BYTES // parts)

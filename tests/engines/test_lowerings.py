@@ -111,8 +111,12 @@ def test_fallback_reasons():
         eng.set_strategy(2)
 
 
-def test_the_strategies_differ_in_their_work():
-    """Really different paths: type 3 lowers nothing (its 'col' is the input), type 1 replicates k² times."""
+@pytest.mark.parametrize("images_last", [False, True], ids=["images-first", "images-last"])
+def test_the_strategies_differ_in_their_work(images_last, monkeypatch):
+    """Really different paths: type 3 lowers nothing (its 'col' is the input), type 1 replicates k² times, type 2
+    k times; types 2 and 3 multiply into a buffer of every lifted offset's products — except type 2 with the
+    images innermost, whose GEMMs add each offset's products into the output rows it reaches."""
+    monkeypatch.setattr(lowering, "images_last_order", lambda lay: images_last and lay.f < len(lay.inF + lay.outL))
     g = ConvGeometry(2, 8, 4, 1, (9, 9), (3, 3), (1, 1), (1, 1), (1, 1))
     x, w, b, dy = _data(g, 2, np.float32)
     sizes = {}
@@ -120,9 +124,9 @@ def test_the_strategies_differ_in_their_work():
         eng = LoweringEngine(s, workspace=Workspace())
         eng.configure(g, np.float32)
         eng.forward(x, w, b, np.empty_like(dy))
-        sizes[s] = (eng._ws[0]["col"].size, eng._ws[0]["z"].size)
+        sizes[s] = (eng._ws[0]["col"].size, eng._ws[0]["z"].size if "z" in eng._ws[0] else None)
     assert sizes[1] == (8 * 9 * 2 * 81, 4 * 2 * 81)
-    assert sizes[2] == (8 * 3 * 2 * 81, 3 * 4 * 2 * 81)
+    assert sizes[2] == (8 * 3 * 2 * 81, None if images_last else 3 * 4 * 2 * 81)
     assert sizes[3] == (8 * 2 * 81, 9 * 4 * 2 * 81)
 
 
