@@ -19,20 +19,19 @@ _F = "lrn_param"
 CHUNK_BYTES = 256 << 10
 
 
-def _window_sum(a: Any, axis: int, size: int, padded: Any, out: Any) -> Any:
-    """``out[..., i, ...] = Σ_{|j-i| <= (size-1)/2} a[..., j, ...]`` along ``axis``, zero outside; ``padded``
-    is a scratch array shaped like ``a`` with ``size - 1`` more entries along ``axis`` (border zero)."""
-    half = (size - 1) // 2
+def _window_sum(a: Any, axis: int, size: int, out: Any, offset: float = 0.0) -> Any:
+    """``out[..., i, ...] = offset + Σ_{|j-i| <= (size-1)/2} a[..., j, ...]`` along ``axis``, zero outside: the
+    centre (plus ``offset``) in one pass, then each distance's two neighbours added where they exist."""
+    xp = get_array_module(a)
     n = a.shape[axis]
-    idx = [slice(None)] * a.ndim
-    idx[axis] = slice(half, half + n)
-    padded[tuple(idx)] = a
-    for j in range(size):
-        idx[axis] = slice(j, j + n)
-        if j == 0:
-            out[...] = padded[tuple(idx)]
-        else:
-            out += padded[tuple(idx)]
+    if offset:
+        xp.add(a, offset, out=out)
+    else:
+        xp.copyto(out, a)
+    lead = (slice(None),) * axis
+    for d in range(1, min((size - 1) // 2, n - 1) + 1):
+        out[lead + (slice(d, None),)] += a[lead + (slice(0, n - d),)]
+        out[lead + (slice(0, n - d),)] += a[lead + (slice(d, None),)]
     return out
 
 
@@ -102,22 +101,17 @@ class LRN(Layer):
             self._buffers[name] = buf
         return buf
 
-    def _window_sum(self, a: Any, axis: int, out: Any, part: int = 0) -> Any:
-        shape = [_chunk_images(a)] + list(a.shape[1:])
-        shape[axis] += self.size - 1
-        return _window_sum(a, axis, self.size, self._buffer(f"pad{axis}-{part}", tuple(shape), a)[:len(a)], out)
-
     def _scratch(self, name: str, a: Any) -> Any:
         """A scratch array shaped like the chunk ``a``: a view of one kept for a whole chunk."""
         return self._buffer(name, (_chunk_images(a),) + a.shape[1:], a)[:len(a)]
 
-    def _neighbourhood_sum(self, a: Any, out: Any, part: int = 0) -> Any:
-        """Σ over the normalization window: channels, or the size×size spatial square (separable)."""
+    def _neighbourhood_sum(self, a: Any, out: Any, part: int = 0, offset: float = 0.0) -> Any:
+        """``offset`` + Σ over the normalization window: channels, or the size×size spatial square (separable)."""
         if self.region == pb.LRNParameter.ACROSS_CHANNELS:
-            return self._window_sum(a, 1, out, part)
+            return _window_sum(a, 1, self.size, out, offset)
         tmp = self._scratch(f"tmp-{part}", a)
-        self._window_sum(a, 2, tmp, part)
-        return self._window_sum(tmp, 3, out, part)
+        _window_sum(a, 2, self.size, tmp)
+        return _window_sum(tmp, 3, self.size, out, offset)
 
     def _split(self, n: int, body: Any, x: Any) -> None:
         """Run ``body(part, n0, n1)`` over the batch partitions (cct.runtime.partition)."""
@@ -146,9 +140,8 @@ class LRN(Layer):
             xc, sc, fc = x[a:b], scale[a:b], factor[a:b]
             sq = self._scratch(f"sq-{part}", xc)
             xp.multiply(xc, xc, out=sq)
-            self._neighbourhood_sum(sq, sc, part)
-            sc *= coeff
-            sc += const
+            sq *= coeff
+            self._neighbourhood_sum(sq, sc, part, const)  # const + coeff · Σ x²
             _negative_power(xp, sc, self.beta, fc)
             xp.multiply(xc, fc, out=y[a:b])
 
