@@ -831,23 +831,31 @@ class LoweringEngine(ConvEngine):
 
     def _data_grad_by_rows(self, wm: Any, dyt: Any, dcol: Any, n: int) -> None:
         """``dcol`` (G, K, n·cols) = Σ over lifted offsets of ``W_m[g, offset]ᵀ · dyt[g, its output rows]`` into the
-        input rows they read; the offset that reads every input row, if one does, assigns (else zeros first)."""
+        input rows they read (type 2; ``dyt`` channel-first, ``(G·Og, n·out)``): with the images innermost one GEMM
+        per group and offset over the whole chunk, else one per image too (the rows of one image are a column
+        range).  The offset that reads every input row, if one does, assigns (else zeros first)."""
         L = self._lay()
-        plane = _prod(L.outL) * n
+        plane = _prod(L.outL)
+        if L.images_last:  # one block: the chunk's images are inside every row
+            plane, blocks = plane * n, [(0, 0)]
+        else:
+            blocks = [(i * L.cols, i * _prod(L.outF) * plane) for i in range(n)]
         dy2 = dyt.reshape(L.G, L.Og, -1)
         rows = L.inF[0]
         plan = sorted(L.lift, key=lambda e: (e[2][0].start, -e[2][0].stop))  # one reading every row first
         covers = bool(plan) and plan[0][2][0].start == 0 and plan[0][2][0].stop == rows
         if not covers:
             dcol.fill(0)
+        span = rows * plane  # one block's columns of dcol
         for gi in range(L.G):
             for j, (flat, dst, src, _) in enumerate(plan):
                 a = wm[gi, flat * L.Og:(flat + 1) * L.Og].T
-                b = dy2[gi][:, dst[0].start * plane:dst[0].stop * plane]
-                if j == 0 and covers:
-                    np.matmul(a, b, out=dcol[gi])
-                else:
-                    matmul_accumulate(dcol[gi][:, src[0].start * plane:src[0].stop * plane], a, b)
+                for c0, y0 in blocks:
+                    b = dy2[gi][:, y0 + dst[0].start * plane:y0 + dst[0].stop * plane]
+                    if j == 0 and covers:
+                        np.matmul(a, b, out=dcol[gi][:, c0:c0 + span])
+                    else:
+                        matmul_accumulate(dcol[gi][:, c0 + src[0].start * plane:c0 + src[0].stop * plane], a, b)
 
     def _forward_lifting_gemms(self, col: Any, wm: Any, b: Any | None, y: Any) -> None:
         """Type 2 forward (``FUSED_LIFT_MIN_COLS``): ``y`` (n, O, *out) = bias, then per image, group and lifted
@@ -873,12 +881,14 @@ class LoweringEngine(ConvEngine):
     def _grad_z(self, ws: dict[str, Any], dy: Any) -> Any:
         """dZ (G, KF·Og, n·cols): ``dy`` channel-first (in the "z" slot for type 1, else "yT"), unlifted
         along F into the "z" slot."""
+        return self._unlifted(ws, self._grad_yt(ws, dy), dy.shape[0])
+
+    def _unlifted(self, ws: dict[str, Any], dyt: Any, n: int) -> Any:
+        """dZ (G, KF·Og, n·cols) from the channel-first gradient ``dyt`` of ``n`` images (itself for type 1)."""
         g, L = self._geom(), self._lay()
-        n = dy.shape[0]
-        dyt = self._grad_yt(ws, dy)
         if not L.f:
             return dyt.reshape(L.G, L.M, n * L.cols)
-        dz = self._view(ws, "z", L.z_shape(n), dy)
+        dz = self._view(ws, "z", L.z_shape(n), dyt)
         self._unlift(dyt.reshape(L.yt_shape(n, g.out_shape)), dz)
         return dz.reshape(L.G, L.M, n * L.cols)
 
@@ -983,6 +993,9 @@ class LoweringEngine(ConvEngine):
         self._trains = self._trains or dw is not None
 
         by_gemms = self._lifts_by_gemms(dy.dtype, xp)
+        # type 2 on wide outputs (as its forward): the data gradient by one GEMM per image, group and offset too
+        rows_per_image = L.f == 1 and not L.images_last and xp is np and self._geom().out_count >= FUSED_LIFT_MIN_COLS \
+            and accumulates_in_place(dy.dtype)
 
         def body(ws: dict[str, Any], part: int, n0: int, n1: int) -> None:
             if by_gemms:  # the gradient stays channel-first: its offsets' rows are column ranges of it
@@ -995,14 +1008,18 @@ class LoweringEngine(ConvEngine):
                     self._data_grad_by_rows(wm, dyt, dcol, n1 - n0)
                     self._col2im(ws, dcol.reshape(L.col_shape(n1 - n0)), dx[n0:n1])
                 return
-            dz = self._grad_z(ws, dy[n0:n1])
+            dyt = self._grad_yt(ws, dy[n0:n1])
+            dz = self._unlifted(ws, dyt, n1 - n0)
             if dw is not None:
                 self._weight_grad_chunk(ws, x[n0:n1], dz, accs[part], n0 in firsts,
                                         self._kept_lowered((n0, n1), x[n0:n1]), by_rows)
             if dx is not None:
                 dcol = self._view(ws, "col", (L.G, L.K, (n1 - n0) * L.cols), dy)
-                for gi in range(L.G):
-                    xp.matmul(wm[gi].T, dz[gi], out=dcol[gi])
+                if rows_per_image:
+                    self._data_grad_by_rows(wm, dyt, dcol, n1 - n0)
+                else:
+                    for gi in range(L.G):
+                        xp.matmul(wm[gi].T, dz[gi], out=dcol[gi])
                 self._col2im(ws, dcol.reshape(L.col_shape(n1 - n0)), dx[n0:n1])
 
         self._run(space, chunks, body)

@@ -350,15 +350,17 @@ TYPE2 = [(case, i) for i, case in enumerate(CASES) if case[1][1] == 2]  # the ge
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("g,expected", [c for c, _ in TYPE2], ids=[IDS[i] for _, i in TYPE2])
 def test_type2_forward_by_lifting_gemms_matches_reference(monkeypatch, g, expected, dtype):
-    """Type 2 forward on the host with wide outputs adds each lifted kernel offset's GEMM into its output rows
-    (``FUSED_LIFT_MIN_COLS``; lowered here to every geometry): the same convolution as the reference, with
-    and without bias, in chunks and partitions."""
+    """Type 2 on the host with wide outputs adds each lifted kernel offset's GEMM into its output rows, and
+    backward each offset's data-gradient GEMM into the input rows it reads, image by image
+    (``FUSED_LIFT_MIN_COLS``; lowered here to every geometry): the same convolution and data gradient as the
+    reference, with and without bias, in chunks and partitions."""
     monkeypatch.setattr(lowering, "FUSED_LIFT_MIN_COLS", 0)
     monkeypatch.setattr(lowering, "images_last_order", lambda lay: False)  # the fused GEMMs read images first
     called = []
-    original = LoweringEngine._forward_lifting_gemms
-    monkeypatch.setattr(LoweringEngine, "_forward_lifting_gemms",
-                        lambda self, *a: called.append(1) or original(self, *a))
+    for name in ("_forward_lifting_gemms", "_data_grad_by_rows"):
+        original = getattr(LoweringEngine, name)
+        monkeypatch.setattr(LoweringEngine, name,
+                            lambda self, *a, name=name, original=original: called.append(name) or original(self, *a))
     x, w, b, dy = _data(g, 3, dtype)
     tol = dict(rtol=1e-10, atol=1e-10) if dtype == np.float64 else dict(rtol=1e-5, atol=1e-5)
     for bias in (b, None):
@@ -368,7 +370,10 @@ def test_type2_forward_by_lifting_gemms_matches_reference(monkeypatch, g, expect
             y = np.full(dy.shape, np.nan, dtype=dtype)
             eng.forward(x, w, bias, y)
             np.testing.assert_allclose(y, ref.conv_forward(g, x, w, bias), **tol)
-    assert called
+            dx = np.full(x.shape, np.nan, dtype=dtype)
+            eng.backward(x, dy, w, dx, None)
+            np.testing.assert_allclose(dx, ref.conv_backward_data(g, dy, w), **tol)
+    assert set(called) == {"_forward_lifting_gemms", "_data_grad_by_rows"}
 
 
 @pytest.mark.parametrize("layout", ["kxm", "mxk"])
