@@ -75,7 +75,9 @@ __all__ = ["FFTEngine", "fft_transform_size"]
 # a 2-core AVX2 machine, and a Zen 5 core runs the transforms 2x faster).  The lifted layout's products are
 # real GEMMs per frequency: they are costed with the GEMM model of cct.engines.cost_model (4 real products
 # per complex one), which follows their shapes (within ~30% of the measured times; a flat rate was off 2x at
-# 40 channels); the unlifted products have a row per image and run near a flat rate.
+# 40 channels); the unlifted products have a row per image: with a few images they run near a flat rate, with a
+# batch as the GEMMs they are (CaffeNet's conv2 at 64 images: the flat rate predicted 0.97 s for the full layout,
+# which ran in 0.16 s, so the layout was never measured), so they cost the lesser of the two.
 PRODUCT_FLOPS_PER_S = 10e9   # unlifted: batched complex64 products with a few rows per frequency
 DEFAULT_MEMO_MB = 1024       # per layer: above this the spectra are not kept between passes (CCT_FFT_MEMO_MB)
 
@@ -229,12 +231,12 @@ class FFTEngine(ConvEngine):
             inverse = (n * o * rows_y * _transform_flops(size, size) + n * c * rows_x * _transform_flops(size, size)
                        + o * cg * taps * _transform_flops(size, size))  # upper bound (inverses are pruned too)
             product = 3 * 8.0 * F * n * rows_y * taps * cg * o
-            if lifted:  # per frequency and group: forward, data and weight GEMMs of these shapes
-                rows, inner, og = n * rows_y, taps * cg, o // grp
-                product_s = 4 * F * grp * (gemm_seconds(rows, inner, og, rates) + gemm_seconds(rows, og, inner, rates)
-                                           + gemm_seconds(og, rows, inner, rates))
-            else:
-                product_s = product / PRODUCT_FLOPS_PER_S
+            # per frequency and group: forward, data and weight GEMMs of these shapes
+            rows, inner, og = n * rows_y, taps * cg, o // grp
+            product_s = 4 * F * grp * (gemm_seconds(rows, inner, og, rates) + gemm_seconds(rows, og, inner, rates)
+                                       + gemm_seconds(og, rows, inner, rates))
+            if not lifted:  # a row per image: a flat rate for a few images, the GEMMs' for a batch
+                product_s = min(product_s, product / PRODUCT_FLOPS_PER_S)
             transforms_s = (forward + inverse) / rates.fft_flops
             # the forward pass: the input and kernel transforms, the output's inverse, one of the three products
             forward_transforms = (n * c * rows_x * _transform_flops(size, g.in_shape[rest])
