@@ -42,16 +42,23 @@ def _us(t0: float) -> int:
 
 
 def time_layers(net, iterations: int, synchronize: Callable[[], None] = lambda: None,
-                on_iteration: Callable[[int, float], None] | None = None) -> NetTiming:
+                on_iteration: Callable[[int, float], None] | None = None, warmup: int = 0) -> NetTiming:
     """Time ``iterations`` forward/backward passes of ``net`` layer by layer (Caffe's timers: whole
-    microseconds per layer).  ``synchronize`` waits for a device's queued work after each layer;
-    ``on_iteration(j, ms)`` is called after pass ``j`` (1-based) with its wall-clock milliseconds."""
+    microseconds per layer), after ``warmup`` untimed ones.  ``synchronize`` waits for a device's queued work
+    after each layer; ``on_iteration(j, ms)`` is called after pass ``j`` (1-based) with its wall-clock
+    milliseconds."""
     n_layers = len(net.layers)
     result = NetTiming(list(net._layer_names), iterations, [0] * n_layers, [0] * n_layers)
     runner = getattr(net.executor, "runner", None)
     if runner is None:
         raise CctError(f"per-layer times need the layer-by-layer executor; this net runs under "
                        f"{net.executor.describe()}")
+    for _ in range(warmup):
+        for i in range(n_layers):
+            runner.forward_layer(net, i)
+        for i in range(n_layers - 1, -1, -1):
+            runner.backward_layer(net, i)
+        synchronize()
     total_start = time.perf_counter()
     for j in range(iterations):
         iter_start = time.perf_counter()

@@ -208,3 +208,30 @@ def test_report_errors(capsys, tmp_path, monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     rc, _, log_text = run_cli(capsys, "bench", "-report", str(good), "-plot", str(tmp_path / "p.png"))
     assert rc == 1 and "plotting needs matplotlib (pip install 'cct[plot]')" in messages(log_text, "F")[0]
+
+
+def test_time_warms_every_layers_backward_up_untimed(capsys, tiny, monkeypatch) -> None:
+    """``cct time`` runs one untimed pass of its per-layer loop first: Net::Backward skips the layers no loss
+    needs (all of a deploy net), yet the timed loop calls each one's backward, whose first call may do one-time
+    setup (a GEMM layout measured for the machine) that would otherwise land in the first timed pass."""
+    calls: list[int] = []
+    backward = LayerRunner.backward_layer
+
+    def spy(self, net, i):
+        calls.append(i)
+        return backward(self, net, i)
+
+    monkeypatch.setattr(LayerRunner, "backward_layer", spy)
+    seen: list[int] = []
+    real = timing.time_layers
+
+    def recorded(net, iterations, *a, **k):
+        result = real(net, iterations, *a, **k)
+        seen.append(len(result.iteration_ms))
+        return result
+
+    monkeypatch.setattr(timing, "time_layers", recorded)
+    rc, _, log_text = run_cli(capsys, "time", "-model", tiny, "-iterations", "2", "-phase", "TEST", *ENGINE)
+    assert rc == 0 and seen == [2]  # two timed passes ...
+    assert calls.count(1) == 3  # ... after one untimed: conv1's backward ran three times
+    assert log_text.count("forward-backward time") == 2
