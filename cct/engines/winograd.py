@@ -12,9 +12,12 @@ goes; the transforms are GEMMs with the Kronecker products ``Bᵀ⊗Bᵀ`` and `
 
 Scope: 2-D, 3x3 kernels, stride 1, no dilation, padding at most 2 per side, numpy arrays (the CPU), any group
 count, float32 and float64.  The data gradient is the same computation on ``dy`` with the kernels flipped and
-their channel axes swapped, padded ``2 - pad``; the weight gradient is a correlation whose Winograd form
-(3x3 outputs from large tiles) saves little, so the engine computes it with the lowering engine (the lowering
-its cost model prefers for that pass).
+their channel axes swapped, padded ``2 - pad``.  The weight gradient is the transposed algorithm: the forward's
+bilinear form ``Σ dY·Y = Σ_ξ (A dY Aᵀ)[ξ] (G g Gᵀ)[ξ] (Bᵀ d B)[ξ]`` differentiated by the kernel gives
+``dW = Gᵀ [Σ_tiles (A dY Aᵀ) ⊙ (Bᵀ d B)] G`` — the same input-tile transform, the output tiles' gradient
+transformed by ``A``, the sum over tiles and images as ``(m+2)²`` GEMMs (Og x tiles)·(tiles x Cg), then one small
+transform back —; where the lowering engine's weight gradient (the lowering its cost model prefers) is faster
+on the machine, measured once per geometry, that runs instead.
 
 Accuracy: the transforms' coefficients (up to 25 and 64 for m = 4) cost some float32 precision — on random
 CaffeNet-sized layers the largest difference from a direct sum is ~1.5e-5 of the output's largest magnitude
@@ -74,6 +77,7 @@ class WinogradEngine(ConvEngine):
         self._consts: dict[Any, tuple[Any, Any]] = {}
         self._workspace: Any = None  # the thread's workspace shared with the lowering engines (configure)
         self._weights_engine: Any = None
+        self._wgrad_method: str | None = None
 
     # ---- applicability and cost ---------------------------------------------------------------
     @staticmethod
@@ -94,13 +98,13 @@ class WinogradEngine(ConvEngine):
     @classmethod
     def estimates(cls, g: ConvGeometry, dtype: Any = "float32", rates: Any = None, xp: Any = None) -> list[Estimate]:
         """Per tile size: the transforms (gathers and Kronecker GEMMs) and the ``(m+2)²`` channel GEMMs of the
-        forward and of the data gradient, plus the lowering engine's weight gradient; the workspace of one
-        chunk per partition."""
+        forward and of the data gradient, plus the weight gradient (its ``(m+2)²`` GEMMs and transforms, or
+        the lowering engine's where that is predicted faster); the workspace of one chunk per partition."""
         if (xp is not None and xp is not np) or not cls.supports(g)[0]:
             return []
         rates = rates or DEFAULT_RATES
         itemsize = np.dtype(dtype).itemsize
-        # the weight gradient: about half of the best lowering's backward pass
+        # the lowering engine's weight gradient: about half of the best lowering's backward pass
         weights = min(e.backward_seconds for e in LoweringEngine.estimates(g, dtype, rates)) / 2
         out = []
         for m in TILES:
@@ -116,7 +120,13 @@ class WinogradEngine(ConvEngine):
                 return gemms + moves + transforms
 
             forward = one_pass(g.in_channels, g.out_channels)
-            backward = one_pass(g.out_channels, g.in_channels) + weights
+            # the weight gradient: both tile transforms and the (m+2)² GEMMs (Og x tiles)·(tiles x Cg)
+            og, cg = g.out_channels // g.group, g.in_channels // g.group
+            by_tiles = (g.group * a * a * gemm_seconds(og, tiles, cg, rates)
+                        + (a * a * g.in_channels * tiles + m * m * g.out_channels * tiles) / rates.transpose_elems
+                        + gemm_seconds(a * a, a * a, g.in_channels * tiles, rates)
+                        + gemm_seconds(a * a, m * m, g.out_channels * tiles, rates))
+            backward = one_pass(g.out_channels, g.in_channels) + min(weights, by_tiles)
             widest = max(g.in_channels, g.out_channels)
             per_image = _image_bytes(m, widest, widest, g.out_shape, itemsize)
             parts = partitions_for(g.num, _image_work(g))
@@ -137,11 +147,14 @@ class WinogradEngine(ConvEngine):
         self.geometry, self.dtype = geometry, dtype
         self._workspace = shared_workspace(dtype)
         self._weights_engine = None
+        self._wgrad_method: str | None = None
         return True
 
     def describe(self) -> str:
         m = self.tile
-        return f"winograd F({m}x{m},3x3), weight gradient by {self._weights().describe()}"
+        if self._wgrad_method == "lowering":
+            return f"winograd F({m}x{m},3x3), weight gradient by {self._weights().describe()}"
+        return f"winograd F({m}x{m},3x3)"
 
     def batch_partitions(self) -> int:
         g = self._geom()
@@ -209,19 +222,13 @@ class WinogradEngine(ConvEngine):
         """``y`` (n, O, Ho, Wo) = the 3x3 correlation of ``x`` (n, C, H, W) padded by ``pad`` with the
         transformed kernels ``u`` (G, a², Og, Cg), plus ``bias``."""
         m, a = self.tile, self.tile + 2
-        bb, aa = self._constants(x.dtype)
-        n, c = x.shape[:2]
+        aa = self._constants(x.dtype)[1]
+        n = x.shape[0]
         o, (ho, wo) = y.shape[1], y.shape[2:]
         groups, cg, og = u.shape[0], u.shape[3], u.shape[2]
         th, tw = _ceil(ho, m), _ceil(wo, m)
         p = n * th * tw
-        xp_ = self._padded(part, x, pad, th * m + 2, tw * m + 2)
-        s = xp_.strides
-        tiles = np.lib.stride_tricks.as_strided(xp_, (a, a, c, n, th, tw), (s[2], s[3], s[1], s[0], s[2] * m, s[3] * m))
-        d = self._buffer(part, "col", (a, a, c, n, th, tw), x)
-        np.copyto(d, tiles)
-        v = self._buffer(part, "yT", (a * a, c, p), x)
-        np.matmul(bb, d.reshape(a * a, c * p), out=v.reshape(a * a, c * p))
+        v = self._tiles(part, x, pad, th, tw)
         prod = self._buffer(part, "z", (a * a, o, p), x)
         for gi in range(groups):
             np.matmul(u[gi], v[:, gi * cg:(gi + 1) * cg], out=prod[:, gi * og:(gi + 1) * og])
@@ -235,6 +242,98 @@ class WinogradEngine(ConvEngine):
             y[...] = full.reshape(n, o, th * m, tw * m)[:, :, :ho, :wo]
         if bias is not None:
             y += bias.reshape(1, o, 1, 1)
+
+    def _tiles(self, part: int, x: Any, pad: tuple[int, int], th: int, tw: int) -> Any:
+        """``V`` (a², C, n·th·tw): the transformed input tiles ``Bᵀ d B`` of ``x`` padded by ``pad``, in the
+        "yT" slot (the tiles themselves pass through "col")."""
+        m, a = self.tile, self.tile + 2
+        bb = self._constants(x.dtype)[0]
+        n, c = x.shape[:2]
+        p = n * th * tw
+        xp_ = self._padded(part, x, pad, th * m + 2, tw * m + 2)
+        s = xp_.strides
+        tiles = np.lib.stride_tricks.as_strided(xp_, (a, a, c, n, th, tw), (s[2], s[3], s[1], s[0], s[2] * m, s[3] * m))
+        d = self._buffer(part, "col", (a, a, c, n, th, tw), x)
+        np.copyto(d, tiles)
+        v = self._buffer(part, "yT", (a * a, c, p), x)
+        np.matmul(bb, d.reshape(a * a, c * p), out=v.reshape(a * a, c * p))
+        return v
+
+    def _weight_products(self, part: int, x: Any, dy: Any, acc: Any, first: bool) -> None:
+        """``acc`` (G, a², Og, Cg) (``first``: assigned, else added to) += per transformed position ξ
+        ``(A dY Aᵀ)[ξ] · (Bᵀ d B)[ξ]ᵀ`` summed over the chunk's tiles: the weight gradient's sums before the
+        kernel-side transform (:meth:`_weight_grad`)."""
+        m, a = self.tile, self.tile + 2
+        aa = self._constants(x.dtype)[1]
+        n = x.shape[0]
+        o, (ho, wo) = dy.shape[1], dy.shape[2:]
+        th, tw = _ceil(ho, m), _ceil(wo, m)
+        p = n * th * tw
+        v = self._tiles(part, x, tuple(self._geom().pad), th, tw)
+        dyp = self._buffer(part, "dwm_tmp", (n, o, th * m, tw * m), dy)  # whole tiles: zeros past the output
+        if (ho, wo) != (th * m, tw * m):
+            dyp[:, :, ho:] = 0
+            dyp[:, :, :ho, wo:] = 0
+        dyp[:, :, :ho, :wo] = dy
+        dt = self._buffer(part, "col", (m, m, o, n, th, tw), dy)  # the input tiles are transformed: free
+        np.copyto(dt, dyp.reshape(n, o, th, m, tw, m).transpose(3, 5, 1, 0, 2, 4))
+        ut = self._buffer(part, "z", (a * a, o, p), dy)
+        np.matmul(aa.T, dt.reshape(m * m, o * p), out=ut.reshape(a * a, o * p))
+        groups, og, cg = acc.shape[0], acc.shape[2], acc.shape[3]
+        tmp = None if first else self._buffer(part, "dw_acc", acc.shape[1:], dy)
+        for gi in range(groups):
+            target = acc[gi] if first else tmp
+            np.matmul(ut[:, gi * og:(gi + 1) * og], v[:, gi * cg:(gi + 1) * cg].transpose(0, 2, 1), out=target)
+            if not first:
+                acc[gi] += tmp
+
+    def _weight_grad_method(self, x: Any, dy: Any, dw: Any) -> str:
+        """How the weight gradient runs: ``"winograd"`` (:meth:`_weight_grad`) or ``"lowering"`` (the lowering
+        engine's, :meth:`_weights`) — whichever is faster for this geometry on this machine, measured once on
+        the layer's own operands into a scratch gradient (:func:`cct.engines.measured.measured_choice`; without
+        measuring, Winograd's).  CaffeNet's conv3 at 64 images, F(2x2,3x3): 63 against 82 ms with AVX2
+        OpenBLAS kernels, 49 against 49 ms with AVX-512 ones, whose GEMMs leave the transforms' passes the larger
+        share; F(4x4,3x3) with AVX-512 kernels 54 against 48 ms."""
+        if self._wgrad_method is None:
+            from cct.engines.measured import measured_choice
+
+            scratch = np.empty_like(dw)
+            ways = {"winograd": lambda: self._weight_grad(x, dy, scratch),
+                    "lowering": lambda: self._weights().backward(x, dy, None, None, scratch)}
+            g = self._geom()
+            key = (f"m{self.tile}-n{g.num}-c{g.in_channels}-o{g.out_channels}-g{g.group}"
+                   f"-in{'x'.join(map(str, g.in_shape))}-p{'x'.join(map(str, g.pad))}-{np.dtype(dw.dtype).name}")
+            self._wgrad_method = measured_choice("winograd_weight_gradient", key, ways)
+        return self._wgrad_method
+
+    def _weight_grad(self, x: Any, dy: Any, dw: Any) -> None:
+        """``dw += Gᵀ [Σ_tiles (A dY Aᵀ) ⊙ (Bᵀ d B)] G``: the weight gradient by the transposed algorithm (for the
+        3x3 kernel from each tile's m x m gradient and its (m+2)² input cells, the roles of F(m x m, 3 x 3)'s
+        transforms exchanged), the sums over tiles and images as a² GEMMs (Og x tiles)·(tiles x Cg) per group —
+        2.25x (m = 2) and 4x (m = 4) fewer multiplications than the direct sums.  Per batch partition its own
+        accumulator in chunks of images, summed in partition order, then the small kernel-side transform in
+        float64."""
+        g = self._geom()
+        a = self.tile + 2
+        G = g.group
+        og, cg = g.out_channels // G, g.in_channels // G
+        ranges = self._ranges(x.shape[0])
+        per_image = _image_bytes(self.tile, x.shape[1], dy.shape[1], dy.shape[2:], x.itemsize)
+        chunk = max(1, chunk_budget_bytes() // len(ranges) // max(per_image, 1))
+        accs = [np.empty((G, a * a, og, cg), dtype=dw.dtype) for _ in ranges]
+
+        def body(part: int, n0: int, n1: int) -> None:
+            for c0 in range(n0, n1, chunk):
+                self._weight_products(part, x[c0:min(n1, c0 + chunk)], dy[c0:min(n1, c0 + chunk)], accs[part],
+                                      c0 == n0)
+
+        run_partitions(ranges, body)
+        total = accs[0].astype(np.float64)
+        for extra in accs[1:]:
+            total += extra
+        with blas_threads(1):  # (9, a²) · (a², G·Og·Cg): small; OpenBLAS's threads would spin into what follows
+            k = self._gg.T @ total.transpose(1, 0, 2, 3).reshape(a * a, -1)
+        dw += k.reshape(3, 3, G, og, cg).transpose(2, 3, 4, 0, 1).reshape(dw.shape).astype(dw.dtype)
 
     def _chunked(self, x: Any, u: Any, pad: tuple[int, int], y: Any, bias: Any | None) -> None:
         """:meth:`_conv` over the batch partitions, each in chunks of images that fit its share of the budget."""
@@ -257,7 +356,10 @@ class WinogradEngine(ConvEngine):
 
     def backward(self, x: Any, dy: Any, w: Any, dx: Any | None, dw: Any | None) -> None:
         if dw is not None:
-            self._weights().backward(x, dy, None, None, dw)
+            if self._weight_grad_method(x, dy, dw) == "winograd":
+                self._weight_grad(x, dy, dw)
+            else:
+                self._weights().backward(x, dy, None, None, dw)
         if dx is not None:
             g = self._geom()
             self._chunked(dy, self._transformed_kernels(w, flip=True), tuple(2 - p for p in g.pad), dx, None)

@@ -48,13 +48,22 @@ def _run(eng, g, x, w, b, dy):
     return y, dx, dw
 
 
+@pytest.mark.parametrize("weights", ["winograd", "lowering"])
 @pytest.mark.parametrize("tile", TILES)
 @pytest.mark.parametrize("dims", GEOMETRIES)
-def test_matches_the_lowering_engine(tile, dims):
+def test_matches_the_lowering_engine(tile, dims, weights, monkeypatch):
+    """Forward, data and weight gradients; the weight gradient either way the engine may measure faster (its
+    own transposed Winograd sums, or the lowering engine's)."""
+    from cct.engines import measured
+
+    monkeypatch.setattr(measured, "measured_choice", lambda kind, key, ways: weights)
     for dtype in (np.float32, np.float64):
         g, x, w, b, dy = _operands(*dims, dtype)
         ref = _run(LoweringEngine(1, workspace=Workspace()), g, x, w, b, dy)
-        got = _run(WinogradEngine(tile), g, x, w, b, dy)
+        eng = WinogradEngine(tile)
+        got = _run(eng, g, x, w, b, dy)
+        assert eng._wgrad_method == weights and ("weight gradient by lowering" in eng.describe()) == (
+            weights == "lowering")
         for name, ours, theirs in zip(("y", "dx", "dw"), got, ref):
             if dtype == np.float64:
                 np.testing.assert_allclose(ours, theirs, rtol=1e-10, atol=1e-10, err_msg=name)
@@ -120,7 +129,7 @@ def test_forced_winograd_runs_where_it_applies_and_lowering_elsewhere():
     assert choice.choose_conv_engine(g3, xp=object(), choice="winograd")[1].startswith("not winograd: ")
     eng = choice.SelectedEngine("winograd")
     eng.configure(g3)
-    assert eng.name == "winograd" and eng.describe().startswith("winograd F(4x4,3x3), weight gradient by lowering")
+    assert eng.name == "winograd" and eng.describe().startswith("winograd F(4x4,3x3)")
 
 
 BIG_3 = ConvGeometry(64, 256, 384, 1, (13, 13), (3, 3), (1, 1), (1, 1), (1, 1))
