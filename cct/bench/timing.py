@@ -1,7 +1,9 @@
 """Caffe's ``caffe time`` measurement: every layer's forward, then every layer's backward, timed one layer at a
 time for a number of iterations.  Each layer runs through the per-layer runner of the net's serial executor
 (so a device split is what is timed), and every layer's backward is timed whether or not the net needs it, as
-Caffe's ``time`` does (a TEST-phase net still computes its parameter gradients there)."""
+Caffe's ``time`` does (a TEST-phase net still computes its parameter gradients there).  A pair the executor runs
+as one backward step in training (:mod:`cct.exec.fusion`: a max pooling doing the in-place ReLU's backward
+below it) is timed as that step, on the pooling layer, the ReLU's backward then taking 0 ms."""
 from __future__ import annotations
 
 import time
@@ -48,36 +50,45 @@ def time_layers(net, iterations: int, synchronize: Callable[[], None] = lambda: 
     after each layer; ``on_iteration(j, ms)`` is called after pass ``j`` (1-based) with its wall-clock
     milliseconds."""
     n_layers = len(net.layers)
-    result = NetTiming(list(net._layer_names), iterations, [0] * n_layers, [0] * n_layers)
     runner = getattr(net.executor, "runner", None)
     if runner is None:
         raise CctError(f"per-layer times need the layer-by-layer executor; this net runs under "
                        f"{net.executor.describe()}")
-    for _ in range(warmup):
-        for i in range(n_layers):
-            runner.forward_layer(net, i)
-        for i in range(n_layers - 1, -1, -1):
-            runner.backward_layer(net, i)
-        synchronize()
-    total_start = time.perf_counter()
-    for j in range(iterations):
+    fused_below = getattr(net.executor, "fused_below", lambda _net, _i: None)
+
+    def one_pass(into: NetTiming) -> float:
+        """One forward/backward pass, its times added to ``into``; returns its milliseconds."""
         iter_start = time.perf_counter()
         for i in range(n_layers):
             t0 = time.perf_counter()
             runner.forward_layer(net, i)
             synchronize()
-            result.forward_us[i] += _us(t0)
-        result.forward_ms.append((time.perf_counter() - iter_start) * 1e3)
-        result.forward_total_us += _us(iter_start)
+            into.forward_us[i] += _us(t0)
+        into.forward_ms.append((time.perf_counter() - iter_start) * 1e3)
+        into.forward_total_us += _us(iter_start)
         backward_start = time.perf_counter()
-        for i in range(n_layers - 1, -1, -1):
+        i = n_layers - 1
+        while i >= 0:
             t0 = time.perf_counter()
-            runner.backward_layer(net, i)
+            relu = fused_below(net, i)
+            if relu is None:
+                runner.backward_layer(net, i)
+            else:  # the pair a training pass runs as one step: timed on the pooling, the ReLU's backward 0
+                runner.backward_rectified(net, i)
             synchronize()
-            result.backward_us[i] += _us(t0)
-        result.backward_total_us += _us(backward_start)
+            into.backward_us[i] += _us(t0)
+            i = i - 1 if relu is None else relu - 1
+        into.backward_total_us += _us(backward_start)
         ms = (time.perf_counter() - iter_start) * 1e3
-        result.iteration_ms.append(ms)
+        into.iteration_ms.append(ms)
+        return ms
+
+    for _ in range(warmup):
+        one_pass(NetTiming(list(net._layer_names), 1, [0] * n_layers, [0] * n_layers))
+    result = NetTiming(list(net._layer_names), iterations, [0] * n_layers, [0] * n_layers)
+    total_start = time.perf_counter()
+    for j in range(iterations):
+        ms = one_pass(result)
         if on_iteration is not None:
             on_iteration(j + 1, ms)
     result.total_ms = int((time.perf_counter() - total_start) * 1e3)

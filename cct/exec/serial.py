@@ -51,6 +51,16 @@ class SerialExecutor(Executor):
         index of the in-place ReLU below it."""
         return dict(self._backward_pairs)
 
+    def fused_below(self, net: NetCore, i: int, end: int = 0) -> int | None:
+        """The index of the ReLU whose backward layer ``i``'s runs when a backward pass down to ``end`` reaches
+        ``i`` (both need it and pass their gradient down), else None."""
+        relu = self._backward_pairs.get(i)
+        if relu is None or relu < end or not (net.layer_need_backward[i] and net.layer_need_backward[relu]
+                                              and net.bottom_need_backward[i][0]
+                                              and net.bottom_need_backward[relu][0]):
+            return None
+        return relu
+
     def forward(self, net: NetCore, start: int, end: int) -> float:
         loss = 0.0
         before, after, runner = net.before_forward_hooks, net.after_forward_hooks, self.runner
@@ -67,12 +77,11 @@ class SerialExecutor(Executor):
     def backward(self, net: NetCore, start: int, end: int) -> None:
         before, after, runner, need = net.before_backward_hooks, net.after_backward_hooks, self.runner, \
             net.layer_need_backward
-        pairs = {} if before or after or net.debug_info else self._backward_pairs
+        fuse = not (before or after or net.debug_info)
         i = start
         while i >= end:
-            relu = pairs.get(i)
-            if relu is not None and relu >= end and need[i] and need[relu] and net.bottom_need_backward[i][0] \
-                    and net.bottom_need_backward[relu][0]:
+            relu = self.fused_below(net, i, end) if fuse else None
+            if relu is not None:
                 runner.backward_rectified(net, i)
                 i = relu - 1
                 continue

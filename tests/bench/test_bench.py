@@ -235,3 +235,35 @@ def test_time_warms_every_layers_backward_up_untimed(capsys, tiny, monkeypatch) 
     assert rc == 0 and seen == [2]  # two timed passes ...
     assert calls.count(1) == 3  # ... after one untimed: conv1's backward ran three times
     assert log_text.count("forward-backward time") == 2
+
+
+POOLED = """name: "pooled"
+layer { name: "data" type: "Input" top: "data" top: "label"
+        input_param { shape { dim: 2 dim: 3 dim: 8 dim: 8 } shape { dim: 2 } } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+        convolution_param { num_output: 4 kernel_size: 3 weight_filler { type: "xavier" } } }
+layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }
+layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1"
+        pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+layer { name: "ip1" type: "InnerProduct" bottom: "pool1" top: "ip1"
+        inner_product_param { num_output: 3 weight_filler { type: "xavier" } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip1" bottom: "label" top: "loss" }
+"""
+
+
+def test_time_runs_a_fused_pair_as_training_does(capsys, tmp_path, monkeypatch) -> None:
+    """A max pooling doing the in-place ReLU's backward below it is one step in training: ``cct time`` times
+    that step on the pooling layer and the ReLU's backward takes no time of its own."""
+    path = tmp_path / "pooled.prototxt"
+    path.write_text(POOLED)
+    single: list[int] = []
+    paired: list[int] = []
+    backward, rectified = LayerRunner.backward_layer, LayerRunner.backward_rectified
+    monkeypatch.setattr(LayerRunner, "backward_layer", lambda self, net, i: single.append(i) or backward(self, net, i))
+    monkeypatch.setattr(LayerRunner, "backward_rectified",
+                        lambda self, net, i: paired.append(i) or rectified(self, net, i))
+    rc, _, log_text = run_cli(capsys, "time", "-model", str(path), "-iterations", "2", *ENGINE)
+    assert rc == 0
+    assert paired.count(3) == 4  # pool1 (index 3) ran the pair in Net::Backward, the warm-up and both timed passes
+    assert 2 not in single  # ... and relu1's own backward never ran
+    assert re.search(r"relu1\tbackward: 0 ms", log_text)
