@@ -114,3 +114,99 @@ def test_threads_end_when_layers_and_nets_are_dropped(tmp_path):
         del net
         gc.collect()
     assert not wait_no_prefetch_threads(existing)
+
+
+class Counter:
+    """A producer of consecutive integers (one per batch) with a cursor to save and restore; ``burn`` seconds of
+    CPU per batch; fails at ``fail_at``."""
+
+    def __init__(self, burn: float = 0.0, fail_at: int | None = None):
+        self.next_value, self.burn, self.fail_at, self.closed = 0, burn, fail_at, 0
+
+    def next_batch(self, recycled):
+        import time
+
+        if self.next_value == self.fail_at:
+            raise ValueError(f"bad record {self.next_value}")
+        end = time.thread_time() + self.burn
+        while time.thread_time() < end:
+            pass
+        self.next_value += 1
+        return self.next_value - 1
+
+    def state(self):
+        return {"next": self.next_value}
+
+    def restore(self, state):
+        self.next_value = state["next"]
+
+    def close(self):
+        self.closed += 1
+
+
+def test_a_producer_with_next_to_no_work_runs_in_the_consuming_thread_without_losing_a_batch(monkeypatch):
+    """Once its first batches took next to no CPU, the producer runs batch by batch in the consumer's thread:
+    the sequence goes on where the net's last batch left it (the read-ahead dropped, the cursor put back), the
+    thread ends, the resume state follows each batch, and stopping closes the producer once."""
+    from cct.data import prefetch
+    from cct.data.prefetch import SYNC_SAMPLE, Prefetcher
+
+    monkeypatch.setattr(prefetch, "SYNC_BATCH_CPU_SECONDS", 1.0)  # whatever the machine's speed
+
+    producer = Counter()
+    p = Prefetcher(producer, 4)
+    got = [p.get() for _ in range(SYNC_SAMPLE + 5)]
+    assert got == list(range(SYNC_SAMPLE + 5))
+    assert p.synchronous and not p.thread.is_alive()
+    assert p.consumed_state == {"next": SYNC_SAMPLE + 5}
+    p.rewind({"next": 2})
+    assert [p.get(), p.get()] == [2, 3]
+    p.stop()
+    p.stop()
+    assert producer.closed == 1
+
+
+def test_a_producer_that_works_keeps_its_thread():
+    from cct.data import prefetch
+    from cct.data.prefetch import SYNC_SAMPLE, Prefetcher
+
+    producer = Counter(burn=3 * prefetch.SYNC_BATCH_CPU_SECONDS)
+    p = Prefetcher(producer, 2)
+    assert [p.get() for _ in range(SYNC_SAMPLE + 3)] == list(range(SYNC_SAMPLE + 3))
+    assert not p.synchronous and p.thread.is_alive()
+    p.stop()
+    assert not p.thread.is_alive() and producer.closed == 1
+
+
+def test_a_synchronous_producers_error_is_one_line_every_time(monkeypatch):
+    import pytest
+
+    from cct.data import prefetch
+    from cct.data.prefetch import SYNC_SAMPLE, Prefetcher
+    from cct.errors import CctError
+
+    monkeypatch.setattr(prefetch, "SYNC_BATCH_CPU_SECONDS", 1.0)
+
+    p = Prefetcher(Counter(fail_at=SYNC_SAMPLE + 2), 4)
+    assert [p.get() for _ in range(SYNC_SAMPLE + 2)] == list(range(SYNC_SAMPLE + 2))
+    assert p.synchronous
+    for _ in range(2):
+        with pytest.raises(CctError, match=f"^ValueError: bad record {SYNC_SAMPLE + 2}$"):
+            p.get()
+    p.stop()
+
+
+def test_data_layer_batches_continue_across_the_switch(tmp_path, monkeypatch):
+    """A Data layer on a small LMDB: records in order, wrapping, across the producer's move into the net's
+    thread."""
+    from cct.data import prefetch
+    from cct.data.prefetch import SYNC_SAMPLE
+
+    monkeypatch.setattr(prefetch, "SYNC_BATCH_CPU_SECONDS", 1.0)
+
+    src = small_db(tmp_path)
+    layer, top = make_layer(data_text(src, 3, 4), 2)
+    labels = [forward(layer, top)[1].tolist() for _ in range(SYNC_SAMPLE + 6)]
+    assert sum(labels, []) == [i % 7 for i in range(3 * (SYNC_SAMPLE + 6))]
+    assert layer._prefetcher.synchronous
+    layer.close()
