@@ -1009,7 +1009,7 @@ class LoweringEngine(ConvEngine):
                     self._col2im(ws, dcol.reshape(L.col_shape(n1 - n0)), dx[n0:n1])
                 return
             dyt = self._grad_yt(ws, dy[n0:n1])
-            dz = self._unlifted(ws, dyt, n1 - n0)
+            dz = None if dw is None and rows_per_image else self._unlifted(ws, dyt, n1 - n0)
             if dw is not None:
                 self._weight_grad_chunk(ws, x[n0:n1], dz, accs[part], n0 in firsts,
                                         self._kept_lowered((n0, n1), x[n0:n1]), by_rows)
