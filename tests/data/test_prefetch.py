@@ -2,10 +2,15 @@
 from __future__ import annotations
 
 import gc
+import time
 
 import numpy as np
+import pytest
 
 from cct import mode
+from cct.data import prefetch as prefetch_module
+from cct.data.prefetch import SYNC_SAMPLE, Prefetcher
+from cct.errors import CctError
 from cct.proto import caffe_pb2 as pb
 from tests.data.helpers import (
     captured_log,
@@ -124,8 +129,6 @@ class Counter:
         self.next_value, self.burn, self.fail_at, self.closed = 0, burn, fail_at, 0
 
     def next_batch(self, recycled):
-        import time
-
         if self.next_value == self.fail_at:
             raise ValueError(f"bad record {self.next_value}")
         end = time.thread_time() + self.burn
@@ -148,11 +151,7 @@ def test_a_producer_with_next_to_no_work_runs_in_the_consuming_thread_without_lo
     """Once its first batches took next to no CPU, the producer runs batch by batch in the consumer's thread:
     the sequence goes on where the net's last batch left it (the read-ahead dropped, the cursor put back), the
     thread ends, the resume state follows each batch, and stopping closes the producer once."""
-    from cct.data import prefetch
-    from cct.data.prefetch import SYNC_SAMPLE, Prefetcher
-
-    monkeypatch.setattr(prefetch, "SYNC_BATCH_CPU_SECONDS", 1.0)  # whatever the machine's speed
-
+    monkeypatch.setattr(prefetch_module, "SYNC_BATCH_CPU_SECONDS", 1.0)  # whatever the machine's speed
     producer = Counter()
     p = Prefetcher(producer, 4)
     got = [p.get() for _ in range(SYNC_SAMPLE + 5)]
@@ -167,10 +166,7 @@ def test_a_producer_with_next_to_no_work_runs_in_the_consuming_thread_without_lo
 
 
 def test_a_producer_that_works_keeps_its_thread():
-    from cct.data import prefetch
-    from cct.data.prefetch import SYNC_SAMPLE, Prefetcher
-
-    producer = Counter(burn=3 * prefetch.SYNC_BATCH_CPU_SECONDS)
+    producer = Counter(burn=3 * prefetch_module.SYNC_BATCH_CPU_SECONDS)
     p = Prefetcher(producer, 2)
     assert [p.get() for _ in range(SYNC_SAMPLE + 3)] == list(range(SYNC_SAMPLE + 3))
     assert not p.synchronous and p.thread.is_alive()
@@ -179,14 +175,7 @@ def test_a_producer_that_works_keeps_its_thread():
 
 
 def test_a_synchronous_producers_error_is_one_line_every_time(monkeypatch):
-    import pytest
-
-    from cct.data import prefetch
-    from cct.data.prefetch import SYNC_SAMPLE, Prefetcher
-    from cct.errors import CctError
-
-    monkeypatch.setattr(prefetch, "SYNC_BATCH_CPU_SECONDS", 1.0)
-
+    monkeypatch.setattr(prefetch_module, "SYNC_BATCH_CPU_SECONDS", 1.0)
     p = Prefetcher(Counter(fail_at=SYNC_SAMPLE + 2), 4)
     assert [p.get() for _ in range(SYNC_SAMPLE + 2)] == list(range(SYNC_SAMPLE + 2))
     assert p.synchronous
@@ -199,11 +188,7 @@ def test_a_synchronous_producers_error_is_one_line_every_time(monkeypatch):
 def test_data_layer_batches_continue_across_the_switch(tmp_path, monkeypatch):
     """A Data layer on a small LMDB: records in order, wrapping, across the producer's move into the net's
     thread."""
-    from cct.data import prefetch
-    from cct.data.prefetch import SYNC_SAMPLE
-
-    monkeypatch.setattr(prefetch, "SYNC_BATCH_CPU_SECONDS", 1.0)
-
+    monkeypatch.setattr(prefetch_module, "SYNC_BATCH_CPU_SECONDS", 1.0)
     src = small_db(tmp_path)
     layer, top = make_layer(data_text(src, 3, 4), 2)
     labels = [forward(layer, top)[1].tolist() for _ in range(SYNC_SAMPLE + 6)]
