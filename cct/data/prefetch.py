@@ -10,10 +10,12 @@ a one-line :class:`~cct.errors.CctError`.  Batches are recycled through a free l
 ``prefetch_free_`` queue, so steady-state prefetching allocates nothing.
 
 A producer whose batches take next to no work (``SYNC_BATCH_CPU_SECONDS`` of the thread's CPU time per batch,
-the median of its first ``SYNC_SAMPLE``) is then run in the consuming thread instead, batch by batch as the net
-asks: the reading thread's Python work competes with the net's for the interpreter lock, and on such a producer
-that costs more than the work itself (the digits LeNet, 36-44 us of CPU per batch: an iteration 0.14 ms, 6%,
-faster without the thread).  Producers that do real work (decoding, cropping big images) keep the thread.
+the median of ``SYNC_SAMPLE`` batches after the first ``SYNC_SKIP``) is then run in the consuming thread
+instead, batch by batch as the net asks: the reading thread's Python work competes with the net's for the
+interpreter lock, and on such a producer that costs more than the work itself (the digits LeNet: 36-44 us per
+batch made in the net's thread, 90-170 us of the reading thread's CPU beside a training net; an iteration 0.14
+ms, 6%, faster without the thread).  Producers that do real work (decoding, cropping big images) keep the
+thread.
 
 Exact resume: a producer may have ``state()`` (its cursor and random streams, JSON-able) and
 ``restore(state)``.  Each batch travels with the producer's state right after making it, so
@@ -34,9 +36,11 @@ from cct.errors import CctError
 
 _POLL = 0.05  # seconds between checks of the stop event while blocked
 _ids = itertools.count()
-# a producer whose first SYNC_SAMPLE batches took a median of at most this much CPU time (the reading thread's
-# own) runs in the consuming thread from then on (see the module docstring)
-SYNC_BATCH_CPU_SECONDS = 1e-4
+# a producer whose SYNC_SAMPLE batches after the first SYNC_SKIP (its warm-up: first reads, page faults) took a
+# median of at most this much CPU time (the reading thread's own) runs in the consuming thread from then on (see
+# the module docstring)
+SYNC_BATCH_CPU_SECONDS = 2.5e-4
+SYNC_SKIP = 4
 SYNC_SAMPLE = 8
 
 
@@ -102,7 +106,7 @@ class Prefetcher:
         self._keep_open = threading.Event()
         self._failure: str | None = None
         self.consumed_state: Any = _state(producer)
-        self._costs: list[float] = []  # CPU seconds of the first batches consumed (SYNC_SAMPLE)
+        self._costs: list[float] = []  # CPU seconds of the first batches consumed (SYNC_SKIP + SYNC_SAMPLE)
         self.synchronous = False  # the producer runs in the consuming thread (see the module docstring)
         self._start()
 
@@ -138,9 +142,10 @@ class Prefetcher:
             self._failure = item.message
             raise CctError(item.message)
         batch, self.consumed_state, cost = item
-        if len(self._costs) < SYNC_SAMPLE:
+        if len(self._costs) < SYNC_SKIP + SYNC_SAMPLE:
             self._costs.append(cost)
-            if len(self._costs) == SYNC_SAMPLE and statistics.median(self._costs) <= SYNC_BATCH_CPU_SECONDS \
+            if len(self._costs) == SYNC_SKIP + SYNC_SAMPLE \
+                    and statistics.median(self._costs[SYNC_SKIP:]) <= SYNC_BATCH_CPU_SECONDS \
                     and callable(getattr(self._producer, "restore", None)) and self.consumed_state is not None:
                 self._go_synchronous()
         return batch

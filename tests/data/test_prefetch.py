@@ -9,7 +9,7 @@ import pytest
 
 from cct import mode
 from cct.data import prefetch as prefetch_module
-from cct.data.prefetch import SYNC_SAMPLE, Prefetcher
+from cct.data.prefetch import SYNC_SAMPLE, SYNC_SKIP, Prefetcher
 from cct.errors import CctError
 from cct.proto import caffe_pb2 as pb
 from tests.data.helpers import (
@@ -121,6 +121,9 @@ def test_threads_end_when_layers_and_nets_are_dropped(tmp_path):
     assert not wait_no_prefetch_threads(existing)
 
 
+SWITCH = SYNC_SKIP + SYNC_SAMPLE  # batches consumed before the producer may move into the consuming thread
+
+
 class Counter:
     """A producer of consecutive integers (one per batch) with a cursor to save and restore; ``burn`` seconds of
     CPU per batch; fails at ``fail_at``."""
@@ -154,10 +157,10 @@ def test_a_producer_with_next_to_no_work_runs_in_the_consuming_thread_without_lo
     monkeypatch.setattr(prefetch_module, "SYNC_BATCH_CPU_SECONDS", 1.0)  # whatever the machine's speed
     producer = Counter()
     p = Prefetcher(producer, 4)
-    got = [p.get() for _ in range(SYNC_SAMPLE + 5)]
-    assert got == list(range(SYNC_SAMPLE + 5))
+    got = [p.get() for _ in range(SWITCH + 5)]
+    assert got == list(range(SWITCH + 5))
     assert p.synchronous and not p.thread.is_alive()
-    assert p.consumed_state == {"next": SYNC_SAMPLE + 5}
+    assert p.consumed_state == {"next": SWITCH + 5}
     p.rewind({"next": 2})
     assert [p.get(), p.get()] == [2, 3]
     p.stop()
@@ -168,7 +171,7 @@ def test_a_producer_with_next_to_no_work_runs_in_the_consuming_thread_without_lo
 def test_a_producer_that_works_keeps_its_thread():
     producer = Counter(burn=3 * prefetch_module.SYNC_BATCH_CPU_SECONDS)
     p = Prefetcher(producer, 2)
-    assert [p.get() for _ in range(SYNC_SAMPLE + 3)] == list(range(SYNC_SAMPLE + 3))
+    assert [p.get() for _ in range(SWITCH + 3)] == list(range(SWITCH + 3))
     assert not p.synchronous and p.thread.is_alive()
     p.stop()
     assert not p.thread.is_alive() and producer.closed == 1
@@ -176,11 +179,11 @@ def test_a_producer_that_works_keeps_its_thread():
 
 def test_a_synchronous_producers_error_is_one_line_every_time(monkeypatch):
     monkeypatch.setattr(prefetch_module, "SYNC_BATCH_CPU_SECONDS", 1.0)
-    p = Prefetcher(Counter(fail_at=SYNC_SAMPLE + 2), 4)
-    assert [p.get() for _ in range(SYNC_SAMPLE + 2)] == list(range(SYNC_SAMPLE + 2))
+    p = Prefetcher(Counter(fail_at=SWITCH + 2), 4)
+    assert [p.get() for _ in range(SWITCH + 2)] == list(range(SWITCH + 2))
     assert p.synchronous
     for _ in range(2):
-        with pytest.raises(CctError, match=f"^ValueError: bad record {SYNC_SAMPLE + 2}$"):
+        with pytest.raises(CctError, match=f"^ValueError: bad record {SWITCH + 2}$"):
             p.get()
     p.stop()
 
@@ -191,7 +194,7 @@ def test_data_layer_batches_continue_across_the_switch(tmp_path, monkeypatch):
     monkeypatch.setattr(prefetch_module, "SYNC_BATCH_CPU_SECONDS", 1.0)
     src = small_db(tmp_path)
     layer, top = make_layer(data_text(src, 3, 4), 2)
-    labels = [forward(layer, top)[1].tolist() for _ in range(SYNC_SAMPLE + 6)]
-    assert sum(labels, []) == [i % 7 for i in range(3 * (SYNC_SAMPLE + 6))]
+    labels = [forward(layer, top)[1].tolist() for _ in range(SWITCH + 6)]
+    assert sum(labels, []) == [i % 7 for i in range(3 * (SWITCH + 6))]
     assert layer._prefetcher.synchronous
     layer.close()
