@@ -115,10 +115,28 @@ def test_a_close_call_on_part_of_the_batch_is_measured_again_on_the_whole_batch(
     result = autotune._measure_conv_engines(conv2, np.float32, 2, 1.0)  # 1 s predicted: part of the batch
     assert sizes[0][0] < conv2.num and sizes[1][0] == conv2.num and "lowering" in sizes[1][1]
     assert all(result["lowering"] < t for name, t in result.items() if name.startswith("fft"))
-    sizes.clear()  # a clear call on part of the batch is not measured again
+    sizes.clear()  # a clear call on part of the batch is not measured again on the whole batch ...
     monkeypatch.setattr(autotune, "FULL_BATCH_WINDOW", 1.05)
     autotune._measure_conv_engines(conv2, np.float32, 2, 1.0)
-    assert len(sizes) == 1
+    assert sizes[0][0] < conv2.num and sizes[1:] == [(sizes[0][0], ["lowering"])]  # ... the beaten lowering is
+
+
+def test_a_beaten_lowering_engine_is_measured_again_and_keeps_its_better_time(monkeypatch):
+    """Another engine needs a margin over the lowering engine; one spike in the lowering's single measurement
+    would hand the layer over, so where another engine wins the lowering is measured once more (noise only adds
+    time: the better of its two times counts)."""
+    g = ConvGeometry(8, 16, 16, 1, (12, 12), (3, 3), (1, 1), (1, 1), (1, 1))
+    calls = []
+
+    def measure(engines, geometry, dtype, rounds, settle=0.0):
+        calls.append(sorted(engines))
+        spike = 3.0 if len(calls) == 1 else 1.0  # the lowering's first measurement hit a busy moment
+        return {name: (spike if name == "lowering" else 1.5) * geometry.num * 1e-3 for name in engines}
+
+    monkeypatch.setattr(autotune, "_measure_engines", measure)
+    monkeypatch.setattr(autotune, "FULL_BATCH_WINDOW", 1.05)
+    result = autotune._measure_conv_engines(g, np.float32, 1, 1e-3)
+    assert calls[-1] == ["lowering"] and result["lowering"] < min(t for k, t in result.items() if k != "lowering")
 
 
 def test_measured_steps_see_new_operands_and_keep_the_engines_memory():
