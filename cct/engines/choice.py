@@ -278,13 +278,16 @@ def choose_conv_engine(g: ConvGeometry, dtype: Any = np.float32, xp: Any = None,
 
 
 def _fft_predicted_faster(g: ConvGeometry, dtype: Any, t_low: float, t_fft: float) -> bool:
-    """Whether the models' FFT time beats the lowering's by the margin a measured FFT must show: at least
-    ``PREFER_TYPE1_SECONDS`` and ``PREFER_TYPE1_FRACTION`` of its time, ``KEPT_FRACTION`` where every FFT layout
-    keeps more than ``KEPT_BYTES`` of spectra between the passes (CaffeNet's conv3-5 at 64 images with AVX2
-    kernels: predicted 6-11% faster, measured 2-8% slower than the lowering, and 400 MiB more RSS)."""
+    """Whether the models' FFT time beats the lowering's by the margin a measured FFT must show — at least
+    ``PREFER_TYPE1_SECONDS`` and ``PREFER_TYPE1_FRACTION`` of its time —, and never where every FFT layout keeps
+    more than ``KEPT_BYTES`` of spectra between the passes: that much memory only for a measured gain (CaffeNet at
+    64 images with AVX2 kernels, a cold cache: the models put conv4 and conv5 on the FFT, predicted 40% faster
+    and in the net 0.9-1.05x the alternatives, and with conv2's measured FFT the net held 2106 MiB, 1.19x
+    PyTorch's; conv3-5 predicted 6-11% faster had measured 2-8% slower with 400 MiB more)."""
     kept = _kept_bytes(g, dtype, {"fft full": 0.0, "fft lifted": 0.0})
-    margin = KEPT_FRACTION if kept and min(kept.values()) > KEPT_BYTES else PREFER_TYPE1_FRACTION
-    return t_low - t_fft >= PREFER_TYPE1_SECONDS and t_low >= t_fft * (1 + margin)
+    if kept and min(kept.values()) > KEPT_BYTES:
+        return False
+    return t_low - t_fft >= PREFER_TYPE1_SECONDS and t_low >= t_fft * (1 + PREFER_TYPE1_FRACTION)
 
 
 def _kept_bytes(g: ConvGeometry, dtype: Any, measured: dict[str, float]) -> dict[str, float]:
