@@ -217,7 +217,8 @@ def choose_conv_engine(g: ConvGeometry, dtype: Any = np.float32, xp: Any = None,
     ``PREFER_TYPE1_FRACTION`` (5%) longer (``KEPT_FRACTION``, 40%, for an FFT layout that keeps more than
     ``KEPT_BYTES`` of spectra between the passes) — the smaller Winograd tile when it is within
     ``WINOGRAD_TILE_WINDOW`` of the larger (it is the more accurate).  With
-    autotune off (``CCT_AUTOTUNE=0``) the FFT model decides; with it forced on, every applicable layer is
+    autotune off (``CCT_AUTOTUNE=0``) the FFT model decides (:func:`_fft_predicted_faster`: never for an FFT
+    keeping more than ``KEPT_BYTES`` of spectra); with it forced on, every applicable layer is
     measured."""
     if choice == "lowering":
         return "lowering", ""
