@@ -3,9 +3,10 @@
 Run:   pip install torch==2.13.0          (the CPU wheel; torch is imported only by this script's worker)
        python benchmarks/small_net_overhead.py [--iters 300] [--block 25] [--threads 2]
        (from anywhere; ``env -u OPENBLAS_CORETYPE python ...`` lets numpy's OpenBLAS pick its own kernels.)
-cct runs ``models/digits/solver.prototxt`` as ``cct train`` does — the Data layer reading the LMDB through its
-prefetch thread, forward, backward, the SGD update (momentum 0.9, weight decay 5e-4, ``inv`` learning rate) —
-without test passes or snapshots.  PyTorch runs the same shapes (1x8x8 digits, batch 64: conv 3x3 pad 1 → 20,
+cct runs ``models/digits/solver.prototxt`` as ``cct train`` does — the Data layer reading the LMDB (its batches,
+cheap, made in the training thread: :mod:`cct.data.prefetch`), forward, backward, the SGD update (momentum 0.9,
+weight decay 5e-4, ``inv`` learning rate) — without test passes or snapshots.  PyTorch runs the same shapes
+(1x8x8 digits, batch 64: conv 3x3 pad 1 → 20,
 max-pool 2, conv 3x3 pad 1 → 50, max-pool 2, fc 500, ReLU, fc 10, softmax loss) with ``torch.optim.SGD``
 (momentum 0.9, weight decay 5e-4) on batches sliced from the same training records held in memory (scaled by
 1/256 like the Data layer's transform), so its data step is a slice, not a database read.

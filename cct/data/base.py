@@ -40,7 +40,8 @@ class PrefetchingDataLayer(Layer):
     _prefetcher: Prefetcher | None = None
 
     def start_prefetch(self, producer: Producer, depth: int) -> None:
-        # The producer belongs to the prefetch thread while it runs; use it only after close().
+        # The producer belongs to the prefetch thread (or, once moved there, the consuming thread: cct.data.prefetch)
+        # while it runs; use it only after close().
         self.producer = producer
         self._prefetcher = Prefetcher(producer, depth, self.name)
         self._prefetcher.attach(self)

@@ -46,7 +46,8 @@ class _RecordNames(Sequence[str]):
 
 
 class DbProducer:
-    """Reads, decodes and transforms one batch of records at a time (runs in the prefetch thread).
+    """Reads, decodes and transforms one batch of records at a time (runs in the prefetch thread, or in the
+    net's when its batches cost next to nothing: :mod:`cct.data.prefetch`).
 
     Encoded images are decoded by a small pool of threads (Pillow releases the GIL while decoding)."""
 
