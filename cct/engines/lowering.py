@@ -756,8 +756,8 @@ class LoweringEngine(ConvEngine):
             self._forward_lifting_gemms(col, wm, b, y)
             return
         if self._lifts_by_gemms(y.dtype, xp):
-            yt = self._view(ws, "yT", L.yt_shape(n, g.out_shape), y)
-            self._lift_by_gemms(col, wm, yt, n)
+            yt = self._view(ws, "yT", L.yt_shape(n, g.out_shape), y).reshape(L.G, L.Og, -1)
+            self._lift_by_gemms(col, wm, [(gi, 0, yt[gi]) for gi in range(L.G)], _prod(L.outL) * n, assign=True)
             images_first_copy(y, yt.reshape((L.O,) + g.out_shape + (n,)), b)
             return
         z = self._view(ws, "z", (L.G, L.M, n * L.cols), y)
@@ -789,23 +789,24 @@ class LoweringEngine(ConvEngine):
         L = self._lay()
         return L.images_last and L.f == 1 and xp is np and accumulates_in_place(dtype)
 
-    def _lift_by_gemms(self, col: Any, wm: Any, yt: Any, n: int) -> None:
-        """``yt`` (G, Og, *out, n) = Σ over lifted offsets of ``W_m[g, offset] · col[g, rows the offset reads]``
-        (:meth:`_lifts_by_gemms`)."""
+    def _lift_by_gemms(self, col: Any, wm: Any, blocks: list[tuple[int, int, Any]], plane: int, assign: bool) -> None:
+        """Type 2's lifting sums done by the GEMMs: for each block ``(group, c0, out)`` and lifted kernel offset,
+        ``out[:, the output rows it reaches] += W_m[group, offset] · col[group][:, c0 + the input rows it reads]``
+        (rows of ``plane`` columns; a block is one image with the images first, the chunk with them innermost);
+        with ``assign`` an offset reaching every output row goes first and assigns, else ``out`` is zeroed."""
         L = self._lay()
-        plane = _prod(L.outL) * n
-        out = yt.reshape(L.G, L.Og, -1)
         plan = L.lift
-        if not plan or not plan[0][3]:
-            out.fill(0)
-        for gi in range(L.G):
-            for j, (flat, dst, src, full) in enumerate(plan):
+        full = assign and bool(plan) and plan[0][3]
+        for gi, c0, out in blocks:
+            if assign and not full:
+                out.fill(0)
+            for j, (flat, dst, src, _) in enumerate(plan):
                 a = wm[gi, flat * L.Og:(flat + 1) * L.Og]
-                b = col[gi][:, src[0].start * plane:src[0].stop * plane]
+                b = col[gi][:, c0 + src[0].start * plane:c0 + src[0].stop * plane]
                 if j == 0 and full:
-                    np.matmul(a, b, out=out[gi])
+                    np.matmul(a, b, out=out)
                 else:
-                    matmul_accumulate(out[gi][:, dst[0].start * plane:dst[0].stop * plane], a, b)
+                    matmul_accumulate(out[:, dst[0].start * plane:dst[0].stop * plane], a, b)
 
     def _weight_grad_by_rows(self, ws: dict[str, Any], x: Any, dyt: Any, acc: Any, first: bool,
                              col: Any | None, by_rows: bool) -> None:
@@ -858,25 +859,17 @@ class LoweringEngine(ConvEngine):
                         matmul_accumulate(dcol[gi][:, c0 + src[0].start * plane:c0 + src[0].stop * plane], a, b)
 
     def _forward_lifting_gemms(self, col: Any, wm: Any, b: Any | None, y: Any) -> None:
-        """Type 2 forward (``FUSED_LIFT_MIN_COLS``): ``y`` (n, O, *out) = bias, then per image, group and lifted
-        kernel offset ``y[i, group, rows] += W_m[group, offset] · col[group, image i, input rows]`` — the rows
-        and input rows of :attr:`_Layout.lift`, each a column range of the (channels, rows·plane) matrices."""
+        """Type 2 forward (``FUSED_LIFT_MIN_COLS``): ``y`` (n, O, *out) = bias, then per image and group the lifted
+        kernel offsets' GEMMs added into its rows (:meth:`_lift_by_gemms`)."""
         g, L = self._geom(), self._lay()
         n = y.shape[0]
-        plane = _prod(L.outL)  # one row of the lifted axis, all lowered axes
         if b is None:
             y.fill(0)
         else:
             np.copyto(y, b.reshape((1, L.O) + (1,) * g.num_spatial_axes))
-        out = y.reshape(n, L.G, L.Og, g.out_shape[0] * plane)
-        rows = [(flat * L.Og, dst[0].start * plane, dst[0].stop * plane, src[0].start * plane, src[0].stop * plane)
-                for flat, dst, src, _ in L.lift]
-        for i in range(n):
-            base = i * L.cols
-            for gi in range(L.G):
-                c, a = out[i, gi], col[gi]
-                for w0, d0, d1, s0, s1 in rows:
-                    matmul_accumulate(c[:, d0:d1], wm[gi, w0:w0 + L.Og], a[:, base + s0:base + s1])
+        out = y.reshape(n, L.G, L.Og, -1)
+        self._lift_by_gemms(col, wm, [(gi, i * L.cols, out[i, gi]) for i in range(n) for gi in range(L.G)],
+                            _prod(L.outL), assign=False)
 
     def _grad_z(self, ws: dict[str, Any], dy: Any) -> Any:
         """dZ (G, KF·Og, n·cols): ``dy`` channel-first (in the "z" slot for type 1, else "yT"), unlifted

@@ -5,8 +5,8 @@ with one pass less over the blob between them.
   right after it (no mask top), its blob read by no other layer — the pooling routes each window's gradient
   times whether the window's maximum is above 0 (that maximum *is* the ReLU's output at the cell the gradient
   goes to, so this is the ReLU's ``dy · (y > 0)``, non-finite gradients included:
-  :meth:`PoolingLayer.backward_rectified`) and the ReLU's backward, a pass over the pooling's whole input, is
-  not run (CaffeNet's pool1, 32 images on one core: 6.9 instead of 5.3 + 4.4 ms).
+  :meth:`cct.layers.pooling.Pooling.backward_rectified`) and the ReLU's backward, a pass over the pooling's
+  whole input, is not run (CaffeNet's pool1, 32 images on one core: 6.9 instead of 5.3 + 4.4 ms).
 
 (A forward ``Convolution → ReLU`` pair, the ReLU applied to each chunk of the convolution's output while in
 the cache, measured no faster than the ReLU's own pass over the whole output, which finds much of it still in
