@@ -318,36 +318,38 @@ class WinogradEngine(ConvEngine):
         a = self.tile + 2
         G = g.group
         og, cg = g.out_channels // G, g.in_channels // G
-        ranges = self._ranges(x.shape[0])
-        per_image = _image_bytes(self.tile, x.shape[1], dy.shape[1], dy.shape[2:], x.itemsize)
-        chunk = max(1, chunk_budget_bytes() // len(ranges) // max(per_image, 1))
-        accs = [np.empty((G, a * a, og, cg), dtype=dw.dtype) for _ in ranges]
+        accs: dict[int, Any] = {}
 
-        def body(part: int, n0: int, n1: int) -> None:
-            for c0 in range(n0, n1, chunk):
-                self._weight_products(part, x[c0:min(n1, c0 + chunk)], dy[c0:min(n1, c0 + chunk)], accs[part],
-                                      c0 == n0)
+        def chunk(part: int, c0: int, c1: int, first: bool) -> None:
+            if first:  # the partition's accumulator: a slot of its workspace, for this call
+                accs[part] = self._buffer(part, "wgrad", (G, a * a, og, cg), dw)
+            self._weight_products(part, x[c0:c1], dy[c0:c1], accs[part], first)
 
-        run_partitions(ranges, body)
+        self._in_chunks(x.shape[0], _image_bytes(self.tile, x.shape[1], dy.shape[1], dy.shape[2:], x.itemsize),
+                        chunk)
         total = accs[0].astype(np.float64)
-        for extra in accs[1:]:
-            total += extra
+        for part in range(1, len(accs)):
+            total += accs[part]
         with blas_threads(1):  # (9, a²) · (a², G·Og·Cg): small; OpenBLAS's threads would spin into what follows
             k = self._gg.T @ total.transpose(1, 0, 2, 3).reshape(a * a, -1)
         dw += k.reshape(3, 3, G, og, cg).transpose(2, 3, 4, 0, 1).reshape(dw.shape).astype(dw.dtype)
 
-    def _chunked(self, x: Any, u: Any, pad: tuple[int, int], y: Any, bias: Any | None) -> None:
-        """:meth:`_conv` over the batch partitions, each in chunks of images that fit its share of the budget."""
-        ranges = self._ranges(x.shape[0])
-        per_image = _image_bytes(self.tile, x.shape[1], y.shape[1], y.shape[2:], x.itemsize)
-        chunk = max(1, chunk_budget_bytes() // len(ranges) // max(per_image, 1))
+    def _in_chunks(self, n: int, per_image: int, fn: Any) -> None:
+        """``fn(part, c0, c1, first)`` over the batch partitions, each in chunks of images ``[c0, c1)`` that fit its
+        share of the budget (``per_image`` bytes each); ``first``: the partition's first chunk."""
+        ranges = self._ranges(n)
+        step = max(1, chunk_budget_bytes() // len(ranges) // max(per_image, 1))
 
         def body(part: int, n0: int, n1: int) -> None:
-            for c0 in range(n0, n1, chunk):
-                c1 = min(n1, c0 + chunk)
-                self._conv(part, x[c0:c1], u, pad, y[c0:c1], bias)
+            for c0 in range(n0, n1, step):
+                fn(part, c0, min(n1, c0 + step), c0 == n0)
 
         run_partitions(ranges, body)
+
+    def _chunked(self, x: Any, u: Any, pad: tuple[int, int], y: Any, bias: Any | None) -> None:
+        """:meth:`_conv` over the batch partitions, each in chunks of images that fit its share of the budget."""
+        self._in_chunks(x.shape[0], _image_bytes(self.tile, x.shape[1], y.shape[1], y.shape[2:], x.itemsize),
+                        lambda part, c0, c1, _first: self._conv(part, x[c0:c1], u, pad, y[c0:c1], bias))
 
     # ---- the engine interface -----------------------------------------------------------------
     def forward(self, x: Any, w: Any, b: Any | None, y: Any) -> Any:
