@@ -34,7 +34,7 @@ slice of the workspace; within a partition, images are processed in chunks whose
 ``max_lowered_bytes`` (the setting ``lowering_max_mb``, ``CCT_LOWERING_MAX_MB``, default 32 MiB in all:
 chunks of some thousand GEMM columns already run at full speed, and smaller buffers stay closer to the caches
 and keep the peak memory down — CaffeNet B=64 trains as fast with 32 as with 128 MiB and holds 98 instead of
-297 MiB of workspace).
+297 MiB of workspace), and at most ``PART_LOWERED_MAX_BYTES`` per partition (:func:`partition_lowered_bytes`).
 
 Workspace: the lowered matrix, the padded input, the GEMM result / unlifted gradient and the lifting buffer
 live in a :class:`Workspace` (per partition, named flat buffers grown on demand) that every lowering engine
@@ -62,6 +62,12 @@ from cct.engines.gemm import accumulates_in_place, gemm_threads, matmul_accumula
 from cct.runtime.partition import batch_ranges, in_partition, partitions_for_flops, run_partitions
 
 _DEFAULT_MAX_MB = 32.0
+# a partition lowers at most this many bytes at a time, whatever share of the budget it has: the lowered
+# matrix is then still in the core's caches when its GEMMs read it (CaffeNet B=64, 2 partitions, interleaved:
+# conv1 one image at a time instead of three, forward 56 -> 50 ms and weight gradient 62 -> 51 ms with AVX-512
+# kernels, 5-7% with AVX2; conv4/conv5 at 13x13 in chunks of 8 images instead of 21, 3-7%; chunks of 2-4 images
+# are slower again)
+PART_LOWERED_MAX_BYTES = 6 << 20
 # type 1 forward: one GEMM per image straight into the output when an image has at least this many columns
 DIRECT_MIN_COLS = 128
 # types 1 and 2 order the lowered columns with the images innermost below this many output cells per image
@@ -129,6 +135,12 @@ def chunk_budget_bytes() -> int:
     """The per-call scratch budget of the convolution engines (``lowering_max_mb``), in bytes."""
     mb = settings.get("lowering_max_mb")
     return int((_DEFAULT_MAX_MB if mb is None else mb) * 2**20)
+
+
+def partition_lowered_bytes(total: int, parts: int) -> int:
+    """What one of ``parts`` batch partitions may lower at a time out of ``total`` bytes for all of them (at
+    most :data:`PART_LOWERED_MAX_BYTES`)."""
+    return max(1, min(total // parts, PART_LOWERED_MAX_BYTES))
 
 
 class Workspace:
@@ -309,7 +321,7 @@ class LoweringEngine(ConvEngine):
         rates = rates or DEFAULT_RATES
         parts = partitions_for_flops(g.num, 2.0 * g.out_channels * (g.in_channels // g.group) * g.kernel_count
                                      * g.out_count)
-        budget = max(1, chunk_budget_bytes() // parts)
+        budget = partition_lowered_bytes(chunk_budget_bytes(), parts)
         out = []
         for s in (1, 2, 3):
             if strategy_fallback(s, g) is not None:
@@ -414,7 +426,7 @@ class LoweringEngine(ConvEngine):
         L = self._lay()
         per_image = max(L.C * L.KL * L.cols, L.KF * L.O * L.cols) * itemsize
         parts = partitions_for_flops(n, 2.0 * L.M * L.K * L.cols)
-        budget = max(1, self.max_lowered_bytes // parts)
+        budget = partition_lowered_bytes(self.max_lowered_bytes, parts)
         out = []
         for n0, n1 in batch_ranges(n, parts):
             step = max(1, min(n1 - n0, budget // max(per_image, 1)))

@@ -8,7 +8,8 @@ the kernel over the lifted/lowered axes, ``cols = Π in_F · Π out_L``:
 * lowering ``t`` (:mod:`cct.engines.lowering`): ``4·q·m·(C·k_L·cols [or C·Π in when f = all] + k_F·O·cols
   [none for type 1 writing straight into y] + O·Π out [f > 0: the lifting buffer])`` — ``q`` batch partitions
   running at once, each on a chunk of ``m`` images (chunks keep the lowered matrices within
-  :data:`cct.inference.runner.LOWERED_BYTES`);
+  :data:`cct.inference.runner.LOWERED_BYTES`, a partition's within
+  :data:`cct.engines.lowering.PART_LOWERED_MAX_BYTES`);
 * fft full (:mod:`cct.engines.fft`, nothing kept between calls): the input spectra ``x̃ = 8·N·C·ñ``, the kernel
   spectra ``w̃ = 8·O·C·ñ`` and the output spectra ``ỹ = 8·N·O·ñ`` (``ñ = T_0·T_1·(T_2/2+1)``) are alive together
   while the inverse transform gathers the output positions axis by axis (two copies of ``ỹ`` shrinking by
@@ -73,7 +74,7 @@ def format_bytes(n: float) -> str:
 
 def _lowering_bytes(g: ConvGeometry, strategy: int, itemsize: int) -> int:
     from cct.engines.gemm import accumulates_in_place
-    from cct.engines.lowering import DIRECT_MIN_COLS, FUSED_LIFT_MIN_COLS, lowers_images_last
+    from cct.engines.lowering import DIRECT_MIN_COLS, FUSED_LIFT_MIN_COLS, lowers_images_last, partition_lowered_bytes
     from cct.inference.runner import LOWERED_BYTES
     from cct.runtime.partition import batch_ranges, partitions_for_flops
 
@@ -95,7 +96,7 @@ def _lowering_bytes(g: ConvGeometry, strategy: int, itemsize: int) -> int:
     per_image = lowered + (0 if direct or fused or by_rows else result) + (0 if fused else lifting)
     M, K = kF * (O // G), (C // G) * kL
     parts = partitions_for_flops(g.num, 2.0 * M * K * cols)
-    budget = max(1, LOWERED_BYTES // parts)
+    budget = partition_lowered_bytes(LOWERED_BYTES, parts)
     chunk = max(lowered, result) * itemsize
     images = sum(max(1, min(n1 - n0, budget // max(chunk, 1))) for n0, n1 in batch_ranges(g.num, parts))
     weights = O * (C // G) * math.prod(g.kernel) if f else 0
