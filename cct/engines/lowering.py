@@ -915,14 +915,12 @@ class LoweringEngine(ConvEngine):
         n = x.shape[0]
         if col is None:
             col = self._lower(ws, x).reshape(L.G, L.K, n * L.cols)
-        tmp = None if first else self._view(ws, "dwm_tmp", acc.shape[1:], x)
         for gi in range(L.G):
             a, b = (dz[gi], col[gi].T) if by_rows else (col[gi], dz[gi].T)
             if first:
                 xp.matmul(a, b, out=acc[gi])
-            else:
-                xp.matmul(a, b, out=tmp)
-                acc[gi] += tmp
+            else:  # BLAS adds into the accumulator: no product buffer and no pass adding it (1-2% of backward)
+                matmul_accumulate(acc[gi], a, b)
         return col
 
     def _weight_grad_layout(self, images: int, dtype: Any, parts: int, xp: Any) -> str:
