@@ -139,6 +139,31 @@ def test_a_beaten_lowering_engine_is_measured_again_and_keeps_its_better_time(mo
     assert calls[-1] == ["lowering"] and result["lowering"] < min(t for k, t in result.items() if k != "lowering")
 
 
+def test_a_close_call_between_lowerings_is_measured_again_in_the_other_order(monkeypatch):
+    """One round of a few images decides the lowering in a net's fast measurement: the lowerings within
+    LOWERING_RECHECK_WINDOW of the fastest are measured once more, warm, in the other order, each keeping its
+    better time — a spike on the true winner no longer hands the layer to another lowering; a clear loser is
+    not measured again."""
+    g = ConvGeometry(8, 16, 16, 1, (12, 12), (3, 3), (1, 1), (1, 1), (1, 1))
+    calls = []
+
+    def measure(engines, geometry, dtype, rounds, settle=0.0, warm=False):
+        calls.append((list(engines), warm))
+        first = {1: 1.0, 2: 1.5, 3: 3.0}  # ms per step; lowering 2's first step hit a busy moment
+        again = {1: 1.1, 2: 0.9, 3: 3.0}
+        return {s: (first if len(calls) == 1 else again)[s] * 1e-3 for s in engines}
+
+    monkeypatch.setattr(autotune, "_measure_engines", measure)
+    result = autotune._autotune_lowerings(g, np.float32, [1, 2, 3], None)
+    assert calls[0] == ([1, 2, 3], False) and calls[1] == ([2, 1], True) and len(calls) == 2
+    assert min(result, key=result.__getitem__) == 2
+    assert result[1] == pytest.approx(result[2] * 1.0 / 0.9)  # lowering 1 keeps its better (first) time
+    calls.clear()
+    monkeypatch.setattr(autotune, "LOWERING_RECHECK_WINDOW", 1.2)  # a clear call: measured once
+    assert min(autotune._autotune_lowerings(g, np.float32, [1, 2, 3], None).items(), key=lambda kv: kv[1])[0] == 1
+    assert len(calls) == 1
+
+
 def test_measured_steps_see_new_operands_and_keep_the_engines_memory():
     """Each measured step changes its operands in place, as training does, instead of dropping an engine's
     memo: freeing the FFT engine's spectra before every step made it measure 1.6x its time in training."""

@@ -101,7 +101,7 @@ def test_autotune_writes_and_reads_the_cache(tmp_path, monkeypatch):
     assert reason == "autotuned" and strategy in (1, 2, 3)
     path = tmp_path / "c" / "autotune.json"
     data = json.loads(path.read_text())
-    key = autotune.geometry_key(g, np.float32)
+    key = autotune.lowering_key(g, np.float32)
     assert set(data["autotune"][key]) == {"1", "2", "3"}
 
     def fail(*a, **k):
@@ -255,14 +255,14 @@ def test_autotune_measures_one_chunk_of_the_layer(monkeypatch):
     times = autotune.autotune(g, np.float32, [2, 3])
     assert set(times) == {2, 3} and all(t > 0 for t in times.values())
     # 1024 GEMM columns per partition at 144 per image: 8 images each, 16 of the 64
-    assert sizes[1:] == [16, 16]
-    cached = json.loads(measured.cache_path().read_text())["autotune"][autotune.geometry_key(g, np.float32)]
+    assert sizes[1:3] == [16, 16] and set(sizes[3:]) <= {16}  # (a close call is measured again)
+    cached = json.loads(measured.cache_path().read_text())["autotune"][autotune.lowering_key(g, np.float32)]
     assert set(cached) == {"2", "3"}
     # enough images for 64 MB of buffers: more than a partition's chunk (32 images), so one chunk each
     monkeypatch.setattr(autotune, "AUTOTUNE_BYTES", 64 << 20)
     sizes.clear()
     autotune.autotune(replace(g, in_channels=4), np.float32, [1, 2])
-    assert sizes[1:] == [64, 64]
+    assert sizes[1:3] == [64, 64] and set(sizes[3:]) <= {64}
 
 
 def test_every_engine_prices_a_geometry_through_one_contract():
