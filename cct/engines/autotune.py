@@ -59,8 +59,8 @@ AUTOTUNE_ROUNDS = 2
 # machine, CaffeNet's conv4 measured lowering 2 at 4.87 ms per image against its 3.05 in the layer, and ran
 # lowering 1, 20% slower)
 LOWERING_RECHECK_WINDOW = 1.6
-# of the lowerings' measurement (2: close calls measured again; partitions' chunks capped): entries measured by
-# another version are measured again
+# of the lowerings' measurement (2: close calls measured again; partitions' chunks capped; the images of the
+# largest chunk): entries measured by another version are measured again
 LOWERING_MEASURE_VERSION = 2
 # measuring lowering vs fft runs at most this many (predicted) seconds of images per round ...
 ENGINE_AUTOTUNE_SECONDS = 0.25
@@ -338,8 +338,8 @@ def autotune(g: ConvGeometry, dtype: Any = np.float32, candidates: Any = None,
     """Seconds per image of forward + backward (data and weights) of each applicable strategy (or of
     ``candidates``) on ``g``, measured with the layer's partitions on ``images`` images per partition
     (default: enough for ``AUTOTUNE_COLUMNS`` GEMM columns and for buffers of ``AUTOTUNE_BYTES`` in all —
-    out of the caches, as the full layer's — at most one chunk of a partition: what the layer runs at a
-    time), strategies interleaved, the best of ``AUTOTUNE_ROUNDS`` after a warm-up (one round in a net's fast
+    out of the caches, as the full layer's — at most the largest of the lowerings' chunks of a partition:
+    what the layer runs at a time), strategies interleaved, the best of ``AUTOTUNE_ROUNDS`` after a warm-up (one round in a net's fast
     measurement), those within ``LOWERING_RECHECK_WINDOW`` of the fastest measured as often again in the other
     order, each keeping its best; cached per geometry, dtype and thread setting."""
     from cct.engines.lowering import strategy_fallback
@@ -360,17 +360,20 @@ def autotune(g: ConvGeometry, dtype: Any = np.float32, candidates: Any = None,
 def _autotune_lowerings(g: ConvGeometry, dtype: Any, wanted: list[int], images: int | None) -> dict[int, float]:
     from cct.engines.lowering import LoweringEngine, Workspace
 
-    probe = LoweringEngine(1, workspace=Workspace())
-    probe.configure(g, dtype)
+    engines = {s: LoweringEngine(s, workspace=Workspace()) for s in wanted}
+    for eng in engines.values():
+        eng.configure(g, dtype)
     itemsize = np.dtype(dtype).itemsize
-    parts, per_part = probe.batch_partitions(), probe.chunk_images()
+    # the largest of the lowerings' chunks: each runs the measured images in its own chunks, as in the layer
+    # (type 1's chunk alone, 2 images of CaffeNet's conv4, measured too few for type 2's images-innermost GEMMs)
+    parts = engines[wanted[0]].batch_partitions()
+    per_part = max(eng.chunk_images() for eng in engines.values())
     if images is None:
         per_image = max(_largest_buffer(g, s) for s in wanted) * itemsize
         images = max(-(-AUTOTUNE_COLUMNS // max(1, g.out_count)),
                      -(-AUTOTUNE_BYTES // (parts * max(1, per_image))))
     k = max(1, min(per_part, images))
     n = min(g.num, k * parts)
-    engines = {s: LoweringEngine(s, workspace=Workspace()) for s in wanted}
     rounds = _effort().lowering_rounds
     best = _measure_engines(engines, replace(g, num=n), dtype, rounds)
     fastest = min(best.values())

@@ -255,14 +255,22 @@ def test_autotune_measures_one_chunk_of_the_layer(monkeypatch):
     times = autotune.autotune(g, np.float32, [2, 3])
     assert set(times) == {2, 3} and all(t > 0 for t in times.values())
     # 1024 GEMM columns per partition at 144 per image: 8 images each, 16 of the 64
-    assert sizes[1:3] == [16, 16] and set(sizes[3:]) <= {16}  # (a close call is measured again)
+    assert sizes[2:4] == [16, 16] and set(sizes[4:]) <= {16}  # (after each engine's configure on the layer;
+    # a close call is measured again)
     cached = json.loads(measured.cache_path().read_text())["autotune"][autotune.lowering_key(g, np.float32)]
     assert set(cached) == {"2", "3"}
     # enough images for 64 MB of buffers: more than a partition's chunk (32 images), so one chunk each
     monkeypatch.setattr(autotune, "AUTOTUNE_BYTES", 64 << 20)
     sizes.clear()
     autotune.autotune(replace(g, in_channels=4), np.float32, [1, 2])
-    assert sizes[1:3] == [64, 64] and set(sizes[3:]) <= {64}
+    assert sizes[2:4] == [64, 64] and set(sizes[4:]) <= {64}
+    # the largest of the candidates' chunks: type 1 lowers 2 images of this layer at a time (389 KB each) within
+    # 1 MiB per partition, type 2 six (150 KB): 6 images per partition (1024 columns would be 7), 12 of the 64
+    settings.set("lowering_max_mb", 2)
+    sizes.clear()
+    monkeypatch.setattr(autotune, "AUTOTUNE_BYTES", 0)
+    autotune.autotune(ConvGeometry(64, 64, 64, 1, (13, 13), (3, 3), (1, 1), (1, 1), (1, 1)), np.float32, [1, 2])
+    assert sizes[2:4] == [12, 12]
 
 
 def test_every_engine_prices_a_geometry_through_one_contract():
