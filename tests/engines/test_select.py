@@ -264,13 +264,14 @@ def test_autotune_measures_one_chunk_of_the_layer(monkeypatch):
     sizes.clear()
     autotune.autotune(replace(g, in_channels=4), np.float32, [1, 2])
     assert sizes[2:4] == [64, 64] and set(sizes[4:]) <= {64}
-    # the largest of the candidates' chunks: type 1 lowers 2 images of this layer at a time (389 KB each) within
-    # 1 MiB per partition, type 2 six (150 KB): 6 images per partition (1024 columns would be 7), 12 of the 64
+    # the largest of the candidates' chunks: within 1 MiB per partition type 1 lowers 2 images of this layer at a
+    # time (389 KB each), type 2 eight (130 KB): 8 images per partition, 16 of the 64 (type 1's chunk: 4)
     settings.set("lowering_max_mb", 2)
     sizes.clear()
     monkeypatch.setattr(autotune, "AUTOTUNE_BYTES", 0)
+    monkeypatch.setattr(autotune, "AUTOTUNE_COLUMNS", 4096)
     autotune.autotune(ConvGeometry(64, 64, 64, 1, (13, 13), (3, 3), (1, 1), (1, 1), (1, 1)), np.float32, [1, 2])
-    assert sizes[2:4] == [12, 12]
+    assert sizes[2:4] == [16, 16]
 
 
 def test_every_engine_prices_a_geometry_through_one_contract():
