@@ -49,8 +49,8 @@ RATES_VERSION = 4
 # another version are measured again
 ENGINE_MEASURE_VERSION = 13
 # measured images per partition: enough that the largest buffer of all partitions together exceeds this
-# (out of the last-level cache, like the full layer) and that a GEMM has this many columns, at most a
-# partition's chunk
+# (out of the last-level cache, like the full layer) and that a GEMM has this many columns, at most the
+# largest of the candidates' chunks of a partition
 AUTOTUNE_BYTES = 48 << 20
 AUTOTUNE_COLUMNS = 1024
 AUTOTUNE_ROUNDS = 2
@@ -285,13 +285,13 @@ def _measure_engines(engines: dict[Any, ConvEngine], g: ConvGeometry, dtype: Any
     engine, every step on operands no earlier step saw (only the FFT engine's reuse within a step counts).
 
     ``settle`` = 0 (engines on the same threads: the lowerings): one warm-up step each (plans, workspaces;
-    none when the engines are ``warm`` from an earlier measurement of ``g``), then ``rounds`` rounds interleaved
-    so that machine noise hits all alike.  ``settle`` > 0 (engines on
-    different threads: FFT and BLAS): each engine in a block of its own — untimed steps until ``settle``
-    seconds have passed (at least ``SETTLE_STEPS``), then ``rounds`` timed ones —, so that it is timed in its
-    steady state, as in a training loop, and not while the threads of the engine before it still spin on the
-    cores (OpenBLAS's spin ~0.1 s after a call), its own pools wake up or the allocator adapts to its arrays:
-    a 24->24 3^3 FFT step measured 20 ms interleaved with lowering steps and 13 ms steady."""
+    none when the engines are ``warm`` from an earlier measurement of ``g``), then ``rounds`` rounds
+    interleaved so that machine noise hits all alike.  ``settle`` > 0 (engines on different threads: FFT and
+    BLAS): each engine in a block of its own — untimed steps until ``settle`` seconds have passed (at least
+    ``SETTLE_STEPS``), then ``rounds`` timed ones —, so that it is timed in its steady state, as in a training
+    loop, and not while the threads of the engine before it still spin on the cores (OpenBLAS's spin ~0.1 s
+    after a call), its own pools wake up or the allocator adapts to its arrays: a 24->24 3^3 FFT step measured
+    20 ms interleaved with lowering steps and 13 ms steady."""
     rng = np.random.default_rng(0)
     x = rng.standard_normal((g.num, g.in_channels) + g.in_shape).astype(dtype)
     w = (0.1 * rng.standard_normal((g.out_channels, g.in_channels // g.group) + g.kernel)).astype(dtype)
@@ -339,9 +339,9 @@ def autotune(g: ConvGeometry, dtype: Any = np.float32, candidates: Any = None,
     ``candidates``) on ``g``, measured with the layer's partitions on ``images`` images per partition
     (default: enough for ``AUTOTUNE_COLUMNS`` GEMM columns and for buffers of ``AUTOTUNE_BYTES`` in all —
     out of the caches, as the full layer's — at most the largest of the lowerings' chunks of a partition:
-    what the layer runs at a time), strategies interleaved, the best of ``AUTOTUNE_ROUNDS`` after a warm-up (one round in a net's fast
-    measurement), those within ``LOWERING_RECHECK_WINDOW`` of the fastest measured as often again in the other
-    order, each keeping its best; cached per geometry, dtype and thread setting."""
+    what the layer runs at a time), strategies interleaved, the best of ``AUTOTUNE_ROUNDS`` after a warm-up
+    (one round in a net's fast measurement), those within ``LOWERING_RECHECK_WINDOW`` of the fastest measured
+    as often again in the other order, each keeping its best; cached per geometry, dtype and thread setting."""
     from cct.engines.lowering import strategy_fallback
 
     wanted = [s for s in (candidates or (1, 2, 3)) if strategy_fallback(s, g) is None]
