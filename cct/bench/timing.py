@@ -3,7 +3,8 @@ time for a number of iterations.  Each layer runs through the per-layer runner o
 (so a device split is what is timed), and every layer's backward is timed whether or not the net needs it, as
 Caffe's ``time`` does (a TEST-phase net still computes its parameter gradients there).  A pair the executor runs
 as one backward step in training (:mod:`cct.exec.fusion`: a max pooling doing the in-place ReLU's backward
-below it) is timed as that step, on the pooling layer, the ReLU's backward then taking 0 ms."""
+below it) is timed as that step, on the pooling layer, the ReLU's backward then taking 0 ms
+(:attr:`NetTiming.fused` names the pairs)."""
 from __future__ import annotations
 
 import time
@@ -26,6 +27,7 @@ class NetTiming:
     iteration_ms: list[float] = field(default_factory=list)  # forward + backward of each pass
     forward_ms: list[float] = field(default_factory=list)    # the forward of each pass
     total_ms: int = 0
+    fused: dict[str, str] = field(default_factory=dict)  # pooling -> the ReLU whose backward its line includes
 
 
 def device_synchronizer() -> Callable[[], None]:
@@ -75,6 +77,7 @@ def time_layers(net, iterations: int, synchronize: Callable[[], None] = lambda: 
                 runner.backward_layer(net, i)
             else:  # the pair a training pass runs as one step: timed on the pooling, the ReLU's backward 0
                 runner.backward_rectified(net, i)
+                into.fused[net._layer_names[i]] = net._layer_names[relu]
             synchronize()
             into.backward_us[i] += _us(t0)
             i = i - 1 if relu is None else relu - 1

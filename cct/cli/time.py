@@ -1,6 +1,7 @@
 """``cct time``: benchmark model execution time (Caffe's ``caffe time``): per-layer forward and backward times
 averaged over ``-iterations`` (whole microseconds per layer, whole milliseconds per iteration and in total),
-and the engine every convolution runs."""
+the engine every convolution runs, and which max pooling's backward line includes the in-place ReLU's below it
+(one step in training: the ReLU's line reads 0)."""
 from __future__ import annotations
 
 import numpy as np
@@ -46,6 +47,9 @@ def main(flags: Flags) -> int:
     for i, name in enumerate(t.layer_names):
         log.info("%10s\tforward: %s ms.", name, log.fmt(t.forward_us[i] / 1000 / n))
         log.info("%10s\tbackward: %s ms.", name, log.fmt(t.backward_us[i] / 1000 / n))
+    for name in t.layer_names:  # after the per-layer lines, which keep Caffe's format
+        if name in t.fused:
+            log.info("%10s\tbackward includes %s's backward (one step in training)", name, t.fused[name])
     log.info("Average Forward pass: %s ms.", log.fmt(t.forward_total_us / 1000 / n))
     log.info("Average Backward pass: %s ms.", log.fmt(t.backward_total_us / 1000 / n))
     log.info("Average Forward-Backward: %s ms.", log.fmt(np.float32(t.total_ms) / np.float32(n)))

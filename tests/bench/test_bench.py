@@ -267,3 +267,6 @@ def test_time_runs_a_fused_pair_as_training_does(capsys, tmp_path, monkeypatch) 
     assert paired.count(3) == 4  # pool1 (index 3) ran the pair in Net::Backward, the warm-up and both timed passes
     assert 2 not in single  # ... and relu1's own backward never ran
     assert re.search(r"relu1\tbackward: 0 ms", log_text)
+    # ... and says so after the per-layer lines (benchmarks/caffenet_vs_caffe.py compares the pair with Caffe's two)
+    assert re.search(r"pool1\tbackward includes relu1's backward", log_text)
+    assert log_text.index("backward includes") > log_text.index("relu1\tbackward: 0 ms")
