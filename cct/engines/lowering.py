@@ -137,10 +137,11 @@ def chunk_budget_bytes() -> int:
     return int((_DEFAULT_MAX_MB if mb is None else mb) * 2**20)
 
 
-def partition_lowered_bytes(total: int, parts: int) -> int:
-    """What one of ``parts`` batch partitions may lower at a time out of ``total`` bytes for all of them (at
-    most :data:`PART_LOWERED_MAX_BYTES`)."""
-    return max(1, min(total // parts, PART_LOWERED_MAX_BYTES))
+def partition_lowered_bytes(total: int, parts: int, host: bool = True) -> int:
+    """What one of ``parts`` batch partitions may lower at a time out of ``total`` bytes for all of them: on the
+    host at most :data:`PART_LOWERED_MAX_BYTES` (a core's caches), on a device its whole share."""
+    share = max(1, total // parts)
+    return min(share, PART_LOWERED_MAX_BYTES) if host else share
 
 
 class Workspace:
@@ -417,16 +418,17 @@ class LoweringEngine(ConvEngine):
 
     _view = staticmethod(workspace_view)
 
-    def _chunks(self, n: int, itemsize: int) -> list[list[tuple[int, int]]]:
-        """Per partition, the image ranges processed one after the other (lowered matrices within budget)."""
-        key = (n, itemsize, settings.get("partitions"), in_partition())
+    def _chunks(self, n: int, itemsize: int, host: bool = True) -> list[list[tuple[int, int]]]:
+        """Per partition, the image ranges processed one after the other (lowered matrices within budget;
+        ``host``: numpy arrays, see :func:`partition_lowered_bytes`)."""
+        key = (n, itemsize, settings.get("partitions"), in_partition(), host)
         memo = self._chunk_memo.get(key)
         if memo is not None:
             return memo
         L = self._lay()
         per_image = max(L.C * L.KL * L.cols, L.KF * L.O * L.cols) * itemsize
         parts = partitions_for_flops(n, 2.0 * L.M * L.K * L.cols)
-        budget = partition_lowered_bytes(self.max_lowered_bytes, parts)
+        budget = partition_lowered_bytes(self.max_lowered_bytes, parts, host)
         out = []
         for n0, n1 in batch_ranges(n, parts):
             step = max(1, min(n1 - n0, budget // max(per_image, 1)))
@@ -956,7 +958,7 @@ class LoweringEngine(ConvEngine):
         keep = self._trains and L.G * L.K * x.shape[0] * L.cols * x.itemsize <= KEEP_LOWERED_MAX_BYTES
         if not keep:
             self._kept.clear()
-        self._run(self._space(x), self._chunks(x.shape[0], x.itemsize),
+        self._run(self._space(x), self._chunks(x.shape[0], x.itemsize, get_array_module(x) is np),
                   lambda ws, part, n0, n1: self._forward_chunk(ws, x[n0:n1], wm, b, y[n0:n1],
                                                                (n0, n1) if keep else None))
         return y
@@ -990,7 +992,7 @@ class LoweringEngine(ConvEngine):
         wm = self._weight_matrix(w) if dx is not None else None
         n = dy.shape[0]
         space = self._space(dy)
-        chunks = self._chunks(n, dy.itemsize)
+        chunks = self._chunks(n, dy.itemsize, xp is np)
         accs, by_rows = self._weight_accumulators(space, dw, chunks)
         firsts = {c[0][0] for c in chunks}
         self._trains = self._trains or dw is not None
@@ -1036,7 +1038,7 @@ class LoweringEngine(ConvEngine):
         L = self._lay()
         wm = self._weight_matrix(w)
         space = self._space(x)
-        chunks = self._chunks(x.shape[0], x.itemsize)
+        chunks = self._chunks(x.shape[0], x.itemsize, get_array_module(x) is np)
         accs, by_rows = self._weight_accumulators(space, dw, chunks)
         firsts = {c[0][0] for c in chunks}
 

@@ -148,6 +148,26 @@ def test_partitions_and_chunks_equal_whole_batch(strategy):
             np.testing.assert_allclose(c, a, rtol=1e-12, atol=1e-12)
 
 
+def test_a_partition_lowers_at_most_its_cache_share_on_the_host():
+    """On the host a partition's chunk stays within PART_LOWERED_MAX_BYTES (still in the core's caches when the
+    GEMMs read it) whatever the budget; a device's lowering keeps its whole share of the budget."""
+    from cct.engines.lowering import PART_LOWERED_MAX_BYTES, partition_lowered_bytes
+
+    settings.set("partitions", 2)
+    g = ConvGeometry(64, 384, 256, 2, (13, 13), (3, 3), (1, 1), (1, 1), (1, 1))  # CaffeNet's conv5
+    eng = LoweringEngine(2, max_lowered_bytes=64 << 20, workspace=Workspace())
+    eng.configure(g, np.float32)
+    per_image = 384 * 3 * 13 * 13 * 4  # type 2: 760 KiB lowered per image
+    host = eng._chunks(g.num, 4)
+    device = eng._chunks(g.num, 4, host=False)
+    assert [len(p) for p in host] == [4, 4] and all(b - a == PART_LOWERED_MAX_BYTES // per_image == 8
+                                                    for p in host for a, b in p)
+    assert device == [[(0, 32)], [(32, 64)]]  # a partition's whole share (32 MiB) holds its 32 images
+    assert partition_lowered_bytes(64 << 20, 2) == PART_LOWERED_MAX_BYTES
+    assert partition_lowered_bytes(64 << 20, 2, host=False) == 32 << 20
+    assert partition_lowered_bytes(4 << 20, 2) == 2 << 20
+
+
 def test_workspace_bytes_and_reuse():
     g = ConvGeometry(2, 3, 4, 1, (6, 5), (3, 3), (1, 1), (1, 1), (1, 1))
     x, w, b, dy = _data(g, 4, np.float32)
