@@ -62,8 +62,8 @@ from cct.engines.gemm import accumulates_in_place, gemm_threads, matmul_accumula
 from cct.runtime.partition import batch_ranges, in_partition, partitions_for_flops, run_partitions
 
 _DEFAULT_MAX_MB = 32.0
-# a partition lowers at most this many bytes at a time, whatever share of the budget it has: the lowered
-# matrix is then still in the core's caches when its GEMMs read it (CaffeNet B=64, 2 partitions, interleaved:
+# a partition on the host lowers at most this many bytes at a time, whatever share of the budget it has: the
+# lowered matrix is then still in the core's caches when its GEMMs read it (CaffeNet B=64, 2 partitions, interleaved:
 # conv1 one image at a time instead of three, forward 56 -> 50 ms and weight gradient 62 -> 51 ms with AVX-512
 # kernels, 5-7% with AVX2; conv4/conv5 at 13x13 in chunks of 8 images instead of 21, 3-7%; chunks of 2-4 images
 # are slower again)
