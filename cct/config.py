@@ -19,7 +19,8 @@ devices               CCT_DEVICES          -devices         cpu, cpu:T, gpu:N li
 split                 CCT_SPLIT            -split           auto (default) | fractions f1,f2,...
 executor              CCT_EXECUTOR         -executor        layer (default) | taskgraph
 workers               CCT_WORKERS          -workers         N | auto (default: the cores), task-graph workers
-lowering_max_mb       CCT_LOWERING_MAX_MB                   MiB of lowered matrices, Winograd tiles per call (32)
+lowering_max_mb       CCT_LOWERING_MAX_MB                   MiB of lowered matrices, Winograd tiles per call (32;
+                                                            on the CPU <= 6 per batch partition at a time)
 fft_memoize           CCT_FFT_MEMOIZE                       1 (default) | 0: keep spectra between passes
 fft_memo_mb           CCT_FFT_MEMO_MB                       MiB of kept spectra per layer (1024)
 fft_workers           CCT_FFT_WORKERS                       FFT threads (default: the thread's BLAS budget)
@@ -185,7 +186,8 @@ SETTINGS = (
     Setting("workers", "CCT_WORKERS", "workers", count_or_auto,
             "task-graph worker threads: N, or auto (the cores)"),
     Setting("lowering_max_mb", "CCT_LOWERING_MAX_MB", None, number(1e-6),
-            "MiB of lowered matrices (and Winograd tiles) a convolution holds per call (default 32)"),
+            "MiB of lowered matrices (and Winograd tiles) a convolution holds per call (default 32; on the CPU a "
+            "batch partition lowers at most 6 at a time)"),
     Setting("fft_memoize", "CCT_FFT_MEMOIZE", None, lambda v, n, s: boolean("1" if v is None else v, n, s),
             "keep FFT spectra between a layer's passes (default 1)"),
     Setting("fft_memo_mb", "CCT_FFT_MEMO_MB", None, number(0.0),
