@@ -270,19 +270,24 @@ def _probe_size(threads: int) -> int:
     return 1024 if threads <= 1 else 1536 if threads < 4 else 2048
 
 
+def sgemm_gflops(n: int, min_reps: int = 3) -> float:
+    """sgemm GFLOP/s of ``n``³ float32 products on the host with the BLAS threads the caller runs now: the best
+    of at least ``min_reps`` after a warm-up (more while ``PROBE_SECONDS`` allow)."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+    c = np.empty_like(a)
+    return _best_gflops(n, lambda: np.matmul(a, b, out=c), min_reps=min_reps)
+
+
 def _probe_cpu(threads: int) -> float:
     """sgemm GFLOP/s with ``threads`` BLAS threads: the best of at least three square products of
     :func:`_probe_size` (smaller ones, 768 on two threads, read a third of the peak: the threads' hand-off
     and cache fills dominate them)."""
     from cct.runtime.threads import blas_threads
 
-    n = _probe_size(threads)
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((n, n), dtype=np.float32)
-    b = rng.standard_normal((n, n), dtype=np.float32)
-    c = np.empty_like(a)
     with blas_threads(threads):
-        return _best_gflops(n, lambda: np.matmul(a, b, out=c), min_reps=3)
+        return sgemm_gflops(_probe_size(threads))
 
 
 def _probe_gpu(index: int) -> float:  # pragma: no cover - needs a GPU
