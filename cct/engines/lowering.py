@@ -1003,8 +1003,8 @@ class LoweringEngine(ConvEngine):
             and accumulates_in_place(dy.dtype)
 
         def body(ws: dict[str, Any], part: int, n0: int, n1: int) -> None:
+            dyt = self._grad_yt(ws, dy[n0:n1])
             if by_gemms:  # the gradient stays channel-first: its offsets' rows are column ranges of it
-                dyt = self._grad_yt(ws, dy[n0:n1])
                 if dw is not None:
                     self._weight_grad_by_rows(ws, x[n0:n1], dyt, accs[part], n0 in firsts,
                                               self._kept_lowered((n0, n1), x[n0:n1]), by_rows)
@@ -1013,7 +1013,6 @@ class LoweringEngine(ConvEngine):
                     self._data_grad_by_rows(wm, dyt, dcol, n1 - n0)
                     self._col2im(ws, dcol.reshape(L.col_shape(n1 - n0)), dx[n0:n1])
                 return
-            dyt = self._grad_yt(ws, dy[n0:n1])
             dz = None if dw is None and rows_per_image else self._unlifted(ws, dyt, n1 - n0)
             if dw is not None:
                 self._weight_grad_chunk(ws, x[n0:n1], dz, accs[part], n0 in firsts,
