@@ -36,8 +36,10 @@ volume, one image: lifted, 33 vs 60 ms measured; four images: unlifted).
 Memoization (ZNN §IV).  The spectra of the engine's three operands — the input ``x``, the weights ``w``
 and the output gradient ``dy`` — are kept after they are computed and reused by the later passes of the
 same iteration: ``backward_weights`` reuses the forward's input spectrum, ``backward_data`` its kernel
-spectrum, and both share the output-gradient spectrum; a forward with unchanged weights (testing,
-inference) reuses the kernel spectrum.  Contract: a kept spectrum is reused only when the array passed
+spectrum, and both share the output-gradient spectrum — kept after separate gradient calls, dropped after a
+backward that computed both (nothing later in the iteration can use it, and it is the largest of the three on
+wide outputs: CaffeNet's conv2, 60 of 127 MiB); a forward with unchanged weights (testing, inference) reuses
+the kernel spectrum.  Contract: a kept spectrum is reused only when the array passed
 is the *same array with the same contents* — the same buffer address, shape, strides and dtype, and the
 same content fingerprint (a position-weighted sum, one read of the array, cheap next to a transform), so
 an array modified in place between the passes (a solver update, a gradient check, a user writing into a
@@ -63,6 +65,7 @@ from cct.engines.base import ConvEngine, ConvGeometry, Estimate
 from cct.engines.cost_model import DEFAULT_RATES, MachineRates, gemm_seconds
 from cct.engines.fft_plan import FFTPlan, fft_workers, positions, transform_size
 from cct.errors import CctError
+from cct.runtime.memory import retain_freed_memory
 from cct.runtime.partition import batch_ranges, partitions_for, run_partitions
 from cct.runtime.threads import blas_threads
 
@@ -206,7 +209,8 @@ class FFTEngine(ConvEngine):
     def estimate(g: ConvGeometry, itemsize: int = 4, rates: MachineRates = DEFAULT_RATES) -> dict[str, Any]:
         """Work and memory of one forward + backward, for both layouts: ``{"full": …, "lifted": …}`` (lifted
         absent with one spatial axis), each with ``transform_flops`` (5·n·log2 n per pruned line),
-        ``product_flops`` (8 per complex multiply-add), ``memo_bytes`` (the spectra kept when memoizing)
+        ``product_flops`` (8 per complex multiply-add), ``memo_bytes`` (the spectra kept between passes when
+        memoizing: the input's and the kernel's)
         and ``seconds`` (predicted with this module's rates and, for the lifted GEMMs, the machine's GEMM
         ``rates``); plus ``"choice"``, the faster.  A strided ``g`` costs its stride-1 convolution's
         (:meth:`unit_stride`)."""
@@ -245,8 +249,8 @@ class FFTEngine(ConvEngine):
             out["lifted" if lifted else "full"] = {
                 "forward_share": (forward_transforms + product_s / 3) / max(transforms_s + product_s, 1e-30),
                 "transform_flops": forward + inverse, "product_flops": product,
-                "memo_bytes": float(F * csize * (n * c * (rows_y * taps if lifted else 1) + o * cg * taps
-                                                 + n * o * rows_y)),  # lifted: the input is kept lowered
+                # the input's (lifted: lowered) and the kernel's; the output gradient's lives within a backward
+                "memo_bytes": float(F * csize * (n * c * (rows_y * taps if lifted else 1) + o * cg * taps)),
                 "seconds": rates.fft_call_s + transforms_s + product_s}
         out["choice"] = min(("full", "lifted"), key=lambda k: out[k]["seconds"] if k in out else math.inf)
         return out
@@ -279,6 +283,7 @@ class FFTEngine(ConvEngine):
         dtype = self.dtype if dtype is None else np.dtype(dtype)
         if geometry == self.geometry and dtype == self.dtype and self.plan is not None:
             return False
+        retain_freed_memory()  # each pass allocates its spectra anew: keep them for the next (cct.runtime.memory)
         self.geometry, self.dtype = geometry, dtype
         self._unit = self.unit_stride(geometry)
         g, nd = self._unit, geometry.num_spatial_axes
@@ -316,7 +321,8 @@ class FFTEngine(ConvEngine):
         self._kept = {}
 
     def workspace_bytes(self) -> int:
-        """Bytes of the memoized spectra (input, kernel and output-gradient transforms)."""
+        """Bytes of the memoized spectra (input, kernel and — between separate gradient calls — output-gradient
+        transforms)."""
         return sum(int(k.spectrum.nbytes) for k in self._kept.values())
 
     # ---- spectra -----------------------------------------------------------------------------------
@@ -449,6 +455,8 @@ class FFTEngine(ConvEngine):
             self._weight_grad(self._spectrum("x", x), ds, dw)
         if dx is not None:
             self._data_grad(ds, self._spectrum("w", w), dx)
+        if dw is not None and dx is not None:
+            self._kept.pop("dy", None)  # both of its uses are done: only a separate gradient call could reuse it
 
     def forward_and_backward_weights(self, x: Any, w: Any, y: Any | None, dy: Any, dw: Any | None) -> None:
         """Deconvolution's backward: ``y = conv(x, w)`` and ``dw += corr(x, dy)`` with one transform of
