@@ -1,6 +1,7 @@
 """The runtime leaf: the cores this process may use and the BLAS/FFT thread budgets of concurrent threads
-(:mod:`cct.runtime.threads`), and CcT's batch partitions (:mod:`cct.runtime.partition`).  Layers, engines,
-devices and executors build on it; it depends on nothing of cct's but the settings (:mod:`cct.config`)."""
+(:mod:`cct.runtime.threads`), CcT's batch partitions (:mod:`cct.runtime.partition`), and freed memory kept
+for reuse by the allocator (:mod:`cct.runtime.memory`).  Layers, engines, devices and executors build on it;
+it depends on nothing of cct's but the settings (:mod:`cct.config`)."""
 from cct.runtime.partition import batch_ranges, partitions_for, run_batch, run_partitions
 from cct.runtime.threads import blas_threads, cpu_cores, thread_budget
 
