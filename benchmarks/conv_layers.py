@@ -17,7 +17,6 @@ to the instruction set of numpy's OpenBLAS kernel where that is AVX2 or older (:
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
 import statistics
 import sys
@@ -29,6 +28,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("GLOG_minloglevel", "1")
 
+from torch_conv import TorchConv  # noqa: E402
 from torch_isa import match_torch_isa  # noqa: E402
 
 from cct.bench.flops import sgemm_peak  # noqa: E402
@@ -41,41 +41,6 @@ from cct.runtime.threads import thread_budget as blas_threads  # noqa: E402
 CAFFENET = [("conv1", 3, 96, 1, 227, 11, 4, 0), ("conv2", 96, 256, 2, 27, 5, 1, 2),
             ("conv3", 256, 384, 1, 13, 3, 1, 1), ("conv4", 384, 384, 2, 13, 3, 1, 1),
             ("conv5", 384, 256, 2, 13, 3, 1, 1)]
-
-
-def torch_worker(conn, threads: int, repeat: int) -> None:
-    """Times one convolution layer per request: ("layer", batch, d, o, group, n, k, stride, pad) ->
-    (forward seconds, forward + backward seconds), medians of ``repeat`` after a warm-up."""
-    try:
-        import torch
-    except ImportError:
-        conn.send(None)
-        return
-    torch.set_num_threads(threads)
-    conn.send(torch.__version__)
-    while True:
-        msg = conn.recv()
-        if msg is None:
-            return
-        conn.send(_torch_layer(torch, repeat, *msg))
-
-
-def _torch_layer(torch, repeat: int, batch: int, d: int, o: int, grp: int, n: int, k: int, st: int,
-                 p: int) -> tuple[float, float]:
-    conv2d = torch.nn.functional.conv2d
-    x = torch.randn(batch, d, n, n, requires_grad=True)
-    w = torch.randn(o, d // grp, k, k, requires_grad=True)
-    y = conv2d(x, w, None, st, p, 1, grp)
-    dy = torch.randn_like(y)
-    y.backward(dy)
-    with torch.no_grad():
-        tf = statistics.median(_timed(lambda: conv2d(x, w, None, st, p, 1, grp)) for _ in range(repeat))
-
-    def step() -> None:
-        x.grad = w.grad = None
-        conv2d(x, w, None, st, p, 1, grp).backward(dy)
-
-    return tf, statistics.median(_timed(step) for _ in range(repeat))
 
 
 def _timed(fn) -> float:
@@ -103,11 +68,8 @@ def main() -> None:
           f"OPENBLAS_L2_SIZE={os.environ.get('OPENBLAS_L2_SIZE', '(unset)')} "
           f"CCT_PARTITIONS={os.environ.get('CCT_PARTITIONS', 'auto')}")
     print(match_torch_isa(args.torch_native))
-    ctx = mp.get_context("spawn")
-    parent, child = ctx.Pipe()
-    torch_proc = ctx.Process(target=torch_worker, args=(child, blas_threads(), args.repeat), daemon=True)
-    torch_proc.start()
-    torch_version = parent.recv()
+    torch_conv = TorchConv(blas_threads(), args.repeat)
+    torch_version = torch_conv.version
     peak = sgemm_peak()
     print(f"sgemm peak (2048^3, this run, {blas_threads()} threads): {peak / 1e9:.1f} GFLOP/s; batch {args.batch}; "
           f"median of {args.repeat}; PyTorch {torch_version or 'not installed: no PyTorch rows'}")
@@ -141,12 +103,9 @@ def main() -> None:
             row(name, label, tf, tb, flops, f"{eng.workspace_bytes() / 2**20:15.1f}")
             auto = tf + tb
         if torch_version:
-            parent.send((args.batch, d, o, grp, n, k, s, p))
-            tf, tfb = parent.recv()
+            tf, tfb = torch_conv.time(args.batch, d, o, grp, n, k, s, p)
             row(name, "pytorch", tf, tfb - tf, flops, f"   cct auto / pytorch (fwd+bwd) {auto / tfb:.2f}")
-    if torch_version:
-        parent.send(None)
-    torch_proc.join()
+    torch_conv.close()
 
 
 if __name__ == "__main__":

@@ -21,7 +21,9 @@ median seconds of one training step of the layer — forward, then backward (dat
 * ``torch``: ``torch.nn.functional.conv3d`` forward + autograd backward, if torch imports, with the same
   thread count;
 
-and the ratios fft/lowering, auto/best (auto's median over the fastest of lowering's and both fft layouts'),
+auto's effective GFLOP/s — the direct convolution's 3 passes of ``2·f·f·k³·out³·batch`` flops over its time — as
+% of the sgemm peak measured at the start (above 100% where the FFT does fewer multiplications than the direct
+sums), and the ratios fft/lowering, auto/best (auto's median over the fastest of lowering's and both fft layouts'),
 pick/best (the same, with auto's pick timed as its forced twin: the lowering type or fft layout it runs) and
 fft/torch.  The cct engines run in interleaved rounds (each round runs
 every engine in turn, timing it once it has settled: see :func:`interleaved`), so that all see the same
@@ -50,6 +52,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("GLOG_minloglevel", "1")
 
+from cct.bench.flops import sgemm_peak  # noqa: E402
 from cct.engines import ConvGeometry  # noqa: E402
 from cct.engines.choice import SelectedEngine  # noqa: E402
 from cct.engines.fft import FFTEngine  # noqa: E402
@@ -204,8 +207,9 @@ def main() -> None:
           f"OPENBLAS_L2_SIZE={os.environ.get('OPENBLAS_L2_SIZE', '(unset)')} "
           f"threads (BLAS/FFT{'/torch' if torch else ''}) {fft_workers()}; "
           f"torch {torch.__version__ if torch else 'not importable'}")
+    peak = sgemm_peak()
     print(f"volume {args.size}^3, batch {args.batch}, float32, one step = forward + backward (data + weights), "
-          f"medians of {args.repeat} interleaved rounds")
+          f"medians of {args.repeat} interleaved rounds; sgemm peak (2048^3) {peak / 1e9:.1f} GFLOP/s")
     if args.prune:
         prune_figures(args.size, 7, 16, args.repeat)
     cases = [(16, 7)] if args.headline_only else [
@@ -215,7 +219,8 @@ def main() -> None:
     if (16, 7) not in cases:
         cases.append((16, 7))
     print(f"{'f->f':>7}{'k':>4}{'lowering ms':>13}{'best':>8}{'fft ms':>9}{'layout':>8}{'auto ms':>9}{'auto':>9}"
-          f"{'torch ms':>10}{'fft/lowering':>14}{'auto/best':>11}{'pick/best':>11}{'fft/torch':>11}{'fft MiB':>9}"
+          f"{'eff%peak':>9}{'torch ms':>10}{'fft/lowering':>14}{'auto/best':>11}{'pick/best':>11}{'fft/torch':>11}"
+          f"{'fft MiB':>9}"
           f"  (full / lifted fft ms)")
     headline: dict[str, Any] = {}
     setups: list[str] = []
@@ -264,9 +269,12 @@ def main() -> None:
         misses += r_pick > 1.05
         r_torch = statistics.median(times["fft_t"]) / med["torch"] if torch else float("nan")
         eng = engines[chosen]
+        g = layer.g
+        direct = 3 * 2.0 * g.out_channels * g.in_channels * k ** 3 * g.out_count * g.num
         print(f"{f:>3}->{f:<3}{k:>4}{med['lowering'] * 1e3:13.1f}{label:>8}{med['fft'] * 1e3:9.1f}"
               f"{'lifted' if eng.lifted else 'full':>8}{med['auto'] * 1e3:9.1f}{auto_eng.name:>9}"
-              f"{med['torch'] * 1e3:10.1f}{r_low:14.3f}{r_auto:11.3f}{r_pick:11.3f}{r_torch:11.3f}"
+              f"{100 * direct / med['auto'] / peak:8.0f}%{med['torch'] * 1e3:10.1f}{r_low:14.3f}{r_auto:11.3f}"
+              f"{r_pick:11.3f}{r_torch:11.3f}"
               f"{eng.workspace_bytes() / 2**20:9.1f}  ({med['full'] * 1e3:.1f} / {med['lifted'] * 1e3:.1f})")
         if (f, k) == (16, 7):
             headline = {"med": med, "low": r_low, "torch": r_torch, "err": check_equal(layer),
