@@ -8,11 +8,13 @@ fragmented.  The FFT convolution engine is such a user: ``scipy.fft`` has no ``o
 its spectra, products and signals anew (CaffeNet's conv2 on the FFT: 170-260 MiB of fresh pages per pass).
 :func:`retain_freed_memory` raises the mmap threshold and the trim threshold so that those blocks come from,
 and return to, the allocator's heap and are reused by the next pass (CaffeNet batch 64 on 2 cores, AVX2
-kernels, conv2 on the FFT: the iteration's kernel time 30-450 -> 0-60 ms; 1177-1216 -> 1069-1126 ms).
+kernels, conv2 on the FFT: the iteration's kernel time 30-450 -> 0-60 ms, the iteration 1182-1227 -> 1069-1087
+ms; peak RSS +106 MiB, which the engine gives back by not keeping the output gradient's spectrum past a
+backward).
 
-The setting is process-wide and one-way (memory freed stays with the process, ready for reuse, as under
-PyTorch's or TensorFlow's caching allocators); the FFT engine asks for it when it is first configured on the host,
-unless the ``retain_memory`` setting (``CCT_RETAIN_MEMORY=0``) says no.  Other C libraries: nothing is changed.
+The change is process-wide and one-way (memory freed stays with the process, ready for reuse, as with a caching
+allocator); the FFT engine asks for it when it is first configured on the host, unless the ``retain_memory``
+setting (``CCT_RETAIN_MEMORY=0``) says no.  Other C libraries: nothing is changed.
 """
 from __future__ import annotations
 
