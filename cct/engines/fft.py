@@ -283,7 +283,7 @@ class FFTEngine(ConvEngine):
         dtype = self.dtype if dtype is None else np.dtype(dtype)
         if geometry == self.geometry and dtype == self.dtype and self.plan is not None:
             return False
-        retain_freed_memory()  # each pass allocates its spectra anew: keep them for the next (cct.runtime.memory)
+        retain_freed_memory()  # each pass allocates its spectra anew: kept for the next if asked (cct.runtime.memory)
         self.geometry, self.dtype = geometry, dtype
         self._unit = self.unit_stride(geometry)
         g, nd = self._unit, geometry.num_spatial_axes

@@ -1,4 +1,4 @@
-"""Freed memory kept for reuse: glibc's allocator told not to hand large blocks back to the kernel.
+"""Freed memory kept for reuse: glibc's allocator told not to hand large blocks back to the kernel (opt-in).
 
 glibc serves every allocation above its mmap threshold (128 KiB, raised by itself up to 32 MiB) with a fresh
 ``mmap`` and returns it with ``munmap`` when freed, so an array of hundreds of MiB allocated and freed on every
@@ -7,14 +7,16 @@ pages in ``madvise`` mode (numpy advises them for large arrays), the kernel's co
 fragmented.  The FFT convolution engine is such a user: ``scipy.fft`` has no ``out=``, so each pass allocates
 its spectra, products and signals anew (CaffeNet's conv2 on the FFT: 170-260 MiB of fresh pages per pass).
 :func:`retain_freed_memory` raises the mmap threshold and the trim threshold so that those blocks come from,
-and return to, the allocator's heap and are reused by the next pass (CaffeNet batch 64 on 2 cores, AVX2
-kernels, conv2 on the FFT: the iteration's kernel time 30-450 -> 0-60 ms, the iteration 1182-1227 -> 1069-1087
-ms; peak RSS +106 MiB, which the engine gives back by not keeping the output gradient's spectrum past a
-backward).
+and return to, the allocator's heap and are reused by the next pass.
 
+Measured (CaffeNet batch 64, 2 cores, AVX2 kernels, conv2 on the FFT): in a process of its own the iteration's
+kernel time falls from 30-450 to 0-60 ms and the iteration from 1182-1253 to 1129-1191 ms (one run of seven at
+1353), peak RSS +78 MiB; but alternated with a PyTorch process (``benchmarks/caffenet_vs_pytorch.py``) 4 runs
+of 10 ran every iteration slow (1494-1862 ms against 1148-1186 in the others and 1397-1533 without it), for a
+reason not found — so it is off unless the ``retain_memory`` setting (``CCT_RETAIN_MEMORY=1``) asks for it.
 The change is process-wide and one-way (memory freed stays with the process, ready for reuse, as with a caching
-allocator); the FFT engine asks for it when it is first configured on the host, unless the ``retain_memory``
-setting (``CCT_RETAIN_MEMORY=0``) says no.  Other C libraries: nothing is changed.
+allocator); the FFT engine makes it when it is first configured on the host.  Other C libraries: nothing is
+changed.
 """
 from __future__ import annotations
 
@@ -34,8 +36,8 @@ _state: bool | None = None  # None: not asked yet; else whether the allocator wa
 
 
 def retain_freed_memory() -> bool:
-    """Tell glibc's allocator to keep large freed blocks for reuse (see the module docstring), once per process;
-    True when it is in effect (glibc, and the ``retain_memory`` setting not off)."""
+    """Tell glibc's allocator to keep large freed blocks for reuse (see the module docstring), once per process,
+    when the ``retain_memory`` setting asks for it; True when it is in effect (glibc, and the setting on)."""
     global _state
     with _lock:
         if _state is None:

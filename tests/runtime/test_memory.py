@@ -1,4 +1,4 @@
-"""Freed memory kept for reuse: glibc's thresholds set once per process, only when the setting allows, by the
+"""Freed memory kept for reuse: glibc's thresholds set once per process, only when the setting asks, by the
 FFT engine's first configuration."""
 from __future__ import annotations
 
@@ -22,25 +22,31 @@ def fresh(monkeypatch):
     return calls
 
 
-def test_asked_once_per_process(fresh):
+def test_asked_once_per_process(fresh, monkeypatch):
+    monkeypatch.setenv("CCT_RETAIN_MEMORY", "1")
     assert memory.retain_freed_memory() and memory.retain_freed_memory()
     assert fresh == [1]
 
 
-def test_the_setting_turns_it_off(fresh, monkeypatch):
-    monkeypatch.setenv("CCT_RETAIN_MEMORY", "0")
+@pytest.mark.parametrize("value", [None, "0"])
+def test_off_unless_the_setting_asks(fresh, monkeypatch, value):
+    if value is None:
+        monkeypatch.delenv("CCT_RETAIN_MEMORY", raising=False)
+    else:
+        monkeypatch.setenv("CCT_RETAIN_MEMORY", value)
     assert not memory.retain_freed_memory()
     assert fresh == []
 
 
-def test_the_fft_engine_asks_when_configured(fresh):
+def test_the_fft_engine_asks_when_configured(fresh, monkeypatch):
+    monkeypatch.setenv("CCT_RETAIN_MEMORY", "1")
     FFTEngine().configure(ConvGeometry(1, 2, 2, 1, (6, 6), (3, 3), (1, 1), (1, 1), (1, 1)), np.float32)
     assert fresh == [1]
 
 
 def test_glibc_accepts_the_thresholds(monkeypatch):
-    """On glibc both mallopt calls succeed (the process keeps large freed blocks from here on, which is what
-    any FFT layer of the suite does anyway); elsewhere nothing is changed."""
+    """On glibc both mallopt calls succeed (answered by glibc itself: this test process keeps large freed blocks
+    from here on); elsewhere nothing is changed."""
     if platform.libc_ver()[0] != "glibc":
         assert not memory._set_glibc_thresholds()
         return
