@@ -24,7 +24,7 @@ lowering_max_mb       CCT_LOWERING_MAX_MB                   MiB of lowered matri
 fft_memoize           CCT_FFT_MEMOIZE                       1 (default) | 0: keep spectra between passes
 fft_memo_mb           CCT_FFT_MEMO_MB                       MiB of kept spectra per layer (1024)
 fft_workers           CCT_FFT_WORKERS                       FFT threads (default: the thread's BLAS budget)
-retain_memory         CCT_RETAIN_MEMORY                     0 (default) | 1: the FFT engine has glibc keep freed
+retain_memory         CCT_RETAIN_MEMORY                     1 (default) | 0: the FFT engine has glibc keep freed
                                                             large blocks for reuse (cct.runtime.memory)
 cache_dir             CCT_CACHE_DIR                         default $XDG_CACHE_HOME/cct or ~/.cache/cct
 traceback             CCT_TRACEBACK                         0 (default) | 1: tracebacks from the command line
@@ -196,8 +196,8 @@ SETTINGS = (
             "MiB of kept spectra per layer above which a layer does not memoize (default 1024)"),
     Setting("fft_workers", "CCT_FFT_WORKERS", None, number(1, integer=True),
             "scipy.fft threads (default: the calling thread's BLAS thread budget)"),
-    Setting("retain_memory", "CCT_RETAIN_MEMORY", None, lambda v, n, s: boolean("0" if v is None else v, n, s),
-            "let the FFT engine tell glibc's allocator to keep large freed blocks for reuse (default 0; "
+    Setting("retain_memory", "CCT_RETAIN_MEMORY", None, lambda v, n, s: boolean("1" if v is None else v, n, s),
+            "let the FFT engine tell glibc's allocator to keep large freed blocks for reuse (default 1; "
             "cct.runtime.memory)"),
     Setting("cache_dir", "CCT_CACHE_DIR", None, path_or_none,
             "where measurements are cached (default $XDG_CACHE_HOME/cct or ~/.cache/cct)"),

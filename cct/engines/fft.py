@@ -33,20 +33,21 @@ This trades the first-axis transforms for ``k0·out0/T0`` times larger products 
 products; :meth:`FFTEngine.estimate` predicts both and ``lift=None`` takes the faster (16→16, 7³ kernel, 30³
 volume, one image: lifted, 33 vs 60 ms measured; four images: unlifted).
 
-Memoization (ZNN §IV).  The spectra of the engine's three operands — the input ``x``, the weights ``w``
-and the output gradient ``dy`` — are kept after they are computed and reused by the later passes of the
-same iteration: ``backward_weights`` reuses the forward's input spectrum, ``backward_data`` its kernel
-spectrum, and both share the output-gradient spectrum — kept after separate gradient calls, dropped after a
-backward that computed both (nothing later in the iteration can use it, and it is the largest of the three on
-wide outputs: CaffeNet's conv2, 60 of 127 MiB); a forward with unchanged weights (testing, inference) reuses
-the kernel spectrum.  Contract: a kept spectrum is reused only when the array passed
-is the *same array with the same contents* — the same buffer address, shape, strides and dtype, and the
-same content fingerprint (a position-weighted sum, one read of the array, cheap next to a transform), so
-an array modified in place between the passes (a solver update, a gradient check, a user writing into a
-blob) is transformed again.  :meth:`FFTEngine.invalidate` drops everything.  ``memoize=False`` (or
-``CCT_FFT_MEMOIZE=0``) keeps nothing between calls, bounding the engine's memory to one call's
-transforms; a layer whose kept spectra would exceed ``CCT_FFT_MEMO_MB`` (default 1024 MiB) does not memoize
-and says so in :meth:`FFTEngine.describe`; :meth:`FFTEngine.workspace_bytes` reports what is kept.
+Memoization (ZNN §IV). The spectra of the engine's three operands — the input ``x``, the weights ``w`` and the
+output gradient ``dy`` — are kept after they are computed and reused by the later passes of the same iteration:
+``backward_weights`` reuses the forward's input spectrum, ``backward_data`` its kernel spectrum, and both share
+the output-gradient spectrum (kept only when they are separate calls); a forward with unchanged weights
+(testing, inference) reuses the kernel spectrum. A backward computing both gradients — a training step's — drops
+everything afterwards: the next batch and the solver's update change ``x`` and ``w`` before they are seen again,
+and the memory goes to the next pass (CaffeNet's conv2: 60 MiB of output-gradient spectrum never kept, 67 MiB of
+input and kernel spectra dropped). Contract: a kept spectrum is reused only when the array passed is the *same
+array with the same contents* — the same buffer address, shape, strides and dtype, and the same content
+fingerprint (a position-weighted sum, one read of the array, cheap next to a transform), so an array modified in
+place between the passes (a solver update, a gradient check, a user writing into a blob) is transformed again.
+:meth:`FFTEngine.invalidate` drops everything. ``memoize=False`` (or ``CCT_FFT_MEMOIZE=0``) keeps nothing
+between calls, bounding the engine's memory to one call's transforms; a layer whose kept spectra would exceed
+``CCT_FFT_MEMO_MB`` (default 1024 MiB) does not memoize and says so in :meth:`FFTEngine.describe`;
+:meth:`FFTEngine.workspace_bytes` reports the most it kept at once.
 
 Numbers: float32 runs in complex64, float64 in complex128; results equal the lowering engine's to
 ~1e-6 of the output's magnitude (float32).
@@ -185,6 +186,7 @@ class FFTEngine(ConvEngine):
         self.plan: FFTPlan | None = None
         self._unit: ConvGeometry | None = None
         self._kept: dict[str, _Kept] = {}
+        self._kept_peak = 0  # the most bytes kept at once (workspace_bytes)
         self.reuses = {"x": 0, "w": 0, "dy": 0}  # memo hits, for tests and logs
 
     # ---- applicability, cost and configuration -------------------------------------------------------
@@ -283,7 +285,7 @@ class FFTEngine(ConvEngine):
         dtype = self.dtype if dtype is None else np.dtype(dtype)
         if geometry == self.geometry and dtype == self.dtype and self.plan is not None:
             return False
-        retain_freed_memory()  # each pass allocates its spectra anew: kept for the next if asked (cct.runtime.memory)
+        retain_freed_memory()  # each pass allocates its spectra anew: keep them for the next (cct.runtime.memory)
         self.geometry, self.dtype = geometry, dtype
         self._unit = self.unit_stride(geometry)
         g, nd = self._unit, geometry.num_spatial_axes
@@ -319,11 +321,12 @@ class FFTEngine(ConvEngine):
     def invalidate(self) -> None:
         """Drop every memoized spectrum (the next calls transform their operands again)."""
         self._kept = {}
+        self._kept_peak = 0
 
     def workspace_bytes(self) -> int:
-        """Bytes of the memoized spectra (input, kernel and — between separate gradient calls — output-gradient
-        transforms)."""
-        return sum(int(k.spectrum.nbytes) for k in self._kept.values())
+        """The most bytes of memoized spectra kept at once since the last :meth:`invalidate` (in training the
+        input's and the kernel's, from a forward to its backward)."""
+        return self._kept_peak
 
     # ---- spectra -----------------------------------------------------------------------------------
     def _plan(self) -> FFTPlan:
@@ -381,13 +384,14 @@ class FFTEngine(ConvEngine):
         block[(slice(None),) * (nd - 1) + (slice(p0, p0 + t.shape[nd - 1]),)] = t
         return block
 
-    def _spectrum(self, role: str, a: Any) -> Any:
+    def _spectrum(self, role: str, a: Any, keep: bool = True) -> Any:
         """Operand ``role`` in the frequency domain, as the matrices of the per-frequency products, from the
         memo when ``a`` is unchanged: ``x`` (conjugated) and ``dy`` as ``(F, G, rows, Cg|Og)`` — one row per
         image, or lifted per image and output position along the first axis, the input's columns then the
-        ``k0`` taps × ``Cg`` channels it meets there (lowered) —, ``w`` as ``(F, G, Og, [k0·]Cg)``."""
-        key = _fingerprint(a) if self._memo_on else None
+        ``k0`` taps × ``Cg`` channels it meets there (lowered) —, ``w`` as ``(F, G, Og, [k0·]Cg)``; kept for
+        later calls when memoizing and ``keep``."""
         kept = self._kept.get(role) if self._memo_on else None
+        key = _fingerprint(a) if self._memo_on and (keep or kept is not None) else None
         if kept is not None and kept.key == key:
             self.reuses[role] += 1
             return kept.spectrum
@@ -404,8 +408,9 @@ class FFTEngine(ConvEngine):
             mats = spec.reshape(F, -1, G, c // G).transpose(0, 2, 1, 3)
             if role == "x" and self.lifted:
                 mats = self._lower(mats)
-        if self._memo_on:
+        if self._memo_on and keep:
             self._kept[role] = _Kept(key, mats)
+            self._kept_peak = max(self._kept_peak, sum(int(k.spectrum.nbytes) for k in self._kept.values()))
         return mats
 
     def _lower(self, xs: Any) -> Any:
@@ -450,13 +455,14 @@ class FFTEngine(ConvEngine):
         if dx is None and dw is None:
             return
         self._check_host(dy)
-        ds = self._spectrum("dy", self._upsampled(dy))
+        both = dw is not None and dx is not None
+        ds = self._spectrum("dy", self._upsampled(dy), keep=not both)  # kept only for a separate gradient call
         if dw is not None:
             self._weight_grad(self._spectrum("x", x), ds, dw)
         if dx is not None:
             self._data_grad(ds, self._spectrum("w", w), dx)
-        if dw is not None and dx is not None:
-            self._kept.pop("dy", None)  # both of its uses are done: only a separate gradient call could reuse it
+        if both:  # a training step's: the next batch and the solver's update change x and w before they recur
+            self._kept.clear()
 
     def forward_and_backward_weights(self, x: Any, w: Any, y: Any | None, dy: Any, dw: Any | None) -> None:
         """Deconvolution's backward: ``y = conv(x, w)`` and ``dw += corr(x, dy)`` with one transform of

@@ -1,4 +1,4 @@
-"""Freed memory kept for reuse: glibc's allocator told not to hand large blocks back to the kernel (opt-in).
+"""Freed memory kept for reuse: glibc's allocator told not to hand large blocks back to the kernel.
 
 glibc serves every allocation above its mmap threshold (128 KiB, raised by itself up to 32 MiB) with a fresh
 ``mmap`` and returns it with ``munmap`` when freed, so an array of hundreds of MiB allocated and freed on every
@@ -9,14 +9,14 @@ its spectra, products and signals anew (CaffeNet's conv2 on the FFT: 170-260 MiB
 :func:`retain_freed_memory` raises the mmap threshold and the trim threshold so that those blocks come from,
 and return to, the allocator's heap and are reused by the next pass.
 
-Measured (CaffeNet batch 64, 2 cores, AVX2 kernels, conv2 on the FFT): in a process of its own the iteration's
-kernel time falls from 30-450 to 0-60 ms and the iteration from 1182-1253 to 1129-1191 ms (one run of seven at
-1353), peak RSS +78 MiB; but alternated with a PyTorch process (``benchmarks/caffenet_vs_pytorch.py``) 4 runs
-of 10 ran every iteration slow (1494-1862 ms against 1148-1186 in the others and 1397-1533 without it), for a
-reason not found — so it is off unless the ``retain_memory`` setting (``CCT_RETAIN_MEMORY=1``) asks for it.
-The change is process-wide and one-way (memory freed stays with the process, ready for reuse, as with a caching
-allocator); the FFT engine makes it when it is first configured on the host.  Other C libraries: nothing is
-changed.
+Measured (CaffeNet batch 64 with its SGD update, 2 cores, AVX2 kernels, conv2 on the FFT, which drops its
+spectra after each training backward): the iteration's kernel time falls from 30-450 to 0-60 ms, the iteration
+from 1189-1199 to 1119-1120 ms, peak RSS 1706 -> 1764 MiB; alternated with PyTorch
+(``benchmarks/caffenet_vs_pytorch.py``, runs interleaved with and without) 1074-1174 against 1230-1397 ms in
+four pairs of five, one run of 1862 against 1533 in the fifth.  Off with the ``retain_memory`` setting
+(``CCT_RETAIN_MEMORY=0``).  The change is process-wide and one-way (memory freed stays with the process, ready
+for reuse, as with a caching allocator); the FFT engine makes it when it is first configured on the host.
+Other C libraries: nothing is changed.
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ _state: bool | None = None  # None: not asked yet; else whether the allocator wa
 
 def retain_freed_memory() -> bool:
     """Tell glibc's allocator to keep large freed blocks for reuse (see the module docstring), once per process,
-    when the ``retain_memory`` setting asks for it; True when it is in effect (glibc, and the setting on)."""
+    unless the ``retain_memory`` setting is off; True when it is in effect (glibc, and the setting on)."""
     global _state
     with _lock:
         if _state is None:

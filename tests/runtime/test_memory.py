@@ -1,4 +1,4 @@
-"""Freed memory kept for reuse: glibc's thresholds set once per process, only when the setting asks, by the
+"""Freed memory kept for reuse: glibc's thresholds set once per process, unless the setting is off, by the
 FFT engine's first configuration."""
 from __future__ import annotations
 
@@ -22,24 +22,24 @@ def fresh(monkeypatch):
     return calls
 
 
-def test_asked_once_per_process(fresh, monkeypatch):
-    monkeypatch.setenv("CCT_RETAIN_MEMORY", "1")
+@pytest.mark.parametrize("value", [None, "1"])
+def test_asked_once_per_process(fresh, monkeypatch, value):
+    if value is None:
+        monkeypatch.delenv("CCT_RETAIN_MEMORY", raising=False)  # on by default
+    else:
+        monkeypatch.setenv("CCT_RETAIN_MEMORY", value)
     assert memory.retain_freed_memory() and memory.retain_freed_memory()
     assert fresh == [1]
 
 
-@pytest.mark.parametrize("value", [None, "0"])
-def test_off_unless_the_setting_asks(fresh, monkeypatch, value):
-    if value is None:
-        monkeypatch.delenv("CCT_RETAIN_MEMORY", raising=False)
-    else:
-        monkeypatch.setenv("CCT_RETAIN_MEMORY", value)
+def test_the_setting_turns_it_off(fresh, monkeypatch):
+    monkeypatch.setenv("CCT_RETAIN_MEMORY", "0")
     assert not memory.retain_freed_memory()
     assert fresh == []
 
 
 def test_the_fft_engine_asks_when_configured(fresh, monkeypatch):
-    monkeypatch.setenv("CCT_RETAIN_MEMORY", "1")
+    monkeypatch.delenv("CCT_RETAIN_MEMORY", raising=False)
     FFTEngine().configure(ConvGeometry(1, 2, 2, 1, (6, 6), (3, 3), (1, 1), (1, 1), (1, 1)), np.float32)
     assert fresh == [1]
 
