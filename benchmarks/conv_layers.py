@@ -20,7 +20,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +27,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("GLOG_minloglevel", "1")
 
-from torch_conv import TorchConv  # noqa: E402
+from torch_conv import TorchConv, timed  # noqa: E402
 from torch_isa import match_torch_isa  # noqa: E402
 
 from cct.bench.flops import sgemm_peak  # noqa: E402
@@ -43,17 +42,11 @@ CAFFENET = [("conv1", 3, 96, 1, 227, 11, 4, 0), ("conv2", 96, 256, 2, 27, 5, 1, 
             ("conv5", 384, 256, 2, 13, 3, 1, 1)]
 
 
-def _timed(fn) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
-
-
 def _measure(eng: LoweringEngine | SelectedEngine, arrays: tuple, repeat: int) -> tuple[float, float]:
     """Median forward and backward (data + weights) seconds."""
     x, w, y, dy, dx, dw = arrays
-    tf = statistics.median(_timed(lambda: eng.forward(x, w, None, y)) for _ in range(repeat))
-    tb = statistics.median(_timed(lambda: eng.backward(x, dy, w, dx, dw)) for _ in range(repeat))
+    tf = statistics.median(timed(lambda: eng.forward(x, w, None, y)) for _ in range(repeat))
+    tb = statistics.median(timed(lambda: eng.backward(x, dy, w, dx, dw)) for _ in range(repeat))
     return tf, tb
 
 

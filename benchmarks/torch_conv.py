@@ -13,7 +13,8 @@ import statistics
 import time
 
 
-def _timed(fn) -> float:
+def timed(fn) -> float:
+    """Seconds one call of ``fn`` takes (the scripts that import this module time their cct side with it too)."""
     t = time.perf_counter()
     fn()
     return time.perf_counter() - t
@@ -28,13 +29,13 @@ def _torch_layer(torch, repeat: int, batch: int, d: int, o: int, grp: int, n: in
     dy = torch.randn_like(y)
     y.backward(dy)
     with torch.no_grad():
-        tf = statistics.median(_timed(lambda: conv2d(x, w, None, st, p, 1, grp)) for _ in range(repeat))
+        tf = statistics.median(timed(lambda: conv2d(x, w, None, st, p, 1, grp)) for _ in range(repeat))
 
     def step() -> None:
         x.grad = w.grad = None
         conv2d(x, w, None, st, p, 1, grp).backward(dy)
 
-    return tf, statistics.median(_timed(step) for _ in range(repeat))
+    return tf, statistics.median(timed(step) for _ in range(repeat))
 
 
 def _worker(conn, threads: int, repeat: int) -> None:
