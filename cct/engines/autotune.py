@@ -45,9 +45,10 @@ RATES_VERSION = 4
 # of autotune_conv_engine's method (7: each engine steady in a block, operands new each step; close calls on the whole
 # batch; 8: close calls measured twice, in both orders; 9: the lowerings' images-innermost layout; 10: the FFT's
 # full layout costed as GEMMs over a batch; 11: Winograd's own weight gradient; 12: the lowering measured again
-# where another engine beat it; 13: a partition's lowered chunk capped at PART_LOWERED_MAX_BYTES): entries measured by
-# another version are measured again
-ENGINE_MEASURE_VERSION = 13
+# where another engine beat it; 13: a partition's lowered chunk capped at PART_LOWERED_MAX_BYTES; 14: Winograd's
+# tiles with the channels innermost, chunks of at least MIN_CHUNK_TILES tiles): entries measured by another version
+# are measured again
+ENGINE_MEASURE_VERSION = 14
 # measured images per partition: enough that the largest buffer of all partitions together exceeds this
 # (out of the last-level cache, like the full layer) and that a GEMM has this many columns, at most the
 # largest of the candidates' chunks of a partition

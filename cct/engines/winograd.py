@@ -7,8 +7,10 @@ Each ``(m+2) x (m+2)`` input tile ``d`` (tiles overlap by 2 and step by ``m``) g
 
 so a tile costs ``(m+2)²`` multiplications per (input, output) channel pair instead of ``9 m²``: 36 instead of
 144 for m = 4 (4x fewer), 16 instead of 36 for m = 2 (2.25x).  Summed over input channels the element-wise
-products become ``(m+2)²`` independent GEMMs, ``U[ξ] (Og x Cg) · V[ξ] (Cg x tiles)``, which is where the time
-goes; the transforms are GEMMs with the Kronecker products ``Bᵀ⊗Bᵀ`` and ``Aᵀ⊗Aᵀ`` on the whole chunk at once.
+products become ``(m+2)²`` independent GEMMs, ``V[ξ] (tiles x Cg) · U[ξ]ᵀ (Cg x Og)``, which is where the time
+goes; the transforms are GEMMs with the Kronecker products ``Bᵀ⊗Bᵀ`` and ``Aᵀ⊗Aᵀ`` on the whole chunk at once.  The
+tiles keep the channels innermost (the input is moved to (n, H, W, C) once, the output back from it), so that
+gathering the overlapping tiles and scattering the output tiles copy runs of C values, not a tile row's few.
 
 Scope: 2-D, 3x3 kernels, stride 1, no dilation, padding at most 2 per side, numpy arrays (the CPU), any group
 count, float32 and float64.  The data gradient is the same computation on ``dy`` with the kernels flipped and
@@ -58,6 +60,13 @@ _TRANSFORMS: dict[int, tuple[list[list[float]], list[list[float]], list[list[flo
         [[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]]),
 }
 TILES = tuple(sorted(_TRANSFORMS))
+# a chunk holds at least this many tiles (its images' tiles, whatever the budget): fewer make the (m+2)² channel
+# GEMMs (tiles x Cg)·(Cg x Og) short — CaffeNet's conv3, F(4x4,3x3), on one core: 229 GFLOP/s at 1024 tiles, 211 at
+# 256, 172 at 80 (32 MiB shared by two partitions) with AVX-512 OpenBLAS kernels; 121, 115, 107 with AVX2 ones
+MIN_CHUNK_TILES = 256
+# of the weight gradient's measured choice (2: tiles with the channels innermost): choices measured by another
+# version are measured again
+WGRAD_MEASURE_VERSION = 2
 
 
 class WinogradEngine(ConvEngine):
@@ -131,7 +140,8 @@ class WinogradEngine(ConvEngine):
             widest = max(g.in_channels, g.out_channels)
             per_image = _image_bytes(m, widest, widest, g.out_shape, itemsize)
             parts = partitions_for(g.num, _image_work(g))
-            images = max(1, min(-(-g.num // parts), chunk_budget_bytes() // parts // max(per_image, 1)))
+            images = min(-(-g.num // parts), max(1, chunk_budget_bytes() // parts // max(per_image, 1),
+                                                 _ceil(MIN_CHUNK_TILES, tiles // max(g.num, 1))))
             out.append(Estimate("winograd", f"winograd {m}", forward, backward, int(parts * images * per_image)))
         return out
 
@@ -190,79 +200,83 @@ class WinogradEngine(ConvEngine):
         return consts
 
     def _transformed_kernels(self, w: Any, flip: bool) -> Any:
-        """``U`` (G, a², O', C') of the kernels ``w`` (O, Cg, 3, 3); ``flip``: the data gradient's kernels
-        (rotated by 180 degrees, input and output channels swapped within each group)."""
+        """``Uᵀ`` (G, a², C', O') of the kernels ``w`` (O, Cg, 3, 3): per group and transformed position the
+        (input channels x output channels) matrix the tiles (tiles x input channels) are multiplied by;
+        ``flip``: the data gradient's kernels (rotated by 180 degrees, input and output channels swapped
+        within each group)."""
         g = self._geom()
         G = g.group
         Og, Cg = w.shape[0] // G, w.shape[1]
         k = w.reshape(G, Og, Cg, 9).astype(np.float64)
         if flip:
             k = k[..., ::-1].transpose(0, 2, 1, 3)  # (G, Cg, Og, 9): the kernel read backwards
-        rows, cols = k.shape[1], k.shape[2]
+        outs, ins = k.shape[1], k.shape[2]
         # on one thread: OpenBLAS's own threads would keep spinning into the partitions that follow
         with blas_threads(1):
-            u = self._gg @ k.reshape(G * rows * cols, 9).T  # (a², G·rows·cols)
-        return np.ascontiguousarray(u.reshape(-1, G, rows, cols).transpose(1, 0, 2, 3)).astype(w.dtype)
+            u = self._gg @ k.reshape(G * outs * ins, 9).T  # (a², G·outs·ins)
+        return np.ascontiguousarray(u.reshape(-1, G, outs, ins).transpose(1, 0, 3, 2)).astype(w.dtype)
 
     def _buffer(self, part: int, name: str, shape: tuple[int, ...], like: Any) -> Any:
         return workspace_view(self._workspace.part(part), name, shape, like)
 
     def _padded(self, part: int, x: Any, pad: tuple[int, int], rows: int, cols: int) -> Any:
-        """``x`` in a ``rows`` x ``cols`` buffer with its image at offset ``pad`` and zeros around it."""
+        """``x`` (n, C, H, W) channels innermost, (n, ``rows``, ``cols``, C), its image at offset ``pad`` and
+        zeros around it."""
         n, c, h, w = x.shape
-        buf = self._buffer(part, "x_pad", (n, c, rows, cols), x)
+        buf = self._buffer(part, "x_pad", (n, rows, cols, c), x)
         (p0, p1), (e0, e1) = pad, (pad[0] + h, pad[1] + w)
-        buf[:, :, :p0] = 0
-        buf[:, :, e0:] = 0
-        buf[:, :, p0:e0, :p1] = 0
-        buf[:, :, p0:e0, e1:] = 0
-        buf[:, :, p0:e0, p1:e1] = x
+        buf[:, :p0] = 0
+        buf[:, e0:] = 0
+        buf[:, p0:e0, :p1] = 0
+        buf[:, p0:e0, e1:] = 0
+        np.copyto(buf[:, p0:e0, p1:e1], x.transpose(0, 2, 3, 1))
         return buf
 
     def _conv(self, part: int, x: Any, u: Any, pad: tuple[int, int], y: Any, bias: Any | None) -> None:
         """``y`` (n, O, Ho, Wo) = the 3x3 correlation of ``x`` (n, C, H, W) padded by ``pad`` with the
-        transformed kernels ``u`` (G, a², Og, Cg), plus ``bias``."""
+        transformed kernels ``u`` (G, a², Cg, Og), plus ``bias``."""
         m, a = self.tile, self.tile + 2
         aa = self._constants(x.dtype)[1]
         n = x.shape[0]
         o, (ho, wo) = y.shape[1], y.shape[2:]
-        groups, cg, og = u.shape[0], u.shape[3], u.shape[2]
+        groups, cg, og = u.shape[0], u.shape[2], u.shape[3]
         th, tw = _ceil(ho, m), _ceil(wo, m)
         p = n * th * tw
         v = self._tiles(part, x, pad, th, tw)
-        prod = self._buffer(part, "z", (a * a, o, p), x)
+        prod = self._buffer(part, "z", (a * a, p, o), x)
         for gi in range(groups):
-            np.matmul(u[gi], v[:, gi * cg:(gi + 1) * cg], out=prod[:, gi * og:(gi + 1) * og])
-        out = self._buffer(part, "col", (m, m, o, n, th, tw), x)  # d is free again
-        np.matmul(aa, prod.reshape(a * a, o * p), out=out.reshape(m * m, o * p))
-        if ho == th * m and wo == tw * m and y.flags.c_contiguous:
-            np.copyto(y.reshape(n, o, th, m, tw, m), out.transpose(3, 2, 4, 0, 5, 1))
+            np.matmul(v[:, :, gi * cg:(gi + 1) * cg], u[gi], out=prod[:, :, gi * og:(gi + 1) * og])
+        out = self._buffer(part, "col", (m, m, n, th, tw, o), x)  # the input tiles are transformed: free
+        np.matmul(aa, prod.reshape(a * a, p * o), out=out.reshape(m * m, p * o))
+        full = self._buffer(part, "dwm_tmp", (n, th, m, tw, m, o), x)  # whole tiles, channels innermost
+        np.copyto(full, out.transpose(2, 3, 0, 4, 1, 5))
+        cells = full.reshape(n, th * m, tw * m, o)[:, :ho, :wo].transpose(0, 3, 1, 2)
+        if bias is None:
+            np.copyto(y, cells)
         else:
-            full = self._buffer(part, "dwm_tmp", (n, o, th, m, tw, m), x)
-            np.copyto(full, out.transpose(3, 2, 4, 0, 5, 1))
-            y[...] = full.reshape(n, o, th * m, tw * m)[:, :, :ho, :wo]
-        if bias is not None:
-            y += bias.reshape(1, o, 1, 1)
+            np.add(cells, bias.reshape(1, o, 1, 1), out=y)
 
     def _tiles(self, part: int, x: Any, pad: tuple[int, int], th: int, tw: int) -> Any:
-        """``V`` (a², C, n·th·tw): the transformed input tiles ``Bᵀ d B`` of ``x`` padded by ``pad``, in the
-        "yT" slot (the tiles themselves pass through "col")."""
+        """``V`` (a², n·th·tw, C): the transformed input tiles ``Bᵀ d B`` of ``x`` padded by ``pad``, in the
+        "yT" slot (the tiles themselves pass through "col").  Channels innermost, so that every copy moves
+        runs of C contiguous values (gathering the overlapping tiles of an (n, C, H, W) array moves runs of one
+        tile row's few cells: 4x slower on CaffeNet's conv3)."""
         m, a = self.tile, self.tile + 2
         bb = self._constants(x.dtype)[0]
         n, c = x.shape[:2]
         p = n * th * tw
         xp_ = self._padded(part, x, pad, th * m + 2, tw * m + 2)
         s = xp_.strides
-        tiles = np.lib.stride_tricks.as_strided(xp_, (a, a, c, n, th, tw), (s[2], s[3], s[1], s[0], s[2] * m, s[3] * m))
-        d = self._buffer(part, "col", (a, a, c, n, th, tw), x)
+        tiles = np.lib.stride_tricks.as_strided(xp_, (a, a, n, th, tw, c), (s[1], s[2], s[0], s[1] * m, s[2] * m, s[3]))
+        d = self._buffer(part, "col", (a, a, n, th, tw, c), x)
         np.copyto(d, tiles)
-        v = self._buffer(part, "yT", (a * a, c, p), x)
-        np.matmul(bb, d.reshape(a * a, c * p), out=v.reshape(a * a, c * p))
+        v = self._buffer(part, "yT", (a * a, p, c), x)
+        np.matmul(bb, d.reshape(a * a, p * c), out=v.reshape(a * a, p * c))
         return v
 
     def _weight_products(self, part: int, x: Any, dy: Any, acc: Any, first: bool) -> None:
         """``acc`` (G, a², Og, Cg) (``first``: assigned, else added to) += per transformed position ξ
-        ``(A dY Aᵀ)[ξ] · (Bᵀ d B)[ξ]ᵀ`` summed over the chunk's tiles: the weight gradient's sums before the
+        ``(A dY Aᵀ)[ξ]ᵀ · (Bᵀ d B)[ξ]`` summed over the chunk's tiles: the weight gradient's sums before the
         kernel-side transform (:meth:`_weight_grad`)."""
         m, a = self.tile, self.tile + 2
         aa = self._constants(x.dtype)[1]
@@ -271,20 +285,20 @@ class WinogradEngine(ConvEngine):
         th, tw = _ceil(ho, m), _ceil(wo, m)
         p = n * th * tw
         v = self._tiles(part, x, tuple(self._geom().pad), th, tw)
-        dyp = self._buffer(part, "dwm_tmp", (n, o, th * m, tw * m), dy)  # whole tiles: zeros past the output
+        dyp = self._buffer(part, "dwm_tmp", (n, th * m, tw * m, o), dy)  # whole tiles: zeros past the output
         if (ho, wo) != (th * m, tw * m):
-            dyp[:, :, ho:] = 0
-            dyp[:, :, :ho, wo:] = 0
-        dyp[:, :, :ho, :wo] = dy
-        dt = self._buffer(part, "col", (m, m, o, n, th, tw), dy)  # the input tiles are transformed: free
-        np.copyto(dt, dyp.reshape(n, o, th, m, tw, m).transpose(3, 5, 1, 0, 2, 4))
-        ut = self._buffer(part, "z", (a * a, o, p), dy)
-        np.matmul(aa.T, dt.reshape(m * m, o * p), out=ut.reshape(a * a, o * p))
+            dyp[:, ho:] = 0
+            dyp[:, :ho, wo:] = 0
+        np.copyto(dyp[:, :ho, :wo], dy.transpose(0, 2, 3, 1))
+        dt = self._buffer(part, "col", (m, m, n, th, tw, o), dy)  # the input tiles are transformed: free
+        np.copyto(dt, dyp.reshape(n, th, m, tw, m, o).transpose(2, 4, 0, 1, 3, 5))
+        ut = self._buffer(part, "z", (a * a, p, o), dy)
+        np.matmul(aa.T, dt.reshape(m * m, p * o), out=ut.reshape(a * a, p * o))
         groups, og, cg = acc.shape[0], acc.shape[2], acc.shape[3]
         tmp = None if first else self._buffer(part, "dw_acc", acc.shape[1:], dy)
         for gi in range(groups):
             target = acc[gi] if first else tmp
-            np.matmul(ut[:, gi * og:(gi + 1) * og], v[:, gi * cg:(gi + 1) * cg].transpose(0, 2, 1), out=target)
+            np.matmul(ut[:, :, gi * og:(gi + 1) * og].transpose(0, 2, 1), v[:, :, gi * cg:(gi + 1) * cg], out=target)
             if not first:
                 acc[gi] += tmp
 
@@ -298,11 +312,11 @@ class WinogradEngine(ConvEngine):
         if self._wgrad_method is None:
             from cct.engines.measured import measured_choice
 
-            scratch = np.empty_like(dw)
+            scratch = np.zeros_like(dw)
             ways = {"winograd": lambda: self._weight_grad(x, dy, scratch),
                     "lowering": lambda: self._weights().backward(x, dy, None, None, scratch)}
             g = self._geom()
-            key = (f"m{self.tile}-n{g.num}-c{g.in_channels}-o{g.out_channels}-g{g.group}"
+            key = (f"v{WGRAD_MEASURE_VERSION}-m{self.tile}-n{g.num}-c{g.in_channels}-o{g.out_channels}-g{g.group}"
                    f"-in{'x'.join(map(str, g.in_shape))}-p{'x'.join(map(str, g.pad))}-{np.dtype(dw.dtype).name}")
             self._wgrad_method = measured_choice("winograd_weight_gradient", key, ways)
         return self._wgrad_method
@@ -336,9 +350,12 @@ class WinogradEngine(ConvEngine):
 
     def _in_chunks(self, n: int, per_image: int, fn: Any) -> None:
         """``fn(part, c0, c1, first)`` over the batch partitions, each in chunks of images ``[c0, c1)`` that fit its
-        share of the budget (``per_image`` bytes each); ``first``: the partition's first chunk."""
+        share of the budget (``per_image`` bytes each), but of at least ``MIN_CHUNK_TILES`` tiles;
+        ``first``: the partition's first chunk."""
         ranges = self._ranges(n)
-        step = max(1, chunk_budget_bytes() // len(ranges) // max(per_image, 1))
+        g, m = self._geom(), self.tile
+        tiles = _ceil(g.out_shape[0], m) * _ceil(g.out_shape[1], m)
+        step = max(1, chunk_budget_bytes() // len(ranges) // max(per_image, 1), _ceil(MIN_CHUNK_TILES, tiles))
 
         def body(part: int, n0: int, n1: int) -> None:
             for c0 in range(n0, n1, step):
