@@ -46,9 +46,9 @@ RATES_VERSION = 4
 # batch; 8: close calls measured twice, in both orders; 9: the lowerings' images-innermost layout; 10: the FFT's
 # full layout costed as GEMMs over a batch; 11: Winograd's own weight gradient; 12: the lowering measured again
 # where another engine beat it; 13: a partition's lowered chunk capped at PART_LOWERED_MAX_BYTES; 14: Winograd's
-# tiles with the channels innermost, chunks of at least MIN_CHUNK_TILES tiles): entries measured by another version
-# are measured again
-ENGINE_MEASURE_VERSION = 14
+# tiles with the channels innermost, chunks of at least MIN_CHUNK_TILES tiles; 15: the fastest close calls measured
+# on the whole batch when all of them would take too long): entries measured by another version are measured again
+ENGINE_MEASURE_VERSION = 15
 # measured images per partition: enough that the largest buffer of all partitions together exceeds this
 # (out of the last-level cache, like the full layer) and that a GEMM has this many columns, at most the
 # largest of the candidates' chunks of a partition
@@ -77,7 +77,7 @@ FAST_BUDGET_SECONDS = 2.0
 # 1.2x and 1.0x; the 0.05 s steps measured 3-10 images and chose FFT where it was 15% slower)
 FAST_ENGINE_SECONDS = 0.1
 # candidates measured within this factor of the fastest on part of the batch are measured again on the whole
-# batch, when all their steps together are predicted to take at most this many seconds
+# batch, as many of the fastest of them as take at most this many seconds together
 FULL_BATCH_WINDOW = 1.25
 FULL_BATCH_SECONDS = 3.0
 # each engine measured after this many seconds and at least SETTLE_STEPS untimed steps (its steady state:
@@ -421,6 +421,25 @@ def autotune_conv_engine(g: ConvGeometry, dtype: Any = np.float32, strategy: int
     return result
 
 
+def _fastest_within(scaled: dict[str, float], seconds: float) -> list[str]:
+    """The candidates measured within ``FULL_BATCH_WINDOW`` of the fastest, fastest first, as many as take at
+    most ``seconds`` together (all of them: a layer's steps measured again on the whole batch): on part of the
+    batch an engine's once-per-call work counts for more than in the layer (the Winograd and FFT engines'
+    kernel transforms) and its chunks hold fewer images — CaffeNet's conv3 measured on 16 of its 64 images:
+    F(4x4,3x3) 1.3x slower than F(2x2,3x3); on all 64 3% faster, in the net 8% (AVX2 kernels) —, so the closest
+    candidates are the ones to measure again when not all of them fit."""
+    fastest = min(scaled.values())
+    close = sorted((t, name) for name, t in scaled.items() if t <= FULL_BATCH_WINDOW * fastest)
+    picked: list[str] = []
+    total = 0.0
+    for t, name in close:
+        total += t
+        if total > seconds:
+            break
+        picked.append(name)
+    return picked
+
+
 def _measure_conv_engines(g: ConvGeometry, dtype: Any, strategy: int, predicted: float | None, fft: bool = True,
                           winograd: bool = False) -> dict[str, float]:
     from cct.engines.fft import FFTEngine
@@ -447,9 +466,8 @@ def _measure_conv_engines(g: ConvGeometry, dtype: Any, strategy: int, predicted:
         engines.update({f"winograd {m}": WinogradEngine(m) for m in TILES})
     best = _measure_engines(engines, replace(g, num=n), dtype, effort.engine_rounds, settle=ENGINE_SETTLE_SECONDS)
     scaled = {name: t * g.num / n for name, t in best.items()}
-    fastest = min(scaled.values())
-    close = [name for name, t in scaled.items() if t <= FULL_BATCH_WINDOW * fastest]
-    again_whole = len(close) > 1 and fastest * len(close) * (effort.engine_rounds + SETTLE_STEPS) <= FULL_BATCH_SECONDS
+    close = _fastest_within(scaled, FULL_BATCH_SECONDS / (effort.engine_rounds + SETTLE_STEPS))
+    again_whole = len(close) > 1
     if again_whole:
         # a close call is measured again on the whole batch, the engines in the other order (drift hits both).
         # Measured on part of the batch, the whole batch decides (cache-resident spectra and tiles of a few

@@ -121,6 +121,31 @@ def test_a_close_call_on_part_of_the_batch_is_measured_again_on_the_whole_batch(
     assert sizes[0][0] < conv2.num and sizes[1:] == [(sizes[0][0], ["lowering"])]  # ... the beaten lowering is
 
 
+def test_when_not_all_close_calls_fit_the_fastest_are_measured_again_on_the_whole_batch(monkeypatch):
+    """Candidates within the window whose whole-batch steps would take too long together: the fastest that fit
+    the time are measured again on the whole batch, and there the one slower on part of the batch (its
+    once-per-call work weighing more on fewer images) wins — CaffeNet's conv3 with AVX2 kernels."""
+    g = ConvGeometry(64, 256, 384, 1, (13, 13), (3, 3), (1, 1), (1, 1), (1, 1))
+    sizes = []
+    part = {"winograd 2": 0.206, "winograd 4": 0.213, "fft full": 0.220, "fft lifted": 0.225,
+            "lowering": 0.252}  # seconds per 64 images
+    whole = {"winograd 2": 0.193, "winograd 4": 0.187}
+
+    def measure(engines, geometry, dtype, rounds, settle=0.0):
+        sizes.append((geometry.num, sorted(engines)))
+        table = whole if geometry.num == g.num else part
+        return {name: table[name] * geometry.num / g.num for name in engines}
+
+    monkeypatch.setattr(autotune, "_measure_engines", measure)
+    result = autotune._measure_conv_engines(g, np.float32, 2, 1.0, fft=True, winograd=True)
+    assert sizes[0][0] < g.num and sizes[1] == (g.num, ["winograd 2", "winograd 4"])
+    assert min(result, key=result.__getitem__) == "winograd 4"
+    assert autotune._fastest_within(part, 0.6) == ["winograd 2", "winograd 4"]  # 0.419 s fit, 0.639 s do not
+    assert autotune._fastest_within(part, 2.0) == sorted(part, key=part.__getitem__)
+    assert autotune._fastest_within(part, 0.2) == []
+    assert autotune._fastest_within({"lowering": 0.3, "fft full": 0.5}, 10.0) == ["lowering"]  # 0.5 is not close
+
+
 def test_a_beaten_lowering_engine_is_measured_again_and_keeps_its_better_time(monkeypatch):
     """Another engine needs a margin over the lowering engine; one spike in the lowering's single measurement
     would hand the layer over, so where another engine wins the lowering is measured once more (noise only adds
