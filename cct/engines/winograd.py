@@ -62,8 +62,11 @@ _TRANSFORMS: dict[int, tuple[list[list[float]], list[list[float]], list[list[flo
 TILES = tuple(sorted(_TRANSFORMS))
 # a chunk holds at least this many tiles (its images' tiles, whatever the budget): fewer make the (m+2)² channel
 # GEMMs (tiles x Cg)·(Cg x Og) short — CaffeNet's conv3, F(4x4,3x3), on one core: 229 GFLOP/s at 1024 tiles, 211 at
-# 256, 172 at 80 (32 MiB shared by two partitions) with AVX-512 OpenBLAS kernels; 121, 115, 107 with AVX2 ones
-MIN_CHUNK_TILES = 256
+# 256, 192 at 128, 172 at 80 (32 MiB shared by two partitions) with AVX-512 OpenBLAS kernels; 121, 115, 112, 107
+# with AVX2 ones.  Not more: the chunk's buffers are slots of the workspace the net's convolutions share, and at
+# 256 tiles conv4's F(4x4,3x3) took 56 MiB per partition (CaffeNet, conv3 on the FFT: peak RSS 1.11-1.14x
+# PyTorch's; 1.03-1.06x at 128)
+MIN_CHUNK_TILES = 128
 # of the weight gradient's measured choice (2: tiles with the channels innermost): choices measured by another
 # version are measured again
 WGRAD_MEASURE_VERSION = 2
