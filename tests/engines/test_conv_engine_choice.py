@@ -225,6 +225,44 @@ def test_measured_steps_see_new_operands_and_keep_the_engines_memory():
             assert all(not np.array_equal(u, v) for u, v in zip(a, b))
 
 
+def test_a_settled_block_counts_its_settling_steps_past_the_first(monkeypatch):
+    """In a settled block every step past the first SETTLE_STEPS counts (the best of dozens for a fast layer,
+    not of ``rounds``): one engine's steady steps hit by noise in the timed rounds still measure its fast
+    steps, the first steps (pools and allocator adapting) never count.  A fake clock: each step takes the time
+    its engine's script says."""
+    from cct.engines.base import ConvEngine as Base
+
+    clock = [0.0]
+    monkeypatch.setattr(autotune.time, "perf_counter", lambda: clock[0])
+
+    class Scripted(Base):
+        name = "scripted"
+
+        def __init__(self, times):
+            super().__init__()
+            self.times = list(times)
+
+        def configure(self, geometry, dtype=None, xp=None):
+            self.geometry = geometry
+            return True
+
+        def forward(self, x, w, b, y):
+            clock[0] += self.times.pop(0) if self.times else 0.010
+            return y
+
+        def backward(self, x, dy, w, dx, dw):
+            pass
+
+    settle = autotune.SETTLE_STEPS
+    # a: 1 ms for the first steps (never counted), then 10 ms, one 4 ms settling step, 10 ms in the rounds
+    a = Scripted([0.001] * settle + [0.010, 0.004] + [0.010] * 40)
+    # b: slow first steps, then 6 ms
+    b = Scripted([0.050] * settle + [0.006] * 80)
+    g = ConvGeometry(2, 3, 4, 1, (6, 6), (3, 3), (1, 1), (1, 1), (1, 1))
+    best = autotune._measure_engines({"a": a, "b": b}, g, np.float32, rounds=2, settle=0.25)
+    assert best == {"a": pytest.approx(0.004), "b": pytest.approx(0.006)}
+
+
 def test_an_fft_layout_keeping_many_spectra_must_save_more(monkeypatch):
     """Measured alone, the FFT engine has the caches to itself; in a net its kept spectra compete with every
     other layer (CaffeNet's conv2: 7% faster alone, 25% slower in the net; with AVX2 kernels 26% faster alone,
