@@ -43,6 +43,7 @@ import numpy as np
 
 from cct.engines.base import ConvEngine, ConvGeometry, Estimate
 from cct.engines.cost_model import DEFAULT_RATES, gemm_seconds
+from cct.engines.gemm import matmul_accumulate
 from cct.engines.lowering import LoweringEngine, chunk_budget_bytes, shared_workspace, workspace_view
 from cct.errors import CctError
 from cct.runtime.partition import batch_ranges, partitions_for, run_partitions
@@ -298,12 +299,13 @@ class WinogradEngine(ConvEngine):
         ut = self._buffer(part, "z", (a * a, p, o), dy)
         np.matmul(aa.T, dt.reshape(m * m, p * o), out=ut.reshape(a * a, p * o))
         groups, og, cg = acc.shape[0], acc.shape[2], acc.shape[3]
-        tmp = None if first else self._buffer(part, "dw_acc", acc.shape[1:], dy)
         for gi in range(groups):
-            target = acc[gi] if first else tmp
-            np.matmul(ut[:, :, gi * og:(gi + 1) * og].transpose(0, 2, 1), v[:, :, gi * cg:(gi + 1) * cg], out=target)
-            if not first:
-                acc[gi] += tmp
+            dyg, xg = ut[:, :, gi * og:(gi + 1) * og].transpose(0, 2, 1), v[:, :, gi * cg:(gi + 1) * cg]
+            if first:
+                np.matmul(dyg, xg, out=acc[gi])
+            else:  # BLAS adds into the accumulator: no product buffer as large as it, no pass adding one
+                for xi in range(a * a):
+                    matmul_accumulate(acc[gi, xi], dyg[xi], xg[xi])
 
     def _weight_grad_method(self, x: Any, dy: Any, dw: Any) -> str:
         """How the weight gradient runs: ``"winograd"`` (:meth:`_weight_grad`) or ``"lowering"`` (the lowering
