@@ -12,6 +12,7 @@ from cct.compare.tolerance import assert_close
 from cct.config import settings
 from cct.engines import ConvGeometry, choice
 from cct.engines.lowering import LoweringEngine, Workspace, shared_workspace
+from cct.engines import winograd
 from cct.engines.winograd import TILES, WinogradEngine
 from cct.errors import CctError
 from cct.gradient_check import check_gradient, setup_layer
@@ -71,14 +72,22 @@ def test_matches_the_lowering_engine(tile, dims, weights, monkeypatch):
                 assert_close(ours, theirs, f"{name} F({tile}x{tile},3x3) {dims}", reference="lowering")
 
 
-def test_chunks_and_partitions_give_the_same_result(monkeypatch):
+@pytest.mark.parametrize("min_tiles,chunk", [(1, 1), (20, 3)])
+def test_chunks_and_partitions_give_the_same_result(monkeypatch, min_tiles, chunk):
+    """A budget of under one image: chunks of one image, or of as many as hold ``MIN_CHUNK_TILES`` tiles (9 per
+    image here: 20 tiles take 3 images)."""
     g, x, w, b, dy = _operands(7, 4, 6, 2, 9, 9, 1, np.float64, seed=3)
     whole = _run(WinogradEngine(4), g, x, w, b, dy)
-    settings.set("lowering_max_mb", 0.001)  # one image per chunk
+    settings.set("lowering_max_mb", 0.001)
+    monkeypatch.setattr(winograd, "MIN_CHUNK_TILES", min_tiles)
     settings.set("partitions", 2)
     eng = WinogradEngine(4)
+    sizes = []
+    conv, products = eng._conv, eng._weight_products
+    monkeypatch.setattr(eng, "_conv", lambda part, x, *a: (sizes.append(len(x)), conv(part, x, *a))[1])
+    monkeypatch.setattr(eng, "_weight_products", lambda part, x, *a: (sizes.append(len(x)), products(part, x, *a))[1])
     split = _run(eng, g, x, w, b, dy)
-    assert eng.batch_partitions() == 2
+    assert eng.batch_partitions() == 2 and max(sizes) == chunk and len(sizes) > 3
     for a, c in zip(whole, split):
         np.testing.assert_allclose(a, c, rtol=1e-12, atol=1e-12)
 
