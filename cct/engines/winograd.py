@@ -31,9 +31,10 @@ clear gain (:mod:`cct.engines.choice`); ``-conv_engine winograd`` forces it.
 The batch is split into the batch partitions (:mod:`cct.runtime.partition`) and each partition walks its
 images in chunks whose buffers (padded input, tiles, transformed tiles and products, output tiles) share the
 lowering engine's budget (``lowering_max_mb``, ``CCT_LOWERING_MAX_MB``: 32 MiB per layer call, split between
-the partitions), but hold at least ``MIN_CHUNK_TILES`` tiles (the channel GEMMs' rows).  The buffers are slots of the thread's workspace that the net's lowering engines share
-(:func:`cct.engines.lowering.shared_workspace`) — the lowering engine's own slot names, since every slot is
-scratch for the duration of one call —, so the engine adds memory only where it needs more than they do.
+the partitions), but hold at least ``MIN_CHUNK_TILES`` tiles (the channel GEMMs' rows).  The buffers are slots
+of the thread's workspace that the net's lowering engines share (:func:`cct.engines.lowering.shared_workspace`)
+— the lowering engine's own slot names, since every slot is scratch for the duration of one call —, so the
+engine adds memory only where it needs more than they do.
 """
 from __future__ import annotations
 
