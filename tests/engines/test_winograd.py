@@ -10,9 +10,8 @@ import pytest
 import cct.layers.conv  # noqa: F401  (registers the layers)
 from cct.compare.tolerance import assert_close
 from cct.config import settings
-from cct.engines import ConvGeometry, choice
+from cct.engines import ConvGeometry, choice, winograd
 from cct.engines.lowering import LoweringEngine, Workspace, shared_workspace
-from cct.engines import winograd
 from cct.engines.winograd import TILES, WinogradEngine
 from cct.errors import CctError
 from cct.gradient_check import check_gradient, setup_layer
