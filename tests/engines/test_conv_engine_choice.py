@@ -284,6 +284,20 @@ def test_an_fft_layout_keeping_many_spectra_must_save_more(monkeypatch):
     assert choice.choose_conv_engine(conv2)[0] == "fft lifted"
 
 
+def test_an_fft_layout_keeping_many_spectra_must_save_more_over_every_other_engine_too(monkeypatch):
+    """CaffeNet's conv3 with AVX2 kernels: the FFT (98 MiB of spectra) measured as fast as Winograd F(4x4,3x3) and
+    1.45x the lowering engine's speed; it runs only where it also beats the Winograd engine by KEPT_FRACTION."""
+    conv3 = ConvGeometry(64, 256, 384, 1, (13, 13), (3, 3), (1, 1), (1, 1), (1, 1))
+    assert choice._kept_bytes(conv3, np.float32, {"fft full": 0})["fft full"] > choice.KEPT_BYTES
+    settings.set("autotune", True)
+    fast = 0.169 / (1 + choice.KEPT_FRACTION)
+    for t_fft, expected in ((0.169, "winograd 4"), (0.165, "winograd 4"), (fast + 0.002, "winograd 4"),
+                            (fast - 0.002, "fft full")):
+        monkeypatch.setattr(choice, "autotune_conv_engine", lambda *a, t_fft=t_fft, **k: {
+            "lowering": 0.247, "fft full": t_fft, "winograd 2": 0.182, "winograd 4": 0.169})
+        assert choice.choose_conv_engine(conv3)[0] == expected, t_fft
+
+
 def test_the_models_alone_never_trade_many_spectra_for_a_predicted_gain():
     """Where nothing is measured (autotune off, or the net's budget spent) the predicted FFT time must beat the
     lowering's by the margin a measured one needs (5%), and an FFT keeping more than KEPT_BYTES of spectra between
