@@ -47,9 +47,9 @@ RATES_VERSION = 4
 # full layout costed as GEMMs over a batch; 11: Winograd's own weight gradient; 12: the lowering measured again
 # where another engine beat it; 13: a partition's lowered chunk capped at PART_LOWERED_MAX_BYTES; 14: Winograd's
 # tiles with the channels innermost, chunks of at least MIN_CHUNK_TILES tiles; 15: the fastest close calls measured
-# on the whole batch when all of them would take too long; 16: the best of the settling steps too): entries measured
-# by another version are measured again
-ENGINE_MEASURE_VERSION = 16
+# on the whole batch when all of them would take too long; 16: the best of the settling steps too; 17: the FFT
+# engine's layout moves image by image): entries measured by another version are measured again
+ENGINE_MEASURE_VERSION = 17
 # measured images per partition: enough that the largest buffer of all partitions together exceeds this
 # (out of the last-level cache, like the full layer) and that a GEMM has this many columns, at most the
 # largest of the candidates' chunks of a partition

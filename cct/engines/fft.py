@@ -141,6 +141,23 @@ def _batched_matmul(a: Any, b: Any) -> Any:
     return out
 
 
+def _spatial_first(a: Any) -> Any:
+    """``a`` (B0, B1, *spatial) as a new contiguous (*spatial, B0, B1) array, image by image (each image's (B1, S)
+    block is transposed in the cache; one transposed copy of the whole array writes every row from values
+    spread over it: CaffeNet's conv2 gradient, 12M values, 25.7 ms; this way 8.0 on one core, 4.2 on two)."""
+    b0, b1 = a.shape[:2]
+    S = _prod(a.shape[2:])
+    out = np.empty(a.shape[2:] + (b0, b1), dtype=a.dtype)
+    src, dst = a.reshape(b0, b1, S), out.reshape(S, b0, b1)
+
+    def body(_part: int, i0: int, i1: int) -> None:
+        for i in range(i0, i1):
+            np.copyto(dst[:, i], src[i].T)
+
+    run_partitions(batch_ranges(b0, partitions_for(b0, b1 * S)), body)
+    return out
+
+
 def _prod(values: Any) -> int:
     return math.prod(int(v) for v in values)
 
@@ -372,7 +389,7 @@ class FFTEngine(ConvEngine):
         by ``pad`` rows) and ``dy``, ``(*spatial[1:], O, k0, Cg)`` for the kernel."""
         g, nd = self._geom(), self._geom().num_spatial_axes
         if not self.lifted:
-            return np.ascontiguousarray(np.moveaxis(a, (0, 1), (nd, nd + 1)))
+            return _spatial_first(a)
         rest = tuple(range(3, 2 + nd))
         if role == "w":
             return np.ascontiguousarray(a.transpose(rest + (0, 2, 1)))
@@ -520,10 +537,23 @@ class FFTEngine(ConvEngine):
 
     @staticmethod
     def _write(signal: Any, out: Any, spatial: tuple[int, ...]) -> None:
-        """``out (N, G·C, *spatial)[...] = signal (*spatial, G, N, C)``."""
+        """``out (N, G·C, *spatial)[...] = signal (*spatial, G, N, C)``: per image and group, its (S, C) block
+        copied out contiguous, then transposed in the cache into ``out`` — one transposed copy of the whole
+        array fetches every value from a different row of ``signal`` (CaffeNet's conv2 output, 12M values:
+        38.7 ms; this way 11.7 ms on one core, 6.2 ms on two)."""
         nd = len(spatial)
         src = signal.transpose((nd + 1, nd, nd + 2) + tuple(range(nd)))
-        if out.flags.c_contiguous:
-            out.reshape(src.shape)[...] = src
-        else:
+        if not out.flags.c_contiguous:
             out[...] = src.reshape(out.shape)
+            return
+        S, (G, N, C) = _prod(spatial), signal.shape[nd:]
+        dst = out.reshape(N, G, C, S)
+
+        def body(_part: int, n0: int, n1: int) -> None:
+            block = np.empty(tuple(spatial) + (C,), dtype=signal.dtype)
+            for i in range(n0, n1):
+                for gi in range(G):
+                    np.copyto(block, signal[..., gi, i, :])
+                    np.copyto(dst[i, gi], block.reshape(S, C).T)
+
+        run_partitions(batch_ranges(N, partitions_for(N, G * C * S)), body)
