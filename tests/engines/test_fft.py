@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import cct.layers.conv  # noqa: F401  (registers the layers)
+from cct.config import settings
 from cct.engines import ConvGeometry
 from cct.engines.fft import FFTEngine, fft_transform_size
 from cct.engines.fft_plan import FFTPlan, positions, transform_size
@@ -319,3 +320,26 @@ def test_memo_budget_turns_memoization_off_and_says_so(monkeypatch):
     eng = FFTEngine()
     _run(eng, g, x, w, b, dy)
     assert eng.workspace_bytes() > 0 and "memoized" in eng.describe() and "not" not in eng.describe()
+
+
+@pytest.mark.parametrize("partitions", [1, 2])
+def test_layout_moves_equal_the_transposed_copies(partitions):
+    """The engine's image-by-image moves between (N, C, *spatial) and spatial-first — on one partition or split
+    over two, from a contiguous or strided signal, into a contiguous or strided output — are the plain
+    transposed copies, value for value."""
+    from cct.engines import fft
+
+    settings.set("partitions", partitions)
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((5, 6, 4, 3)).astype(np.float32)
+    np.testing.assert_array_equal(fft._spatial_first(a), np.moveaxis(a, (0, 1), (2, 3)))
+    spatial, (G, N, C) = (4, 3), (2, 5, 3)
+    signal = rng.standard_normal(spatial + (G, N, C)).astype(np.float32)
+    expected = signal.transpose(3, 2, 4, 0, 1).reshape(N, G * C, *spatial)
+    for sig in (signal, np.asfortranarray(signal)):
+        out = np.empty((N, G * C) + spatial, np.float32)
+        fft.FFTEngine._write(sig, out, spatial)
+        np.testing.assert_array_equal(out, expected)
+        wide = np.zeros((N, G * C, 6, 5), np.float32)
+        fft.FFTEngine._write(sig, wide[:, :, 1:5, 1:4], spatial)  # a strided output
+        np.testing.assert_array_equal(wide[:, :, 1:5, 1:4], expected)
