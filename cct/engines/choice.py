@@ -50,6 +50,7 @@ from cct.engines import conv_engine_class, create_conv_engine
 from cct.engines.autotune import autotune, autotune_conv_engine, machine_rates
 from cct.engines.base import ConvEngine, ConvGeometry
 from cct.engines.cost_model import MachineRates, estimate_seconds, layer_costs
+from cct.engines.measured import _ledger
 from cct.errors import CctError
 
 # auto keeps type 1 unless another lowering is predicted to save at least this much (any layer) ...
@@ -71,7 +72,10 @@ FAST_FFT_WINDOW = 1.5
 # spectra): measured alone it has the caches to itself, in a net it does not, and each pass allocates and faults
 # in hundreds of MiB — CaffeNet's conv2 at 64 images, FFT against lowering: AVX-512 kernels, 7% faster alone, 25%
 # slower in the net; AVX2 kernels, 26% faster alone (300 vs 406 ms), 1.5% slower in the net (414 vs 408 ms), and
-# 300 MiB more RSS. Both are a 1.35x swing: below this margin the net would gain nothing for its memory
+# 300 MiB more RSS. Both are a 1.35x swing: below this margin the net would gain nothing for its memory. (Since the
+# allocator keeps the FFT's arrays and its layout moves run image by image, the FFT does as well in the net as
+# alone — CaffeNet's conv2 with AVX-512 kernels, 1.25x lowering's speed alone, ran the iteration 10% faster —: the
+# margin now guards memory, and a net's first KEPT_BUDGET_BYTES of such spectra go on the usual margin.)
 KEPT_FRACTION = 0.40
 KEPT_BYTES = 64 << 20
 # auto takes the smaller Winograd tile (F(2x2,3x3): the more accurate) when it is measured within this factor of
@@ -218,8 +222,9 @@ def choose_conv_engine(g: ConvGeometry, dtype: Any = np.float32, xp: Any = None,
     most strided ones: they keep Caffe's summation order); otherwise all are measured on the layer
     (:func:`autotune_conv_engine`, cached) and the fastest taken when the lowering engine takes over
     ``PREFER_TYPE1_FRACTION`` (5%) longer (``KEPT_FRACTION``, 40%, for an FFT layout that keeps more than
-    ``KEPT_BYTES`` of spectra between the passes, over the lowering and every other qualified engine) — the
-    smaller Winograd tile when it is within
+    ``KEPT_BYTES`` of spectra between the passes, over the lowering and every other qualified engine, unless
+    the net being built still has room for them in its ``KEPT_BUDGET_BYTES``: the first such layers in build
+    order spend it) — the smaller Winograd tile when it is within
     ``WINOGRAD_TILE_WINDOW`` of the larger (it is the more accurate).  With
     autotune off (``CCT_AUTOTUNE=0``) the FFT model decides (:func:`_fft_predicted_faster`: never for an FFT
     keeping more than ``KEPT_BYTES`` of spectra); with it forced on, every applicable layer is
@@ -273,7 +278,8 @@ def choose_conv_engine(g: ConvGeometry, dtype: Any = np.float32, xp: Any = None,
     # layer measured at all is one where the models saw PREFER_TYPE1_SECONDS to gain, and a 16->16 3^3 layer's
     # FFT saving 13% of 7.6 ms is real), over KEPT_FRACTION when it keeps more than KEPT_BYTES between the passes
     kept = _kept_bytes(g, dtype, measured)
-    heavy = {k for k in measured if kept.get(k, 0) > KEPT_BYTES}
+    ledger = _ledger.get()  # the net being built: its budget of kept spectra (KEPT_BUDGET_BYTES)
+    heavy = {k for k in measured if kept.get(k, 0) > KEPT_BYTES and not (ledger and ledger.may_keep(kept[k]))}
     qualified = {k: t for k, t in measured.items() if k != "lowering" and measured["lowering"] >= t * (
         1 + (KEPT_FRACTION if k in heavy else PREFER_TYPE1_FRACTION))}
     # what holds a layer's spectra for KEPT_FRACTION more speed over the lowering engine must show it over the
@@ -286,6 +292,8 @@ def choose_conv_engine(g: ConvGeometry, dtype: Any = np.float32, xp: Any = None,
     tiles = sorted((k for k in qualified if k.startswith("winograd ")), key=lambda k: int(k.split()[1]))
     if name in tiles and qualified[tiles[0]] <= WINOGRAD_TILE_WINDOW * qualified[name]:
         name = tiles[0]
+    if ledger and kept.get(name, 0) > KEPT_BYTES:
+        ledger.kept += kept[name]
     return name, "engine autotuned: " + ", ".join(f"{k} {t * 1e3:.3g} ms" for k, t in measured.items())
 
 

@@ -298,6 +298,25 @@ def test_an_fft_layout_keeping_many_spectra_must_save_more_over_every_other_engi
         assert choice.choose_conv_engine(conv3)[0] == expected, t_fft
 
 
+def test_a_net_keeps_many_spectra_on_the_usual_margin_within_its_budget(monkeypatch):
+    """While a net is built, layers whose FFT keeps over KEPT_BYTES of spectra take it on the usual 5% margin as
+    long as the net's KEPT_BUDGET_BYTES has room, in build order; the layer that does not fit needs KEPT_FRACTION
+    again.  Outside a net (no budget) the 40% margin holds."""
+    conv2 = ConvGeometry(64, 96, 256, 2, (27, 27), (5, 5), (1, 1), (2, 2), (1, 1))
+    kept = choice._kept_bytes(conv2, np.float32, {"fft full": 0})["fft full"]
+    assert choice.KEPT_BYTES < kept <= autotune.KEPT_BUDGET_BYTES < 2 * kept
+    settings.set("autotune", True)
+    monkeypatch.setattr(choice, "autotune_conv_engine",
+                        lambda *a, **k: {"lowering": 0.215, "fft full": 0.172})  # 1.25x: between the margins
+    assert choice.choose_conv_engine(conv2)[0] == "lowering"
+    with autotune.measuring_session() as ledger:
+        assert choice.choose_conv_engine(conv2)[0] == "fft full" and ledger.kept == kept
+        assert choice.choose_conv_engine(conv2)[0] == "lowering" and ledger.kept == kept  # no room left
+    with autotune.measuring_session() as ledger:
+        ledger.kept_budget = kept - 1
+        assert choice.choose_conv_engine(conv2)[0] == "lowering" and ledger.kept == 0
+
+
 def test_the_models_alone_never_trade_many_spectra_for_a_predicted_gain():
     """Where nothing is measured (autotune off, or the net's budget spent) the predicted FFT time must beat the
     lowering's by the margin a measured one needs (5%), and an FFT keeping more than KEPT_BYTES of spectra between
