@@ -322,14 +322,15 @@ def test_memo_budget_turns_memoization_off_and_says_so(monkeypatch):
     assert eng.workspace_bytes() > 0 and "memoized" in eng.describe() and "not" not in eng.describe()
 
 
-@pytest.mark.parametrize("partitions", [1, 2])
-def test_layout_moves_equal_the_transposed_copies(partitions):
-    """The engine's image-by-image moves between (N, C, *spatial) and spatial-first — on one partition or split
-    over two, from a contiguous or strided signal, into a contiguous or strided output — are the plain
-    transposed copies, value for value."""
+@pytest.mark.parametrize("partitions,per_image", [(1, True), (2, True), (2, False)])
+def test_layout_moves_equal_the_transposed_copies(partitions, per_image, monkeypatch):
+    """The engine's moves between (N, C, *spatial) and spatial-first — image by image on one partition or split
+    over two, or (small arrays) as one copy; from a contiguous or strided signal, into a contiguous or strided
+    output — are the plain transposed copies, value for value."""
     from cct.engines import fft
 
     settings.set("partitions", partitions)
+    monkeypatch.setattr(fft, "MOVE_PER_IMAGE_MIN", 0 if per_image else 1 << 30)
     rng = np.random.default_rng(7)
     a = rng.standard_normal((5, 6, 4, 3)).astype(np.float32)
     np.testing.assert_array_equal(fft._spatial_first(a), np.moveaxis(a, (0, 1), (2, 3)))
