@@ -81,11 +81,6 @@ FAST_ENGINE_SECONDS = 0.1
 # batch, as many of the fastest of them as take at most this many seconds together
 FULL_BATCH_WINDOW = 1.25
 FULL_BATCH_SECONDS = 3.0
-# a net's layers may keep this many bytes of FFT spectra between their passes (layers keeping over KEPT_BYTES each,
-# cct.engines.choice) on the usual margin, in build order; beyond it such a layer's FFT must be KEPT_FRACTION faster:
-# CaffeNet's conv2 (67.5 MiB) on the FFT with AVX-512 kernels, 1.25x lowering's speed in the autotune, ran the
-# iteration 10% faster with peak RSS 1.02x PyTorch's; conv3's 98 MiB more would take it past 1.1x with AVX2 ones
-KEPT_BUDGET_BYTES = 128 << 20
 # each engine measured after this many seconds and at least SETTLE_STEPS untimed steps (its steady state:
 # _measure_engines): an FFT step of CaffeNet's conv4 at 64 images took 290 ms for three steps, then 148 ms, one of
 # a 24->24 3^3 layer 57, 34 and 17 ms, then 14 ms with spikes to 20 (the allocator adapts to the engine's arrays)
@@ -100,8 +95,8 @@ _rates_memo: dict[str, MachineRates] = {}
 class Ledger:
     """What measuring a net's engines has cost: ``spent`` seconds over ``measured`` layers; ``skipped`` close
     calls decided by the cost model once ``budget`` (seconds; infinite with ``-autotune full``) was spent; and the
-    bytes of FFT spectra ``kept`` between their passes by the layers chosen so far that keep over ``KEPT_BYTES``
-    each (:mod:`cct.engines.choice`), at most ``kept_budget`` on the usual margin."""
+    bytes of FFT spectra ``kept`` between their passes by the layers chosen so far that keep many (the engine
+    choice's budget of them: :data:`cct.engines.choice.KEPT_BUDGET_BYTES`)."""
 
     mode: str = "fast"
     budget: float = FAST_BUDGET_SECONDS
@@ -114,10 +109,6 @@ class Ledger:
     engine_rounds: int = 2
     lowering_rounds: int = 1
     kept: float = 0.0
-    kept_budget: float = KEPT_BUDGET_BYTES
-
-    def may_keep(self, nbytes: float) -> bool:
-        return self.kept + nbytes <= self.kept_budget
 
     def may_measure(self) -> bool:
         if self.spent < self.budget:
@@ -141,6 +132,11 @@ def measuring_session() -> Iterator[Ledger]:
         yield ledger
     finally:
         _ledger.reset(token)
+
+
+def net_ledger() -> Ledger | None:
+    """The ledger of the net being built (:func:`measuring_session`), None outside a net build."""
+    return _ledger.get()
 
 
 def _effort() -> Ledger:

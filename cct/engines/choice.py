@@ -47,10 +47,9 @@ import numpy as np
 
 from cct.config import settings
 from cct.engines import conv_engine_class, create_conv_engine
-from cct.engines.autotune import autotune, autotune_conv_engine, machine_rates
+from cct.engines.autotune import autotune, autotune_conv_engine, machine_rates, net_ledger
 from cct.engines.base import ConvEngine, ConvGeometry
 from cct.engines.cost_model import MachineRates, estimate_seconds, layer_costs
-from cct.engines.measured import _ledger
 from cct.errors import CctError
 
 # auto keeps type 1 unless another lowering is predicted to save at least this much (any layer) ...
@@ -78,6 +77,11 @@ FAST_FFT_WINDOW = 1.5
 # margin now guards memory, and a net's first KEPT_BUDGET_BYTES of such spectra go on the usual margin.)
 KEPT_FRACTION = 0.40
 KEPT_BYTES = 64 << 20
+# a net may keep this many bytes of such spectra (layers keeping over KEPT_BYTES each) on the usual margin, in build
+# order; beyond it KEPT_FRACTION holds: CaffeNet's conv2 (67.5 MiB) on the FFT with AVX-512 kernels, 1.25x
+# lowering's speed in the autotune, ran the iteration 10% faster with peak RSS 1.02x PyTorch's; conv3's 98 MiB more
+# would take it past 1.1x with AVX2 ones
+KEPT_BUDGET_BYTES = 128 << 20
 # auto takes the smaller Winograd tile (F(2x2,3x3): the more accurate) when it is measured within this factor of
 # the larger's time
 WINOGRAD_TILE_WINDOW = 1.03
@@ -223,7 +227,7 @@ def choose_conv_engine(g: ConvGeometry, dtype: Any = np.float32, xp: Any = None,
     (:func:`autotune_conv_engine`, cached) and the fastest taken when the lowering engine takes over
     ``PREFER_TYPE1_FRACTION`` (5%) longer (``KEPT_FRACTION``, 40%, for an FFT layout that keeps more than
     ``KEPT_BYTES`` of spectra between the passes, over the lowering and every other qualified engine, unless
-    the net being built still has room for them in its ``KEPT_BUDGET_BYTES``: the first such layers in build
+    the net being built still has room for them in ``KEPT_BUDGET_BYTES``: the first such layers in build
     order spend it) — the smaller Winograd tile when it is within
     ``WINOGRAD_TILE_WINDOW`` of the larger (it is the more accurate).  With
     autotune off (``CCT_AUTOTUNE=0``) the FFT model decides (:func:`_fft_predicted_faster`: never for an FFT
@@ -278,8 +282,9 @@ def choose_conv_engine(g: ConvGeometry, dtype: Any = np.float32, xp: Any = None,
     # layer measured at all is one where the models saw PREFER_TYPE1_SECONDS to gain, and a 16->16 3^3 layer's
     # FFT saving 13% of 7.6 ms is real), over KEPT_FRACTION when it keeps more than KEPT_BYTES between the passes
     kept = _kept_bytes(g, dtype, measured)
-    ledger = _ledger.get()  # the net being built: its budget of kept spectra (KEPT_BUDGET_BYTES)
-    heavy = {k for k in measured if kept.get(k, 0) > KEPT_BYTES and not (ledger and ledger.may_keep(kept[k]))}
+    ledger = net_ledger()  # the net being built spends KEPT_BUDGET_BYTES of large spectra on the usual margin
+    heavy = {k for k in measured if kept.get(k, 0) > KEPT_BYTES
+             and not (ledger and ledger.kept + kept[k] <= KEPT_BUDGET_BYTES)}
     qualified = {k: t for k, t in measured.items() if k != "lowering" and measured["lowering"] >= t * (
         1 + (KEPT_FRACTION if k in heavy else PREFER_TYPE1_FRACTION))}
     # what holds a layer's spectra for KEPT_FRACTION more speed over the lowering engine must show it over the
