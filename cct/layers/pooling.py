@@ -33,6 +33,8 @@ MAX_POOL_CHUNK_BYTES = 2 << 20
 # are dropped) instead of one short row at a time — CaffeNet pool1 training forward 13.4 -> 9.7 ms per 32
 # images on one thread, pool2 11.4 -> 7.3 ms (numpy's per-row loop overhead dominated rows of 27 and 13 cells)
 FLAT_SCAN_MAX_OVERHEAD = 1.5
+# ... and finds the winners in groups of up to this many kernel offsets (a stack of flags per group)
+SCAN_GROUP = 16
 FLT_MAX = 3.4028234663852886e38
 FLT_MIN = 1.1754943508222875e-38
 MAX, AVE, STOCHASTIC = pb.PoolingParameter.MAX, pb.PoolingParameter.AVE, pb.PoolingParameter.STOCHASTIC
@@ -308,7 +310,7 @@ class Pooler:
             winner = None if kept is None else kept[a:b]
             self._max_chunk(xp, x[a:b], images, ymax[a:b], winner, y[a:b])
             if mask is not None:
-                local = self._window_start(xp) + xp.take(self._cell_deltas(xp), winner)
+                local = self._winner_index(xp, winner, self._code_base(xp))
                 mask[a:b] = xp.where(winner > 0, local, -1)
         self._index = None
 
@@ -338,33 +340,88 @@ class Pooler:
             xp.copyto(winner, wide_winner.reshape(grid)[inside])
 
     def _code_dtype(self) -> Any:
-        """The winner codes' dtype: 0 (no winner) and ``K - j`` for kernel offset ``j`` of ``K``."""
+        """The winner codes' dtype: 0 (no winner) and :meth:`_codes`' values."""
+        if self._delta_codes():
+            return np.uint8
         k = len(self._offsets())
         return np.uint8 if k < 255 else np.uint16 if k < 65535 else np.int64
 
+    def _delta_codes(self) -> bool:
+        """Whether each kernel offset's code is its cell's flat in-plane offset from the window's first cell,
+        plus 1 (so backward finds a winner's cell by one addition): when those offsets grow with the kernel
+        offset (a window narrower than the image) and fit a byte; else offset ``j``'s code is ``j + 1``."""
+        if "delta_codes" not in self._tables:
+            deltas = self._offset_deltas()
+            self._tables["delta_codes"] = all(a < b for a, b in zip(deltas, deltas[1:])) and deltas[-1] + 1 < 255
+        return self._tables["delta_codes"]
+
+    def _offset_deltas(self) -> list[int]:
+        """Per kernel offset (row-major): its cell's flat in-plane offset from the window's first cell."""
+        deltas = []
+        for off in itertools.product(*(range(k) for k in self.kernel)):
+            d, mult = 0, 1
+            for i in reversed(range(len(off))):
+                d += off[i] * self.dilation[i] * mult
+                mult *= self.in_shape[i]
+            deltas.append(d)
+        return deltas
+
+    def _codes(self, xp: Any) -> Any:
+        """Per kernel offset, its winner code (increasing with the offset), as a column ``(K, 1)``."""
+        key = ("codes", xp)
+        if key not in self._tables:
+            k = len(self._offsets())
+            codes = [d + 1 for d in self._offset_deltas()] if self._delta_codes() else list(range(1, k + 1))
+            self._tables[key] = xp.asarray(codes, dtype=self._code_dtype()).reshape(-1, 1)
+        return self._tables[key]
+
     def _scan_max(self, xp: Any, cells: list[Any], ymax: Any, winner: Any | None, room: int) -> None:
         """``ymax`` = the maximum of each position's ``cells`` (one array per kernel offset, row-major, shaped
-        like ``ymax``) and ``-FLT_MAX``; with ``winner``, the code ``K - j`` of the offset ``j`` (of ``K``)
-        whose cell Caffe's strictly-greater scan keeps (the first cell equal to the maximum: the largest code),
-        0 where no cell exceeds ``-FLT_MAX`` — small unsigned codes, three passes per offset.  ``room``:
-        positions the scratch buffers are made for."""
+        like ``ymax``) and ``-FLT_MAX``; with ``winner``, the code (:meth:`_codes`) of the cell Caffe's scan
+        keeps — each cell that is strictly greater than the running maximum replaces it, so the winner is the
+        last such cell (the first equal to the maximum; NaN never is) —, 0 where no cell exceeds ``-FLT_MAX``.
+        Each offset's "greater" flags go into a stack of up to ``SCAN_GROUP`` offsets, whose codes one
+        product and one maximum over the stack then give: few, long calls.  ``room``: positions the scratch
+        buffers are made for."""
         ymax.fill(-FLT_MAX)
-        for cell in cells:
-            xp.fmax(ymax, cell, out=ymax)
         if winner is None:
+            for cell in cells:
+                xp.fmax(ymax, cell, out=ymax)
             return
-        code = winner.dtype.type
-        step = self._scratch("step", ymax.shape, room, ymax, winner.dtype)
-        hit = self._scratch("better", ymax.shape, room, ymax, bool)
-        hit_code = hit.view(np.uint8) if winner.dtype == np.uint8 else hit
-        winner.fill(0)
+        codes = self._codes(xp)
         k = len(cells)
-        for j in range(k):  # the largest code is the lowest offset equal to the maximum
-            xp.equal(cells[j], ymax, out=hit)
-            xp.multiply(hit_code, code(k - j), out=step)
-            xp.maximum(winner, step, out=winner)
-        xp.greater(ymax, -FLT_MAX, out=hit)
-        xp.multiply(winner, hit_code, out=winner)
+        group = min(k, SCAN_GROUP)
+        stack = self._buf("greater", (group, room) + ymax.shape[1:], ymax, dtype=winner.dtype)[:, :len(ymax)]
+        in_place = winner.dtype == np.uint8  # the flags in the stack itself: a byte product (bool x byte is slow)
+        flags = stack.view(bool) if in_place else self._buf(
+            "greater_flags", (group, room) + ymax.shape[1:], ymax, dtype=bool)[:, :len(ymax)]
+        best = winner if k <= group else self._scratch("group_winner", ymax.shape, room, ymax, winner.dtype)
+        for g0 in range(0, k, group):
+            g1 = min(k, g0 + group)
+            for j in range(g0, g1):
+                xp.greater(cells[j], ymax, out=flags[j - g0])
+                xp.fmax(ymax, cells[j], out=ymax)
+            part = stack[:g1 - g0]
+            xp.multiply(part if in_place else flags[:g1 - g0], codes[g0:g1].reshape((g1 - g0,) + (1,) * ymax.ndim),
+                        out=part)
+            xp.max(part, axis=0, out=best)
+            if best is not winner:  # later groups' codes are larger: a later winner replaces an earlier one
+                if g0 == 0:
+                    xp.copyto(winner, best)
+                else:
+                    xp.maximum(winner, best, out=winner)
+
+    def _winner_index(self, xp: Any, winner: Any, base: Any, out: Any | None = None) -> Any:
+        """Each winning cell's flat index from its window's ``base`` (:meth:`_code_base`); meaningless where
+        ``winner`` is 0."""
+        if self._delta_codes():
+            return xp.add(winner, base, out=out)
+        deltas = self._cell_deltas(xp)
+        if out is None:
+            return xp.take(deltas, winner) + base
+        xp.take(deltas, winner, out=out, **({"mode": "clip"} if xp is np else {}))
+        out += base
+        return out
 
     def _window_start(self, xp: Any) -> Any:
         """The flat in-plane index (``h*W + w``) of each window's first (possibly padded) cell, ``out_shape``."""
@@ -381,19 +438,11 @@ class Pooler:
         return self._tables[key]
 
     def _cell_deltas(self, xp: Any) -> Any:
-        """Per winner code (0: none, ``K - j``: kernel offset ``j`` of ``K``): the cell's flat in-plane offset
+        """Per winner code (offset codes: 0 none, ``j + 1`` kernel offset ``j``): the cell's flat in-plane offset
         from its window's first cell."""
         key = ("deltas", xp)
         if key not in self._tables:
-            deltas = [0]
-            for off in itertools.product(*(range(k) for k in self.kernel)):
-                d, mult = 0, 1
-                for i in reversed(range(len(off))):
-                    d += off[i] * self.dilation[i] * mult
-                    mult *= self.in_shape[i]
-                deltas.append(d)
-            deltas[1:] = deltas[:0:-1]  # code K - j is offset j
-            self._tables[key] = xp.asarray(deltas, dtype=np.intp)
+            self._tables[key] = xp.asarray([0] + self._offset_deltas(), dtype=np.intp)
         return self._tables[key]
 
     def _backward_max(self, dy: Any, dx: Any, x: Any | None, accumulate: bool, xp: Any, positive: bool = False
@@ -405,7 +454,6 @@ class Pooler:
         ymax = self._buffers["ymax"]
         chunks = self._max_chunks(dy)
         images = chunks[0][1]
-        clip = {"mode": "clip"} if xp is np else {}  # codes are in range: numpy skips its bounds check
         for a, b in chunks:
             if self._winners_kept:
                 winner = self._buffers["winners"][a:b]
@@ -418,9 +466,8 @@ class Pooler:
                 if not bool(xp.array_equal(check, ymax[a:b])):
                     raise CctError("max pooling backward: the bottom changed since the TEST-phase forward (an "
                                    "in-place layer on data it shares); run forward again before backward")
-            index = self._scratch("flat_index", winner.shape, images, dy, np.intp)
-            xp.take(self._cell_deltas(xp), winner, out=index, **clip)
-            index += self._chunk_base(winner.shape, xp)
+            index = self._winner_index(xp, winner, self._code_base(xp, winner.shape),
+                                       out=self._scratch("flat_index", winner.shape, images, dy, np.intp))
             routed = dy[a:b]
             if positive:  # dy·(max > 0), as ReLU's backward multiplies (non-finite gradients stay non-finite)
                 above = xp.greater(ymax[a:b], 0, out=self._scratch("above", routed.shape, images, dy, bool))
@@ -428,12 +475,14 @@ class Pooler:
                                                                       dy.dtype))
             self._scatter_add(routed, dx[a:b], index, None if winner.all() else winner > 0, accumulate, xp)
 
-    def _chunk_base(self, shape: tuple[int, ...], xp: Any) -> Any:
-        """The flat index in a bottom chunk of each window's first cell, for a top chunk of ``shape``: its
-        plane's base plus :meth:`_window_start` (one table per chunk shape, added in one pass)."""
-        key = ("chunk_base", xp, shape)
+    def _code_base(self, xp: Any, shape: tuple[int, ...] | None = None) -> Any:
+        """What :meth:`_winner_index` adds each window's winner to: the flat in-plane index of the window's first
+        cell (:meth:`_window_start`), less 1 with offset-delta codes (:meth:`_delta_codes`); for a top chunk
+        of ``shape``, the flat index in the bottom chunk (plus the plane's base).  One table per chunk shape."""
+        key = ("code_base", xp, shape)
         if key not in self._tables:
-            self._tables[key] = self._plane_base(shape, xp) + self._window_start(xp)
+            base = self._window_start(xp) - (1 if self._delta_codes() else 0)
+            self._tables[key] = base if shape is None else self._plane_base(shape, xp) + base
         return self._tables[key]
 
     def _plane_base(self, shape: tuple[int, ...], xp: Any) -> Any:

@@ -552,3 +552,35 @@ def test_max_flat_scan_only_where_the_phase_planes_are_little_larger_than_the_ou
     assert Pooler(pb.PoolingParameter.MAX, (55, 55), (3, 3), (2, 2), (0, 0)).flat_scan      # 28² vs 27²
     assert Pooler(pb.PoolingParameter.MAX, (13, 13), (3, 3), (2, 2), (0, 0)).flat_scan      # 7² vs 6²
     assert not Pooler(pb.PoolingParameter.MAX, (13, 13), (13, 13), (1, 1), (0, 0)).flat_scan  # global: 169 vs 1
+
+
+@pytest.mark.parametrize("in_hw, kernel, pad, delta_codes, code_dtype", [
+    ((11, 11), 3, 0, True, np.uint8),     # CaffeNet's pools: a code is the winning cell's offset in the window
+    ((6, 7), 5, 0, True, np.uint8),       # 25 offsets: found in two groups of SCAN_GROUP
+    ((5, 2), 3, 1, False, np.uint8),      # rows shorter than the window: offsets repeat, codes count offsets
+    ((17, 17), 17, 0, False, np.uint16),  # 289 offsets, a window's offsets past a byte
+])
+def test_max_winner_codes_give_caffes_argmax_and_routing(in_hw, kernel, pad, delta_codes, code_dtype):
+    """Whatever form the winner codes take, the mask top is Caffe's argmax (ties to the first cell, NaN and
+    -FLT_MAX cells never win) and backward routes each window's gradient to that cell."""
+    rng = np.random.default_rng(7)
+    x = rng.integers(-3, 2, (2, 3) + in_hw).astype(np.float64)  # many ties
+    x.reshape(-1)[rng.choice(x.size, 5, replace=False)] = np.nan
+    x.reshape(-1)[rng.choice(x.size, 5, replace=False)] = -FLT_MAX
+    params = f"pool: MAX kernel_size: {kernel} stride: 1 pad: {pad}"
+    run, (y, mask) = _pool(params, x, num_tops=2)
+    pl = run.layer.pooler
+    assert pl._delta_codes() == delta_codes and pl._code_dtype() == code_dtype
+    _, ref_mask = ref_pool(x, "MAX", (kernel, kernel), (1, 1), (pad, pad))
+    np.testing.assert_array_equal(mask, ref_mask)
+    single, _ = _pool(params, x)
+    dy = rng.standard_normal(y.shape)
+    single.top[0].diff[...] = dy
+    single.layer.backward_layer(single.top, [True], single.bottom)
+    expect = np.zeros_like(x)
+    w = in_hw[1]
+    for idx in np.ndindex(*y.shape):
+        m = int(ref_mask[idx])
+        if m >= 0:
+            expect[idx[0], idx[1], m // w, m % w] += dy[idx]
+    np.testing.assert_array_equal(single.bottom[0].diff, expect)
