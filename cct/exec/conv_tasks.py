@@ -44,6 +44,7 @@ from cct.engines.fft import fft_transform_size
 from cct.engines.fft_plan import FFTPlan, fft_workers, positions
 from cct.engines.lowering import LoweringEngine
 from cct.exec.scheduler import ConcurrentSum, Task
+from cct.layers.neuron import relu_into
 
 if TYPE_CHECKING:  # pragma: no cover
     from cct.net import NetCore
@@ -236,7 +237,7 @@ class ConvUnit:
         if lay.bias_term:
             y += lay.blobs[1].data[o0:o1].reshape((1, -1) + (1,) * g.num_spatial_axes)
         if self.fuse_relu:
-            np.maximum(y, 0, out=y)
+            relu_into(y, y)
 
     def forward_tasks(self, forces: list[Task]) -> tuple[list[Task], list[Task], list[Task]]:
         """(all, entries, exits) of the forward; edges and completions force ``forces`` (the layer's

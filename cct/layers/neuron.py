@@ -12,6 +12,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from cct.blob import Blob
 from cct.device import get_array_module
 from cct.errors import CctError, ParamError
@@ -67,6 +69,30 @@ def _scalar(x: Any, value: float) -> Any:
     return x.dtype.type(value)
 
 
+# numpy runs ``maximum`` of two arrays in its vector loop but ``maximum`` with a scalar operand element by element
+# (numpy 2.4, float32: 4x the time in the cache, CaffeNet's relu1 over 74 MB 2.9 -> 2.0 ms on one core), so
+# :func:`relu_into` compares with a row of zeros this long, broadcast over the array's rows
+ZERO_ROW = 4096
+_zero_rows: dict[Any, Any] = {}
+
+
+def relu_into(x: Any, out: Any) -> Any:
+    """``out = max(x, 0)`` (NaN stays NaN, as Caffe's ``std::max(x, 0)``); ``x`` and ``out`` may be one array."""
+    xp = get_array_module(x)
+    n = x.size
+    if xp is not np or n < ZERO_ROW or not (x.flags.c_contiguous and out.flags.c_contiguous):
+        return xp.maximum(x, 0, out=out)
+    zeros = _zero_rows.get(x.dtype)
+    if zeros is None:
+        zeros = _zero_rows[x.dtype] = np.zeros(ZERO_ROW, x.dtype)
+    flat_x, flat_out = x.reshape(-1), out.reshape(-1)
+    whole = n - n % ZERO_ROW
+    np.maximum(flat_x[:whole].reshape(-1, ZERO_ROW), zeros, out=flat_out[:whole].reshape(-1, ZERO_ROW))
+    if whole < n:
+        np.maximum(flat_x[whole:], zeros[:n - whole], out=flat_out[whole:])
+    return out
+
+
 # ---- rectifiers ------------------------------------------------------------------------------------
 @register("ReLU")
 class ReLULayer(NeuronLayer):
@@ -95,10 +121,10 @@ class ReLULayer(NeuronLayer):
     def _forward_part(self, x: Any, y: Any) -> None:
         xp = get_array_module(x)
         if self.negative_slope == 0:
-            xp.maximum(x, 0, out=y)
+            relu_into(x, y)
         else:
             neg = xp.minimum(x, 0) * _scalar(x, self.negative_slope)
-            xp.maximum(x, 0, out=y)
+            relu_into(x, y)
             y += neg
 
     def backward(self, top: list[Blob], propagate_down: Sequence[bool], bottom: list[Blob]) -> None:
@@ -172,7 +198,7 @@ class PReLULayer(NeuronLayer):
         x, y = bottom[0].data, top[0].data
         xp = get_array_module(x)
         neg = xp.minimum(x, 0) * self._slopes(x)
-        xp.maximum(x, 0, out=y)
+        relu_into(x, y)
         y += neg
 
     def backward(self, top: list[Blob], propagate_down: Sequence[bool], bottom: list[Blob]) -> None:
@@ -216,7 +242,7 @@ class ELULayer(NeuronLayer):
         neg = xp.exp(xp.minimum(x, 0))
         neg -= 1
         neg *= _scalar(x, self.alpha)
-        xp.maximum(x, 0, out=y)
+        relu_into(x, y)
         y += neg
 
     def backward(self, top: list[Blob], propagate_down: Sequence[bool], bottom: list[Blob]) -> None:
@@ -294,7 +320,7 @@ class BNLLLayer(NeuronLayer):
         x, y = bottom[0].data, top[0].data
         xp = get_array_module(x)
         soft = xp.log1p(xp.exp(-xp.abs(x)))
-        xp.maximum(x, 0, out=y)
+        relu_into(x, y)
         y += soft
 
     def backward(self, top: list[Blob], propagate_down: Sequence[bool], bottom: list[Blob]) -> None:

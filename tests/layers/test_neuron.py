@@ -9,6 +9,7 @@ import pytest
 import cct.layers  # noqa: F401  (registers the layers)
 from cct.errors import CctError, ParamError
 from cct.gradient_check import check_gradient, setup_layer
+from cct.layers.neuron import ZERO_ROW, relu_into
 from cct.layers.registry import create_layer
 from cct.proto import caffe_pb2 as pb
 from cct.rng import set_random_seed
@@ -428,3 +429,24 @@ def check_against_caffe(layer_name: str, bottoms: list[str]) -> None:
 ])
 def test_against_caffe(layer_name, bottom):
     check_against_caffe(layer_name, [bottom])
+
+
+@pytest.mark.parametrize("size", [ZERO_ROW - 1, 3 * ZERO_ROW, 3 * ZERO_ROW + 17])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_relu_into_is_bitwise_maximum_with_zero(size, dtype):
+    """Against a row of zeros (whole rows, then the remainder) or the scalar: the same bits as ``max(x, 0)``,
+    signed zeros, NaN and infinities included, in place or not, contiguous or not."""
+    rng = np.random.default_rng(size)
+    x = rng.standard_normal(size).astype(dtype)
+    special = np.array([-0.0, 0.0, np.nan, np.inf, -np.inf], dtype)
+    x[rng.choice(size, 5 * 7, replace=False)] = np.repeat(special, 7)
+    bits = np.uint32 if dtype == np.float32 else np.uint64
+    expect = np.maximum(x, 0)
+    out = np.empty_like(x)
+    assert relu_into(x, out) is out
+    np.testing.assert_array_equal(out.view(bits), expect.view(bits))
+    wide = np.stack([x, x], axis=1)  # columns: not contiguous
+    relu_into(wide[:, 0], wide[:, 1])
+    np.testing.assert_array_equal(wide[:, 1].view(bits), expect.view(bits))
+    relu_into(x, x)
+    np.testing.assert_array_equal(x.view(bits), expect.view(bits))
