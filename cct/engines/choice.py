@@ -308,9 +308,12 @@ def _fft_predicted_faster(g: ConvGeometry, dtype: Any, t_low: float, t_fft: floa
     more than ``KEPT_BYTES`` of spectra between the passes: that much memory only for a measured gain (CaffeNet at
     64 images with AVX2 kernels, a cold cache: the models put conv4 and conv5 on the FFT, predicted 40% faster
     and in the net 0.9-1.05x the alternatives, and with conv2's measured FFT the net held 2106 MiB, 1.19x
-    PyTorch's; conv3-5 predicted 6-11% faster had measured 2-8% slower with 400 MiB more)."""
-    kept = _kept_bytes(g, dtype, {"fft full": 0.0, "fft lifted": 0.0})
-    if kept and min(kept.values()) > KEPT_BYTES:
+    PyTorch's; conv3-5 predicted 6-11% faster had measured 2-8% slower with 400 MiB more).  The layout counted is
+    the one the engine runs (its model's choice), not the one keeping least."""
+    from cct.engines.fft import FFTEngine
+
+    est = FFTEngine.estimate(g, np.dtype(dtype).itemsize, machine_rates())
+    if settings.get("fft_memoize") and est[est["choice"]]["memo_bytes"] > KEPT_BYTES:
         return False
     return t_low - t_fft >= PREFER_TYPE1_SECONDS and t_low >= t_fft * (1 + PREFER_TYPE1_FRACTION)
 

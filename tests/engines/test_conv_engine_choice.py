@@ -329,6 +329,18 @@ def test_the_models_alone_never_trade_many_spectra_for_a_predicted_gain():
     assert not choice._fft_predicted_faster(small, np.float32, 0.0015, 0.0010)  # saves under PREFER_TYPE1_SECONDS
 
 
+def test_the_models_count_the_spectra_of_the_layout_the_engine_runs():
+    """CaffeNet's conv3 at 64 images: the engine's model runs the full layout (98 MiB of spectra), whose lifted one
+    would keep 57 MiB; the rule counts the full layout's, so however fast predicted the models keep the lowering."""
+    from cct.engines.fft import FFTEngine
+
+    conv3 = ConvGeometry(64, 256, 384, 1, (13, 13), (3, 3), (1, 1), (1, 1), (1, 1))
+    est = FFTEngine.estimate(conv3, 4, choice.machine_rates())
+    assert est["choice"] == "full"
+    assert est["full"]["memo_bytes"] > choice.KEPT_BYTES > est["lifted"]["memo_bytes"]
+    assert not choice._fft_predicted_faster(conv3, np.float32, 0.5, 0.100)
+
+
 def test_auto_runs_the_measured_fft_layout(monkeypatch):
     monkeypatch.setattr(choice, "autotune_conv_engine",
                         lambda *a, **k: {"lowering": 0.1, "fft full": 0.06, "fft lifted": 0.05})
