@@ -181,6 +181,26 @@ def _transform_flops(size: tuple[int, ...], block: tuple[int, ...]) -> float:
     return total
 
 
+def _transform_seconds(size: tuple[int, ...], block: tuple[int, ...], count: float, rates: MachineRates,
+                       inverse: bool = False) -> float:
+    """Seconds of ``count`` pruned transforms of a ``block`` in ``size`` (``inverse``: to ``block`` positions):
+    where :class:`FFTPlan` runs them as DFT matrix products, those GEMMs at the machine's GEMM ``rates`` and the
+    pass between complex numbers and split planes; else ``5·n·log2 n`` per line at the FFT rate."""
+    if not FFTPlan(size)._by_matrices(np.float32):
+        return count * _transform_flops(size, block) / rates.fft_flops
+    k = size[-1] // 2 + 1
+    if len(size) == 1:
+        gemms = gemm_seconds(block[0], 2 * k, count, rates) if inverse else gemm_seconds(2 * k, block[0], count,
+                                                                                          rates)
+        return gemms + 2 * k * count / rates.transpose_elems
+    (n0, _), (b0, b1) = size, block
+    if inverse:
+        gemms = gemm_seconds(2 * b0, 2 * n0, k * count, rates) + gemm_seconds(b1, 2 * k, b0 * count, rates)
+    else:
+        gemms = gemm_seconds(2 * k, b1, b0 * count, rates) + gemm_seconds(2 * n0, 2 * b0, k * count, rates)
+    return gemms + 2 * n0 * k * count / rates.transpose_elems
+
+
 class FFTEngine(ConvEngine):
     """FFT convolution (see the module docstring): any number of spatial axes ≥ 1, groups, dilation, padding;
     numpy arrays (CPU).  A strided layer is computed as its stride-1 convolution (:meth:`unit_stride`): the
@@ -268,11 +288,12 @@ class FFTEngine(ConvEngine):
                                        + gemm_seconds(og, rows, inner, rates))
             if not lifted:  # a row per image: a flat rate for a few images, the GEMMs' for a batch
                 product_s = min(product_s, product / PRODUCT_FLOPS_PER_S)
-            transforms_s = (forward + inverse) / rates.fft_flops
             # the forward pass: the input and kernel transforms, the output's inverse, one of the three products
-            forward_transforms = (n * c * rows_x * _transform_flops(size, g.in_shape[rest])
-                                  + o * cg * taps * _transform_flops(size, g.extent[rest])
-                                  + n * o * rows_y * _transform_flops(size, size)) / rates.fft_flops
+            forward_transforms = (_transform_seconds(size, g.in_shape[rest], n * c * rows_x, rates)
+                                  + _transform_seconds(size, g.extent[rest], o * cg * taps, rates)
+                                  + _transform_seconds(size, size, n * o * rows_y, rates, inverse=True))
+            transforms_s = (forward_transforms + _transform_seconds(size, g.out_shape[rest], n * o * rows_y, rates)
+                            + _transform_seconds(size, size, n * c * rows_x + o * cg * taps, rates, inverse=True))
             out["lifted" if lifted else "full"] = {
                 "forward_share": (forward_transforms + product_s / 3) / max(transforms_s + product_s, 1e-30),
                 "transform_flops": forward + inverse, "product_flops": product,

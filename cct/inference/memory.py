@@ -119,6 +119,7 @@ def _gather_peak(zs: float, out: Sequence[int], T: Sequence[int], first: int, re
 
 def _fft_bytes(g: ConvGeometry, lifted: bool, itemsize: int) -> int:
     from cct.engines.fft import fft_transform_size
+    from cct.engines.fft_plan import FFTPlan
 
     T = fft_transform_size(g)
     nd = g.num_spatial_axes
@@ -130,6 +131,12 @@ def _fft_bytes(g: ConvGeometry, lifted: bool, itemsize: int) -> int:
         th = T[:-1] + (T[-1] // 2 + 1,)
         nt = math.prod(th)
         xs, ks, zs = cs * N * C * nt, cs * O * cg * nt, cs * N * O * nt
+        plan = FFTPlan(T)
+        if plan.scratch_bytes(inp, 1, itemsize):  # DFT matrix products: the result, the partitions' planes
+            inverse = xs + ks + zs + itemsize * N * O * math.prod(out) + plan.scratch_bytes(out, N * O, itemsize,
+                                                                                          inverse=True)
+            forward = itemsize * N * C * math.prod(inp) + xs + plan.scratch_bytes(inp, N * C, itemsize)
+            return int(max(inverse, forward, xs + ks))
         inverse = xs + ks + zs + _gather_peak(zs, out, T, 0, itemsize * N * O)
         # the input's transform: the spatial-first copy, then the last two pruned stages at once
         stages = [math.prod(inp[:a]) * math.prod(T[a:-1]) * th[-1] for a in range(nd)]
@@ -143,8 +150,15 @@ def _fft_bytes(g: ConvGeometry, lifted: bool, itemsize: int) -> int:
     xs = cs * F * rows_y * N * k0 * cg * g.group
     ks = cs * F * O * k0 * cg
     zs = cs * F * rows_y * N * O
+    plan = FFTPlan(T1)
+    copy = itemsize * N * C * math.prod(inp)
+    if plan.scratch_bytes(inp[1:], 1, itemsize):
+        inverse = xs + ks + zs + itemsize * N * O * math.prod(out) + plan.scratch_bytes(
+            out[1:], rows_y * N * O, itemsize, inverse=True)
+        forward = copy + xs_plain + plan.scratch_bytes(inp[1:], rows_x * N * C, itemsize)
+        return int(max(inverse, xs_plain + xs, forward))
     inverse = xs + ks + zs + _gather_peak(zs, out, T, 1, itemsize * N * O)
-    return int(max(inverse, xs_plain + xs, itemsize * N * C * math.prod(inp) + xs_plain))
+    return int(max(inverse, xs_plain + xs, copy + xs_plain))
 
 
 def conv_memory(primitive: str, g: ConvGeometry, itemsize: int = 4) -> int:

@@ -344,3 +344,33 @@ def test_layout_moves_equal_the_transposed_copies(partitions, per_image, monkeyp
         wide = np.zeros((N, G * C, 6, 5), np.float32)
         fft.FFTEngine._write(sig, wide[:, :, 1:5, 1:4], spatial)  # a strided output
         np.testing.assert_array_equal(wide[:, :, 1:5, 1:4], expected)
+
+
+@pytest.mark.parametrize("size,block_shape,step,where", [
+    ((9, 8), (3, 2), (1, 1), [positions(1, 3, -2, 9), positions(2, 5, 1, 8)]),
+    ((10, 7), (4, 3), (2, 3), [np.array([9, 0, 4]), positions(6, 3, 1, 7)]),
+    ((12,), (5,), (2,), [positions(3, 6, 1, 12)]),
+    ((11,), (4,), (1,), [np.array([10, 0, 5, 2])]),
+])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_transforms_by_dft_matrices_equal_numpys(size, block_shape, step, where, dtype):
+    """One- and two-axis transforms run as DFT matrix products (``MATRIX_DFT_MAX``): the spectrum of a (dilated)
+    block and the signal at the wanted positions are numpy's ``rfftn``/``irfftn`` ones (odd and even sizes:
+    with and without a Nyquist bin)."""
+    plan = FFTPlan(size)
+    assert plan._by_matrices(dtype)
+    rng = np.random.default_rng(5)
+    block = rng.standard_normal(block_shape + (4, 3)).astype(dtype)
+    padded = np.zeros(size + (4, 3))
+    padded[tuple(slice(0, (n - 1) * s + 1, s) for n, s in zip(block_shape, step))] = block
+    axes = tuple(range(len(size)))
+    want = np.fft.rfftn(padded, axes=axes)
+    spec = plan.forward(block, step)
+    assert spec.shape == plan.spectrum_shape + (4, 3) and spec.dtype == np.result_type(dtype, np.complex64)
+    tol = 1e-12 if dtype == np.float64 else 1e-5
+    np.testing.assert_allclose(spec, want, rtol=tol, atol=tol * np.abs(want).max())
+    signal = rng.standard_normal(size + (4, 3))
+    ref = signal[np.ix_(*[np.arange(n)[w] for n, w in zip(size, where)])]
+    got = plan.inverse(np.fft.rfftn(signal, axes=axes).astype(spec.dtype), where)
+    assert got.dtype == dtype
+    np.testing.assert_allclose(got, ref, rtol=tol, atol=tol * np.abs(signal).max())
