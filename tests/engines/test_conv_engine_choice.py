@@ -304,7 +304,8 @@ def test_a_net_keeps_many_spectra_on_the_usual_margin_within_its_budget(monkeypa
     again.  Outside a net (no budget) the 40% margin holds."""
     conv2 = ConvGeometry(64, 96, 256, 2, (27, 27), (5, 5), (1, 1), (2, 2), (1, 1))
     kept = choice._kept_bytes(conv2, np.float32, {"fft full": 0})["fft full"]
-    assert choice.KEPT_BYTES < kept <= choice.KEPT_BUDGET_BYTES < 2 * kept
+    assert choice.KEPT_BYTES < kept <= choice.KEPT_BUDGET_BYTES
+    monkeypatch.setattr(choice, "KEPT_BUDGET_BYTES", kept + kept // 2)  # room for one such layer
     settings.set("autotune", True)
     monkeypatch.setattr(choice, "autotune_conv_engine",
                         lambda *a, **k: {"lowering": 0.215, "fft full": 0.172})  # 1.25x: between the margins
