@@ -186,7 +186,7 @@ def _transform_seconds(size: tuple[int, ...], block: tuple[int, ...], count: flo
     """Seconds of ``count`` pruned transforms of a ``block`` in ``size`` (``inverse``: to ``block`` positions):
     where :class:`FFTPlan` runs them as DFT matrix products, those GEMMs at the machine's GEMM ``rates`` and the
     pass between complex numbers and split planes; else ``5·n·log2 n`` per line at the FFT rate."""
-    if not FFTPlan(size)._by_matrices(np.float32):
+    if not FFTPlan(size).by_matrices(np.float32):
         return count * _transform_flops(size, block) / rates.fft_flops
     k = size[-1] // 2 + 1
     if len(size) == 1:

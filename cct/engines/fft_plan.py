@@ -106,7 +106,7 @@ class FFTPlan:
         extent = tuple((block.shape[a] - 1) * s + 1 for a, s in zip(axes, spread))
         if any(e > n for e, n in zip(extent, self.size)):
             raise ValueError(f"block extent {extent} exceeds the transform size {self.size}")
-        if self.pruned and first == 0 and self._by_matrices(block.dtype):
+        if first == 0 and self.by_matrices(block.dtype):
             return self._forward_by_matrices(block, spread)
         if any(s != 1 for s in spread):
             block = self._dilate(block, spread, first)
@@ -137,7 +137,7 @@ class FFTPlan:
             for a, where in zip(axes, positions):
                 out = _take(out, where, a)
             return out
-        if first == 0 and self._by_matrices(spectrum.real.dtype):
+        if first == 0 and self.by_matrices(spectrum.real.dtype):
             return self._inverse_by_matrices(spectrum, positions)
         out = spectrum
         for a in range(nd - 1):
@@ -147,7 +147,7 @@ class FFTPlan:
         return _take(out, positions[-1], axes[-1])
 
     # ---- DFT by matrix products ------------------------------------------------------------------
-    def _by_matrices(self, dtype: Any) -> bool:
+    def by_matrices(self, dtype: Any) -> bool:
         """Whether these transforms run as DFT matrix products (module docstring)."""
         return self.nd <= 2 and max(self.size) <= MATRIX_DFT_MAX and np.dtype(dtype) in (np.float32, np.float64)
 
@@ -234,7 +234,7 @@ class FFTPlan:
         """Bytes of scratch a transform of ``columns`` batch columns allocates beyond its input and result (the
         matrix products' split planes, every partition's at once; ``extent`` as for :meth:`_matrix_columns`);
         0 for ``scipy.fft`` (its copies are the callers' to count)."""
-        if not (self.pruned and self._by_matrices(np.float32)):
+        if not self.by_matrices(np.float32):
             return 0
         per_column, flops = self._matrix_columns(extent, inverse)
         width, ranges = _column_runs(columns, per_column * itemsize, flops)

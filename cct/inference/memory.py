@@ -16,7 +16,10 @@ the kernel over the lifted/lowered axes, ``cols = Π in_F · Π out_L``:
   ``n'_a/T_a``): ``x̃ + w̃ + ỹ·(1 + n'_0/T_0 + n'_0·n'_1/(T_0·T_1))``; before that, the input transform
   (``4·N·C·n`` for the spatial-first copy plus two pruned stages);
 * fft lifted: the same over the axes after the first, with the input spectra lowered along it
-  (``k_0·n'_0/n_0`` times larger), the kernel spectra per tap, and the output's real inverse.
+  (``k_0·n'_0/n_0`` times larger), the kernel spectra per tap, and the output's real inverse;
+* where the transforms are DFT matrix products (:mod:`cct.engines.fft_plan`: one or two short axes), no gathered
+  copies: the inverse holds the real result and every partition's split planes
+  (:meth:`cct.engines.fft_plan.FFTPlan.scratch_bytes`), the input's transform its spectra and planes.
 
 These equal ``tracemalloc``'s peak for the engines as they are (tests/inference/test_memory.py).
 
@@ -132,7 +135,7 @@ def _fft_bytes(g: ConvGeometry, lifted: bool, itemsize: int) -> int:
         nt = math.prod(th)
         xs, ks, zs = cs * N * C * nt, cs * O * cg * nt, cs * N * O * nt
         plan = FFTPlan(T)
-        if plan.scratch_bytes(inp, 1, itemsize):  # DFT matrix products: the result, the partitions' planes
+        if plan.by_matrices(np.float32):  # DFT matrix products: the result and the partitions' split planes
             inverse = xs + ks + zs + itemsize * N * O * math.prod(out) + plan.scratch_bytes(out, N * O, itemsize,
                                                                                           inverse=True)
             forward = itemsize * N * C * math.prod(inp) + xs + plan.scratch_bytes(inp, N * C, itemsize)
@@ -152,7 +155,7 @@ def _fft_bytes(g: ConvGeometry, lifted: bool, itemsize: int) -> int:
     zs = cs * F * rows_y * N * O
     plan = FFTPlan(T1)
     copy = itemsize * N * C * math.prod(inp)
-    if plan.scratch_bytes(inp[1:], 1, itemsize):
+    if plan.by_matrices(np.float32):
         inverse = xs + ks + zs + itemsize * N * O * math.prod(out) + plan.scratch_bytes(
             out[1:], rows_y * N * O, itemsize, inverse=True)
         forward = copy + xs_plain + plan.scratch_bytes(inp[1:], rows_x * N * C, itemsize)
