@@ -152,7 +152,10 @@ class FFTPlan:
         return self.nd <= 2 and max(self.size) <= MATRIX_DFT_MAX and np.dtype(dtype) in (np.float32, np.float64)
 
     def _forward_by_matrices(self, block: Any, step: tuple[int, ...]) -> Any:
-        """:meth:`forward` (``first`` 0, pruned) as DFT matrix products, run by run of batch columns."""
+        """:meth:`forward` (``first`` 0, pruned) as DFT matrix products, run by run of batch columns: the real
+        axis on split planes; then the first axis by the block matrix on them, interleaving the result — or,
+        for a block of few rows (:meth:`_narrow`: a kernel), interleaving those rows and finishing with one
+        complex product per frequency straight into the spectrum (the large array written once)."""
         nd, dtype = self.nd, block.dtype
         spatial, batch = block.shape[:nd], block.shape[nd:]
         rows = _prod(batch)
@@ -160,19 +163,32 @@ class FFTPlan:
         n, k = self.size[-1], self.size[-1] // 2 + 1
         real = _dft_split(n, np.arange(k), np.arange(spatial[-1]) * step[-1], -1, dtype)
         real = real.reshape(2 * k, spatial[-1])  # rows (part, frequency)
-        lead = spatial[:-1]  # 2-D: the block's rows, transformed next on the split planes
+        lead = spatial[:-1]  # 2-D: the block's rows, transformed next
+        ctype = np.result_type(dtype, np.complex64)
+        out = np.empty(self.spectrum_shape + (rows,), dtype=ctype)
+        narrow = self._narrow(spatial[0], nd)
         if nd == 2:
-            n0 = self.size[0]
-            square = _complex_block(_dft_split(n0, np.arange(n0), np.arange(spatial[0]) * step[0], -1, dtype))
-        out = np.empty(self.spectrum_shape + (rows,), dtype=np.result_type(dtype, np.complex64))
+            n0, l0 = self.size[0], spatial[0]
+            first = _dft_split(n0, np.arange(n0), np.arange(l0) * step[0], -1, dtype)
+            if narrow:
+                first = (first[0] + 1j * first[1]).astype(ctype)
+            else:
+                first = _complex_block(first)
 
         def run(scratch: Any, c0: int, c1: int) -> None:
             cols = c1 - c0
             planes = scratch("half", lead + (2 * k, cols))
             np.matmul(real, x[..., c0:c1], out=planes)
+            if nd == 2 and narrow:
+                lines = scratch("lines", (k, l0, 2 * cols)).view(ctype)  # (frequency, block row, column)
+                split = planes.reshape(l0, 2, k, cols).transpose(1, 2, 0, 3)
+                lines.real = split[0]
+                lines.imag = split[1]
+                np.matmul(first, lines, out=out[..., c0:c1].transpose(1, 0, 2))
+                return
             if nd == 2:
                 full = scratch("full", (2 * n0, k * cols))
-                np.matmul(square, planes.reshape(2 * spatial[0], k * cols), out=full)
+                np.matmul(first, planes.reshape(2 * l0, k * cols), out=full)
                 planes = full
             planes = planes.reshape(self.spectrum_shape[:-1] + (2, k, cols))
             dst = out[..., c0:c1]
@@ -183,7 +199,10 @@ class FFTPlan:
         return out.reshape(self.spectrum_shape + batch)
 
     def _inverse_by_matrices(self, spectrum: Any, where: Sequence[Any]) -> Any:
-        """:meth:`inverse` (``first`` 0, pruned) as DFT matrix products, run by run of batch columns."""
+        """:meth:`inverse` (``first`` 0, pruned) as DFT matrix products, run by run of batch columns: the first
+        axis by the block matrix on split planes of the spectrum — or, to few positions (:meth:`_narrow`: a
+        weight gradient's taps), by one complex product per frequency on the spectrum as it is, splitting only
+        its small result —, then the real axis by one real product."""
         nd = self.nd
         dtype = spectrum.real.dtype
         batch = spectrum.shape[nd:]
@@ -196,21 +215,31 @@ class FFTPlan:
         last = _dft_split(n, wanted[-1], np.arange(k), 1, np.float64) * twice / _prod(self.size)
         last[1] *= -1  # out = Σ Re(A)·Re(Y) - Im(A)·Im(Y)
         last = np.ascontiguousarray(last.transpose(1, 0, 2).reshape(len(wanted[-1]), 2 * k), dtype=dtype)
+        narrow = self._narrow(len(wanted[0]), nd)
         if nd == 2:
             n0, p0 = self.size[0], len(wanted[0])
-            square = _complex_block(_dft_split(n0, wanted[0], np.arange(n0), 1, dtype))
+            first = _dft_split(n0, wanted[0], np.arange(n0), 1, dtype)
+            first = (first[0] + 1j * first[1]).astype(spectrum.dtype) if narrow else _complex_block(first)
         z = spectrum.reshape(spectrum.shape[:nd] + (rows,))
         out = np.empty(tuple(len(w) for w in wanted) + (rows,), dtype=dtype)
 
         def run(scratch: Any, c0: int, c1: int) -> None:
             cols = c1 - c0
+            if nd == 2 and narrow:
+                lines = scratch("lines", (k, p0, 2 * cols)).view(spectrum.dtype)  # (frequency, position, column)
+                np.matmul(first, z[..., c0:c1].transpose(1, 0, 2), out=lines)
+                planes = scratch("planes", (p0, 2, k, cols))
+                planes[:, 0] = lines.real.transpose(1, 0, 2)
+                planes[:, 1] = lines.imag.transpose(1, 0, 2)
+                np.matmul(last, planes.reshape(p0, 2 * k, cols), out=out[..., c0:c1])
+                return
             planes = scratch("planes", z.shape[:-2] + (2, k, cols))  # (..., part, frequency, columns)
             src = z[..., c0:c1]
             planes[..., 0, :, :] = src.real
             planes[..., 1, :, :] = src.imag
             if nd == 2:
                 half = scratch("half", (2 * p0, k * cols))  # rows (position, part)
-                np.matmul(square, planes.reshape(2 * n0, k * cols), out=half)
+                np.matmul(first, planes.reshape(2 * n0, k * cols), out=half)
                 planes = half.reshape(p0, 2 * k, cols)
             else:
                 planes = planes.reshape(2 * k, cols)
@@ -219,6 +248,12 @@ class FFTPlan:
         _by_columns(rows, *self._matrix_columns(tuple(len(w) for w in wanted), True), dtype, run)
         return out.reshape(tuple(len(w) for w in wanted) + batch)
 
+    def _narrow(self, lines: int, nd: int) -> bool:
+        """Whether a two-axis transform with ``lines`` block rows (forward) or wanted positions (inverse) along
+        the first axis runs that axis as complex products on interleaved values: when they are at most half
+        the transform's length, the complex values on that side are the fewer to interleave."""
+        return nd == 2 and 2 * lines <= self.size[0]
+
     def _matrix_columns(self, extent: tuple[int, ...], inverse: bool) -> tuple[int, float]:
         """Scratch values and flops per batch column of the matrix products: forward of a block of ``extent``,
         or ``inverse`` to ``extent`` positions per axis."""
@@ -226,9 +261,10 @@ class FFTPlan:
         if self.nd == 1:
             return 2 * k, 4.0 * k * extent[0]
         n0 = self.size[0]
-        if inverse:
-            return (n0 + extent[0]) * 2 * k, 4.0 * k * extent[0] * (2 * n0 + extent[1])
-        return (extent[0] + n0) * 2 * k, 4.0 * k * extent[0] * (extent[1] + 2 * n0)
+        flops = 4.0 * k * extent[0] * (2 * n0 + extent[1])
+        if self._narrow(extent[0], 2):
+            return 4 * k * extent[0], flops
+        return (n0 + extent[0]) * 2 * k, flops
 
     def scratch_bytes(self, extent: tuple[int, ...], columns: int, itemsize: int, inverse: bool = False) -> int:
         """Bytes of scratch a transform of ``columns`` batch columns allocates beyond its input and result (the

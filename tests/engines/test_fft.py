@@ -347,8 +347,10 @@ def test_layout_moves_equal_the_transposed_copies(partitions, per_image, monkeyp
 
 
 @pytest.mark.parametrize("size,block_shape,step,where", [
-    ((9, 8), (3, 2), (1, 1), [positions(1, 3, -2, 9), positions(2, 5, 1, 8)]),
+    ((9, 8), (3, 2), (1, 1), [positions(1, 3, -2, 9), positions(2, 5, 1, 8)]),  # narrow: few rows, few positions
     ((10, 7), (4, 3), (2, 3), [np.array([9, 0, 4]), positions(6, 3, 1, 7)]),
+    ((9, 8), (7, 5), (1, 1), [positions(2, 6, 1, 9), positions(7, 4, -1, 8)]),  # wide ones
+    ((12, 10), (5, 4), (2, 2), [positions(11, 7, 1, 12), np.array([1, 9, 0])]),  # narrow block, wide positions
     ((12,), (5,), (2,), [positions(3, 6, 1, 12)]),
     ((11,), (4,), (1,), [np.array([10, 0, 5, 2])]),
 ])
@@ -356,7 +358,7 @@ def test_layout_moves_equal_the_transposed_copies(partitions, per_image, monkeyp
 def test_transforms_by_dft_matrices_equal_numpys(size, block_shape, step, where, dtype):
     """One- and two-axis transforms run as DFT matrix products (``MATRIX_DFT_MAX``): the spectrum of a (dilated)
     block and the signal at the wanted positions are numpy's ``rfftn``/``irfftn`` ones (odd and even sizes:
-    with and without a Nyquist bin)."""
+    with and without a Nyquist bin; blocks and positions narrow and wide along the first axis)."""
     plan = FFTPlan(size)
     assert plan.by_matrices(dtype)
     rng = np.random.default_rng(5)
