@@ -443,7 +443,10 @@ class FFTEngine(ConvEngine):
             return kept.spectrum
         g, plan = self._geom(), self._plan()
         step = (g.dilation[1:] if self.lifted else g.dilation) if role == "w" else None
-        spec = plan.forward(self._block(role, a), step, self._workers())
+        if not self.lifted and plan.by_matrices(a.dtype):  # read as it lies, no spatial-first copy
+            spec = plan.forward_batch_first(a, step, self._workers())
+        else:
+            spec = plan.forward(self._block(role, a), step, self._workers())
         F, G = plan.num_frequencies, g.group
         if role == "w":
             mats = spec.reshape(F, G, g.out_channels // G, -1)
@@ -470,6 +473,20 @@ class FFTEngine(ConvEngine):
             xs, shape=(F, G, out0, n, k0, cg), strides=(sf, sg, n * sr, sr, d0 * n * sr, sc), writeable=False)
         return np.ascontiguousarray(window).reshape(F, G, out0 * n, k0 * cg)
 
+    def _put(self, product: Any, where: list[Any], spatial: tuple[int, ...], out: Any) -> None:
+        """``out (N, G·C, *spatial)`` = the inverse transform of ``product (F, G, rows·N, C)`` at ``where``: written
+        there by the DFT matrix products themselves (the full layout), else through :meth:`_signal` and
+        :meth:`_write`."""
+        plan = self._plan()
+        if self.lifted or not plan.by_matrices(out.dtype) or not out.flags.c_contiguous:
+            self._write(self._signal(product, where, spatial[0]), out, spatial)
+            return
+        G, C = product.shape[1], product.shape[3]
+        shaped = product.reshape(plan.spectrum_shape + (G, -1, C))
+        n, nd = shaped.shape[-2], len(spatial)
+        into = out.reshape((n, G, C) + tuple(spatial)).transpose((1, 0, 2) + tuple(range(3, 3 + nd)))
+        plan.inverse(shaped, where, self._workers(), out=into)
+
     def _signal(self, product: Any, where: list[Any], rows: int) -> Any:
         """Inverse transform of ``product`` ``(F, G, rows·N, C)`` at the positions ``where``, as
         ``(*spatial, G, N, C)`` (the lifted axis, ``rows`` long, first)."""
@@ -487,10 +504,10 @@ class FFTEngine(ConvEngine):
         xs, ks = self._spectrum("x", x), self._spectrum("w", w)
         z = _batched_matmul(xs, ks.swapaxes(-1, -2))
         if keep is None:
-            self._write(self._signal(z, self._pos_y, g.out_shape[0]), y, g.out_shape)
+            self._put(z, self._pos_y, g.out_shape, y)
         else:  # the stride-1 outputs, then every stride-th
             full = np.empty(y.shape[:2] + g.out_shape, dtype=y.dtype)
-            self._write(self._signal(z, self._pos_y, g.out_shape[0]), full, g.out_shape)
+            self._put(z, self._pos_y, g.out_shape, full)
             y[...] = full[keep]
         if b is not None:
             y += b.reshape((1, -1) + (1,) * g.num_spatial_axes)
@@ -547,7 +564,7 @@ class FFTEngine(ConvEngine):
             with blas_threads(1):
                 run_partitions(batch_ranges(F, partitions_for(F, work)), body)
             dxs = acc.reshape(F, G, in0 * n, cg)
-        self._write(self._signal(dxs, self._pos_dx, g.in_shape[0]), dx, g.in_shape)
+        self._put(dxs, self._pos_dx, g.in_shape, dx)
 
     def _weight_grad(self, xs: Any, ds: Any, dw: Any) -> None:
         """``dw += irfft(Y'ᵀ · conj(ξ^))`` at the kernel taps: per frequency and group ``(Og, [k0·]Cg) =

@@ -117,6 +117,18 @@ class FFTPlan:
             out = sfft.fft(out, n=self.size[a], axis=axes[a], workers=workers, overwrite_x=True)
         return out
 
+    def forward_batch_first(self, block: Any, step: Sequence[int] | None = None, workers: int = 1) -> Any:
+        """:meth:`forward` of a batch-first ``block`` ``(*batch, *spatial)``, as the spectrum ``(*spectrum,
+        *batch)``: the DFT matrix products read it as it lies; ``scipy.fft`` from a spatial-first copy."""
+        nd = self.nd
+        spread = tuple(step) if step is not None else (1,) * nd
+        if self.by_matrices(block.dtype) and all((n - 1) * s + 1 <= t for n, s, t in zip(block.shape[-nd:], spread,
+                                                                                           self.size)):
+            return self._forward_by_matrices(block, spread, batch_first=True)
+        lead = block.ndim - nd
+        moved = np.moveaxis(block, tuple(range(lead, block.ndim)), tuple(range(nd)))
+        return self.forward(np.ascontiguousarray(moved), step, workers)
+
     def _dilate(self, block: Any, step: Sequence[int], first: int) -> Any:
         nd = self.nd
         spatial = block.shape[first:first + nd]
@@ -126,10 +138,19 @@ class FFTPlan:
         return out
 
     # ---- inverse -------------------------------------------------------------------------------
-    def inverse(self, spectrum: Any, positions: Sequence[Any], workers: int = 1, first: int = 0) -> Any:
+    def inverse(self, spectrum: Any, positions: Sequence[Any], workers: int = 1, first: int = 0,
+                out: Any | None = None) -> Any:
         """The real signal of ``spectrum`` (spectral axes ``first …``; it may be overwritten) at the given
         positions along each spatial axis (integer arrays with values in ``[0, size)``, or ``slice``
-        objects): ``out[…, i_0, …, i_{d-1}, …] = signal[…, positions[0][i_0], …]``."""
+        objects): ``signal[…, i_0, …, i_{d-1}, …] = signal[…, positions[0][i_0], …]``; with ``out``
+        (``first`` 0) written batch-first into it, ``out[*batch, i_0, …]``, whatever its strides (the DFT
+        matrix products write it there directly), and returned."""
+        if out is not None:
+            if first == 0 and self.by_matrices(spectrum.real.dtype):
+                return self._inverse_by_matrices(spectrum, positions, out)
+            signal = self.inverse(spectrum, positions, workers, first)
+            out[...] = np.moveaxis(signal, tuple(range(self.nd)), tuple(range(out.ndim - self.nd, out.ndim)))
+            return out
         nd = self.nd
         axes = tuple(range(first, first + nd))
         if not self.pruned:
@@ -151,15 +172,19 @@ class FFTPlan:
         """Whether these transforms run as DFT matrix products (module docstring)."""
         return self.nd <= 2 and max(self.size) <= MATRIX_DFT_MAX and np.dtype(dtype) in (np.float32, np.float64)
 
-    def _forward_by_matrices(self, block: Any, step: tuple[int, ...]) -> Any:
+    def _forward_by_matrices(self, block: Any, step: tuple[int, ...], batch_first: bool = False) -> Any:
         """:meth:`forward` (``first`` 0, pruned) as DFT matrix products, run by run of batch columns: the real
         axis on split planes; then the first axis by the block matrix on them, interleaving the result — or,
         for a block of few rows (:meth:`_narrow`: a kernel), interleaving those rows and finishing with one
         complex product per frequency straight into the spectrum (the large array written once)."""
         nd, dtype = self.nd, block.dtype
-        spatial, batch = block.shape[:nd], block.shape[nd:]
+        if batch_first:
+            batch, spatial = block.shape[:-nd], block.shape[-nd:]
+            x = np.ascontiguousarray(block).reshape((_prod(batch),) + spatial)
+        else:
+            spatial, batch = block.shape[:nd], block.shape[nd:]
+            x = np.ascontiguousarray(block).reshape(spatial + (_prod(batch),))
         rows = _prod(batch)
-        x = np.ascontiguousarray(block).reshape(spatial + (rows,))
         n, k = self.size[-1], self.size[-1] // 2 + 1
         real = _dft_split(n, np.arange(k), np.arange(spatial[-1]) * step[-1], -1, dtype)
         real = real.reshape(2 * k, spatial[-1])  # rows (part, frequency)
@@ -178,7 +203,7 @@ class FFTPlan:
         def run(scratch: Any, c0: int, c1: int) -> None:
             cols = c1 - c0
             planes = scratch("half", lead + (2 * k, cols))
-            np.matmul(real, x[..., c0:c1], out=planes)
+            np.matmul(real, np.moveaxis(x[c0:c1], 0, -1) if batch_first else x[..., c0:c1], out=planes)
             if nd == 2 and narrow:
                 lines = scratch("lines", (k, l0, 2 * cols)).view(ctype)  # (frequency, block row, column)
                 split = planes.reshape(l0, 2, k, cols).transpose(1, 2, 0, 3)
@@ -198,7 +223,7 @@ class FFTPlan:
         _by_columns(rows, *self._matrix_columns(spatial, False), dtype, run)
         return out.reshape(self.spectrum_shape + batch)
 
-    def _inverse_by_matrices(self, spectrum: Any, where: Sequence[Any]) -> Any:
+    def _inverse_by_matrices(self, spectrum: Any, where: Sequence[Any], into: Any | None = None) -> Any:
         """:meth:`inverse` (``first`` 0, pruned) as DFT matrix products, run by run of batch columns: the first
         axis by the block matrix on split planes of the spectrum — or, to few positions (:meth:`_narrow`: a
         weight gradient's taps), by one complex product per frequency on the spectrum as it is, splitting only
@@ -221,7 +246,27 @@ class FFTPlan:
             first = _dft_split(n0, wanted[0], np.arange(n0), 1, dtype)
             first = (first[0] + 1j * first[1]).astype(spectrum.dtype) if narrow else _complex_block(first)
         z = spectrum.reshape(spectrum.shape[:nd] + (rows,))
-        out = np.empty(tuple(len(w) for w in wanted) + (rows,), dtype=dtype)
+        counts = tuple(len(w) for w in wanted)
+        out = np.empty(counts + (rows,), dtype=dtype) if into is None else None
+        last_t = last.T
+
+        def finish(planes: Any, c0: int, c1: int) -> None:
+            """The real axis' product of ``planes`` (..., 2k, columns) into the columns' signal."""
+            if into is None:
+                np.matmul(last, planes, out=out[..., c0:c1])
+                return
+            inner = batch[-1]  # columns of one run of the innermost batch axis lie evenly in ``into``
+            c = c0
+            while c < c1:
+                i0 = c % inner
+                stop = min(c1, c - i0 + inner)
+                dst = into[np.unravel_index(c // inner, batch[:-1]) + (slice(i0, i0 + stop - c),)]
+                src = planes[..., c - c0:stop - c0]
+                if nd == 2:  # (positions, columns, last positions)
+                    np.matmul(src.transpose(0, 2, 1), last_t, out=dst.transpose(1, 0, 2))
+                else:
+                    np.matmul(src.T, last_t, out=dst)
+                c = stop
 
         def run(scratch: Any, c0: int, c1: int) -> None:
             cols = c1 - c0
@@ -231,7 +276,7 @@ class FFTPlan:
                 planes = scratch("planes", (p0, 2, k, cols))
                 planes[:, 0] = lines.real.transpose(1, 0, 2)
                 planes[:, 1] = lines.imag.transpose(1, 0, 2)
-                np.matmul(last, planes.reshape(p0, 2 * k, cols), out=out[..., c0:c1])
+                finish(planes.reshape(p0, 2 * k, cols), c0, c1)
                 return
             planes = scratch("planes", z.shape[:-2] + (2, k, cols))  # (..., part, frequency, columns)
             src = z[..., c0:c1]
@@ -243,10 +288,10 @@ class FFTPlan:
                 planes = half.reshape(p0, 2 * k, cols)
             else:
                 planes = planes.reshape(2 * k, cols)
-            np.matmul(last, planes, out=out[..., c0:c1])
+            finish(planes, c0, c1)
 
-        _by_columns(rows, *self._matrix_columns(tuple(len(w) for w in wanted), True), dtype, run)
-        return out.reshape(tuple(len(w) for w in wanted) + batch)
+        _by_columns(rows, *self._matrix_columns(counts, True), dtype, run)
+        return into if into is not None else out.reshape(counts + batch)
 
     def _narrow(self, lines: int, nd: int) -> bool:
         """Whether a two-axis transform with ``lines`` block rows (forward) or wanted positions (inverse) along

@@ -18,8 +18,9 @@ the kernel over the lifted/lowered axes, ``cols = Π in_F · Π out_L``:
 * fft lifted: the same over the axes after the first, with the input spectra lowered along it
   (``k_0·n'_0/n_0`` times larger), the kernel spectra per tap, and the output's real inverse;
 * where the transforms are DFT matrix products (:mod:`cct.engines.fft_plan`: one or two short axes), no gathered
-  copies: the inverse holds the real result and every partition's split planes
-  (:meth:`cct.engines.fft_plan.FFTPlan.scratch_bytes`), the input's transform its spectra and planes.
+  copies: every partition's split planes (:meth:`cct.engines.fft_plan.FFTPlan.scratch_bytes`) beside the
+  spectra — the full layout's transforms read ``x`` and write ``y`` as they lie, the lifted one's inverse holds
+  its real result and its forward the spatial-first copy.
 
 These equal ``tracemalloc``'s peak for the engines as they are (tests/inference/test_memory.py).
 
@@ -135,10 +136,9 @@ def _fft_bytes(g: ConvGeometry, lifted: bool, itemsize: int) -> int:
         nt = math.prod(th)
         xs, ks, zs = cs * N * C * nt, cs * O * cg * nt, cs * N * O * nt
         plan = FFTPlan(T)
-        if plan.by_matrices(np.float32):  # DFT matrix products: the result and the partitions' split planes
-            inverse = xs + ks + zs + itemsize * N * O * math.prod(out) + plan.scratch_bytes(out, N * O, itemsize,
-                                                                                          inverse=True)
-            forward = itemsize * N * C * math.prod(inp) + xs + plan.scratch_bytes(inp, N * C, itemsize)
+        if plan.by_matrices(np.float32):  # DFT matrix products: from x and into y as they lie, the split planes
+            inverse = xs + ks + zs + plan.scratch_bytes(out, N * O, itemsize, inverse=True)
+            forward = xs + plan.scratch_bytes(inp, N * C, itemsize)
             return int(max(inverse, forward, xs + ks))
         inverse = xs + ks + zs + _gather_peak(zs, out, T, 0, itemsize * N * O)
         # the input's transform: the spatial-first copy, then the last two pruned stages at once

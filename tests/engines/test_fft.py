@@ -376,3 +376,24 @@ def test_transforms_by_dft_matrices_equal_numpys(size, block_shape, step, where,
     got = plan.inverse(np.fft.rfftn(signal, axes=axes).astype(spec.dtype), where)
     assert got.dtype == dtype
     np.testing.assert_allclose(got, ref, rtol=tol, atol=tol * np.abs(signal).max())
+
+
+@pytest.mark.parametrize("size,block_shape", [((9, 8), (3, 2)), ((9, 8), (7, 5)), ((12,), (5,)),
+                                              ((9, 8, 10), (3, 2, 3))])
+def test_batch_first_transforms_equal_the_spatial_first_ones(size, block_shape):
+    """A batch-first block (:meth:`FFTPlan.forward_batch_first`) gives the spectrum of its spatial-first copy,
+    and the inverse writes the same signal batch-first into a given array whatever its strides (a transposed
+    view here) — by DFT matrix products where they apply, through ``scipy.fft`` (three axes) otherwise."""
+    rng = np.random.default_rng(6)
+    nd = len(size)
+    plan = FFTPlan(size)
+    block = rng.standard_normal((4, 3) + block_shape)
+    spatial_first = np.ascontiguousarray(np.moveaxis(block, (0, 1), (nd, nd + 1)))
+    spec = plan.forward_batch_first(block)
+    np.testing.assert_allclose(spec, plan.forward(spatial_first), rtol=1e-12, atol=1e-12)
+    where = [positions(1, n - 2, 1, n) for n in size]
+    signal = plan.inverse(spec.copy(), where)
+    into = np.full((3, 4) + signal.shape[:nd], np.nan).transpose((1, 0) + tuple(range(2, 2 + nd)))
+    assert plan.inverse(spec.copy(), where, out=into) is into
+    np.testing.assert_allclose(into, np.moveaxis(signal, tuple(range(nd)), tuple(range(2, 2 + nd))), rtol=1e-12,
+                               atol=1e-12)

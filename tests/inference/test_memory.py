@@ -57,8 +57,9 @@ def _traced_forward(primitive: str, g: ConvGeometry) -> int:
 @pytest.mark.parametrize("primitive", PRIMITIVES)
 @pytest.mark.parametrize("g", [ConvGeometry(1, 1, 6, 1, (40, 38, 36), (3, 3, 3), (1,) * 3, (0,) * 3, (1,) * 3),
                                ConvGeometry(16, 4, 5, 1, (14, 15, 13), (2, 3, 2), (1,) * 3, (0,) * 3, (1,) * 3),
-                               ConvGeometry(3, 4, 6, 2, (60, 50), (5, 3), (1, 1), (0, 0), (1, 1))],
-                         ids=["3d-single", "3d-fragments", "2d-groups"])
+                               ConvGeometry(3, 4, 6, 2, (60, 50), (5, 3), (1, 1), (0, 0), (1, 1)),
+                               ConvGeometry(8, 12, 16, 2, (27, 27), (5, 5), (1, 1), (0, 0), (1, 1))],
+                         ids=["3d-single", "3d-fragments", "2d-groups", "2d-dft-products"])
 def test_primitive_scratch_equals_the_traced_peak(primitive, g):
     est = conv_memory(primitive, g)
     peak = _traced_forward(primitive, g)
