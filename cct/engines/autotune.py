@@ -48,9 +48,9 @@ RATES_VERSION = 4
 # where another engine beat it; 13: a partition's lowered chunk capped at PART_LOWERED_MAX_BYTES; 14: Winograd's
 # tiles with the channels innermost, chunks of at least MIN_CHUNK_TILES tiles; 15: the fastest close calls measured
 # on the whole batch when all of them would take too long; 16: the best of the settling steps too; 17: the FFT
-# engine's layout moves image by image; 18: short 1-D and 2-D transforms as DFT matrix products): entries measured
-# by another version are measured again
-ENGINE_MEASURE_VERSION = 18
+# engine's layout moves image by image; 18: short 1-D and 2-D transforms as DFT matrix products; 19: those read
+# and write the full layout's operands as they lie): entries measured by another version are measured again
+ENGINE_MEASURE_VERSION = 19
 # measured images per partition: enough that the largest buffer of all partitions together exceeds this
 # (out of the last-level cache, like the full layer) and that a GEMM has this many columns, at most the
 # largest of the candidates' chunks of a partition
