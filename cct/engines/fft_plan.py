@@ -142,9 +142,9 @@ class FFTPlan:
                 out: Any | None = None) -> Any:
         """The real signal of ``spectrum`` (spectral axes ``first …``; it may be overwritten) at the given
         positions along each spatial axis (integer arrays with values in ``[0, size)``, or ``slice``
-        objects): ``signal[…, i_0, …, i_{d-1}, …] = signal[…, positions[0][i_0], …]``; with ``out``
-        (``first`` 0) written batch-first into it, ``out[*batch, i_0, …]``, whatever its strides (the DFT
-        matrix products write it there directly), and returned."""
+        objects), returned as ``r[…, i_0, …, i_{d-1}, …] = signal[…, positions[0][i_0], …]``; with ``out``
+        (``first`` 0) written batch-first into it instead, ``out[*batch, i_0, …]``, whatever its strides (the
+        DFT matrix products write it there directly), and returned."""
         if out is not None:
             if first == 0 and self.by_matrices(spectrum.real.dtype):
                 return self._inverse_by_matrices(spectrum, positions, out)
@@ -169,8 +169,10 @@ class FFTPlan:
 
     # ---- DFT by matrix products ------------------------------------------------------------------
     def by_matrices(self, dtype: Any) -> bool:
-        """Whether these transforms run as DFT matrix products (module docstring)."""
-        return self.nd <= 2 and max(self.size) <= MATRIX_DFT_MAX and np.dtype(dtype) in (np.float32, np.float64)
+        """Whether this plan's transforms of ``dtype`` values run as DFT matrix products (module docstring;
+        pruned plans only: the unpruned ones are ``rfftn``/``irfftn`` of the zero-padded arrays)."""
+        return (self.pruned and self.nd <= 2 and max(self.size) <= MATRIX_DFT_MAX
+                and np.dtype(dtype) in (np.float32, np.float64))
 
     def _forward_by_matrices(self, block: Any, step: tuple[int, ...], batch_first: bool = False) -> Any:
         """:meth:`forward` (``first`` 0, pruned) as DFT matrix products, run by run of batch columns: the real
@@ -340,16 +342,13 @@ def _by_columns(columns: int, values_per_column: int, flops_per_column: float, d
     arenas = [np.empty(min(width, j1 - j0) * values_per_column, dtype=dtype) for j0, j1 in ranges]
 
     def body(part: int, j0: int, j1: int) -> None:
-        arena, places = arenas[part], {}  # each plane's offset, set by the partition's first (widest) run
+        arena, places = arenas[part], {}  # each plane's (offset, size), set by the partition's first (widest) run
 
         def scratch(name: str, shape: tuple[int, ...]) -> Any:
-            size = _prod(shape)
             if name not in places:
-                places[name] = sum(_prod(s) for s in shapes.values())
-                shapes[name] = shape
-            return arena[places[name]:places[name] + size].reshape(shape)
-
-        shapes: dict[str, tuple[int, ...]] = {}
+                places[name] = (sum(size for _, size in places.values()), _prod(shape))
+            start = places[name][0]
+            return arena[start:start + _prod(shape)].reshape(shape)
 
         with blas_threads(1):
             for c0 in range(j0, j1, width):
