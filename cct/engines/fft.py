@@ -17,7 +17,9 @@ matrix products, run batched with frequencies as the batch: ``(N, Cg)·(Cg, Og)`
 ``(Og, N)·(N, Cg)``: the kernel transforms are computed once per batch and the channel sums happen in the
 frequency domain, so a layer does ``N·C + O·C + N·O`` forward and as many inverse transforms for forward +
 backward (ZNN's count), instead of one per channel pair.  Transforms (:mod:`cct.engines.fft_plan`) are
-``scipy.fft`` real FFTs, pruned to the non-zero lines as ZNNi, with :func:`fft_workers` threads.
+``scipy.fft`` real FFTs, pruned to the non-zero lines as ZNNi, with :func:`fft_workers` threads — or, over one or
+two short axes (2-D image layers), DFT matrix products, which read the operands and write the results of the
+full layout in their ``(N, C, *spatial)`` layout as they lie (no spatial-first copies, no layout moves back).
 
 Lifted first axis.  With one image (ZNN's training regime) the ``O·C`` kernel transforms and weight-gradient
 inverses dominate, and most of their lines run along the first axis.  The engine can instead transform only
