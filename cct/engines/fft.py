@@ -116,9 +116,17 @@ def _fingerprint(a: Any) -> tuple[Any, ...]:
             break
     flat = a.reshape(-1, max(row, 1))
     cols = (1.0 + (np.arange(flat.shape[1]) * 0.6180339887498949) % 1.0).astype(a.dtype)
-    # numpy's own loops, not BLAS: a tiny BLAS call right after multi-threaded FFTs waits milliseconds for
-    # the BLAS threads to get a core
-    rows = np.einsum("ij,j->i", flat, cols).astype(np.float64)
+    # matrix-vector products over the batch partitions on one BLAS thread each (never OpenBLAS's own threads,
+    # which would wait for a core after multi-threaded work): CaffeNet's conv2 input, 4.5M values, 0.20 ms
+    # against 0.60 for numpy's einsum loop (the engine takes up to four such sums of an operand an iteration)
+    rows = np.empty(flat.shape[0], dtype=a.dtype)
+
+    def body(_part: int, r0: int, r1: int) -> None:
+        np.matmul(flat[r0:r1], cols, out=rows[r0:r1])
+
+    with blas_threads(1):
+        run_partitions(batch_ranges(flat.shape[0], partitions_for(flat.shape[0], flat.shape[1])), body)
+    rows = rows.astype(np.float64)
     weights = 1.0 + (np.arange(rows.shape[0]) * 0.7548776662466927) % 1.0
     return iface["data"][0], a.shape, a.strides, a.dtype.str, float(np.einsum("i,i->", rows, weights))
 
