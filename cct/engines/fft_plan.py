@@ -47,9 +47,12 @@ from cct.runtime.threads import blas_threads, cpu_cores, thread_budget
 __all__ = ["FFTPlan", "fft_workers", "positions", "transform_size"]
 
 # transforms over at most two axes of at most this length run as DFT matrix products (module docstring) ...
-# (n x n planes, 8M values, 2 cores, forward + inverse against scipy.fft: at n = 32, 48, 64, 80 with AVX-512
-# kernels 0.67, 0.66, 0.71, 0.84 of the time; with AVX2 ones 0.86, 0.87, 1.04, 1.42)
-MATRIX_DFT_MAX = 48
+# (n x n planes, 8M values, 2 cores, forward + inverse of whole planes against scipy.fft: at n = 32, 48, 64, 80
+# with AVX-512 kernels 0.67, 0.66, 0.71, 0.84 of the time; with AVX2 ones 0.86, 0.87, 1.04, 1.42 — but a
+# convolution's kernels and weight-gradient taps are narrow blocks, where the products gain most: 16 images
+# 64->64 3x3 on 56x56 (58x58 transforms), FFT engine forward + backward 55.1 vs 83.5 ms with AVX-512 kernels and
+# 69.1 vs 86.4 with AVX2 ones at 64 rather than 48; 32->64 5x5 on 58x58 36.7 vs 54.3 and 51.3 vs 58.9 ms)
+MATRIX_DFT_MAX = 64
 # ... a run of batch columns at a time, about this many bytes of split planes, from the input's columns to the
 # output's while in the cache
 MATRIX_DFT_CHUNK_BYTES = 2 << 20
