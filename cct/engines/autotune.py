@@ -49,8 +49,9 @@ RATES_VERSION = 4
 # tiles with the channels innermost, chunks of at least MIN_CHUNK_TILES tiles; 15: the fastest close calls measured
 # on the whole batch when all of them would take too long; 16: the best of the settling steps too; 17: the FFT
 # engine's layout moves image by image; 18: short 1-D and 2-D transforms as DFT matrix products; 19: those read
-# and write the full layout's operands as they lie): entries measured by another version are measured again
-ENGINE_MEASURE_VERSION = 19
+# and write the full layout's operands as they lie; 20: up to 64 points): entries measured by another version are
+# measured again
+ENGINE_MEASURE_VERSION = 20
 # measured images per partition: enough that the largest buffer of all partitions together exceeds this
 # (out of the last-level cache, like the full layer) and that a GEMM has this many columns, at most the
 # largest of the candidates' chunks of a partition
