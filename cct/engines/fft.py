@@ -39,13 +39,15 @@ Memoization (ZNN §IV). The spectra of the engine's three operands — the input
 output gradient ``dy`` — are kept after they are computed and reused by the later passes of the same iteration:
 ``backward_weights`` reuses the forward's input spectrum, ``backward_data`` its kernel spectrum, and both share
 the output-gradient spectrum (kept only when they are separate calls); a forward with unchanged weights
-(testing, inference) reuses the kernel spectrum. A backward computing both gradients — a training step's — drops
-everything afterwards: the next batch and the solver's update change ``x`` and ``w`` before they are seen again,
-and the memory goes to the next pass (CaffeNet's conv2: 60 MiB of output-gradient spectrum never kept, 67 MiB of
-input and kernel spectra dropped). Contract: a kept spectrum is reused only when the array passed is the *same
-array with the same contents* — the same buffer address, shape, strides and dtype, and the same content
-fingerprint (a position-weighted sum, one read of the array, cheap next to a transform), so an array modified in
-place between the passes (a solver update, a gradient check, a user writing into a blob) is transformed again.
+(testing, inference) reuses the kernel spectrum — up to ``KEPT_KERNEL_MAX_BYTES``: larger kernel spectra are
+transformed again where needed, their memory weighing more than one kernel transform. A backward computing both
+gradients — a training step's — drops everything afterwards: the next batch and the solver's update change ``x``
+and ``w`` before they are seen again, and the memory goes to the next pass (CaffeNet's conv2: 60 MiB of
+output-gradient spectrum never kept, 67 MiB of input and kernel spectra dropped). Contract: a kept spectrum is
+reused only when the array passed is the *same array with the same contents* — the same buffer address, shape,
+strides and dtype, and the same content fingerprint (a position-weighted sum, one read of the array, cheap next
+to a transform), so an array modified in place between the passes (a solver update, a gradient check, a user
+writing into a blob) is transformed again.
 :meth:`FFTEngine.invalidate` drops everything. ``memoize=False`` (or ``CCT_FFT_MEMOIZE=0``) keeps nothing
 between calls, bounding the engine's memory to one call's transforms; a layer whose kept spectra would exceed
 ``CCT_FFT_MEMO_MB`` (default 1024 MiB) does not memoize and says so in :meth:`FFTEngine.describe`;
@@ -86,6 +88,11 @@ __all__ = ["FFTEngine", "fft_transform_size"]
 # which ran in 0.16 s, so the layout was never measured), so they cost the lesser of the two.
 PRODUCT_FLOPS_PER_S = 10e9   # unlifted: batched complex64 products with a few rows per frequency
 DEFAULT_MEMO_MB = 1024       # per layer: above this the spectra are not kept between passes (CCT_FFT_MEMO_MB)
+# kernel spectra larger than this are not kept between passes but transformed again where needed (the data
+# gradient; each forward): CaffeNet at 64 images keeps conv3's 88 MB and conv4's 66 MB of them from the forward to
+# the backward for two kernel transforms (~11 ms of a 600 ms iteration, AVX-512 kernels); without any kept the
+# peak RSS fell from 1.07-1.10x PyTorch's to 0.93-0.97x, the iteration 2-5% slower
+KEPT_KERNEL_MAX_BYTES = 64 << 20
 
 
 def fft_transform_size(g: ConvGeometry) -> tuple[int, ...]:
@@ -267,7 +274,7 @@ class FFTEngine(ConvEngine):
         """Work and memory of one forward + backward, for both layouts: ``{"full": …, "lifted": …}`` (lifted
         absent with one spatial axis), each with ``transform_flops`` (5·n·log2 n per pruned line),
         ``product_flops`` (8 per complex multiply-add), ``memo_bytes`` (the spectra kept between passes when
-        memoizing: the input's and the kernel's)
+        memoizing: the input's, and the kernel's up to ``KEPT_KERNEL_MAX_BYTES``)
         and ``seconds`` (predicted with this module's rates and, for the lifted GEMMs, the machine's GEMM
         ``rates``); plus ``"choice"``, the faster.  A strided ``g`` costs its stride-1 convolution's
         (:meth:`unit_stride`)."""
@@ -304,11 +311,13 @@ class FFTEngine(ConvEngine):
                                   + _transform_seconds(size, size, n * o * rows_y, rates, inverse=True))
             transforms_s = (forward_transforms + _transform_seconds(size, g.out_shape[rest], n * o * rows_y, rates)
                             + _transform_seconds(size, size, n * c * rows_x + o * cg * taps, rates, inverse=True))
+            kept_kernel = F * csize * o * cg * taps  # kept only up to KEPT_KERNEL_MAX_BYTES
+            kept_kernel = kept_kernel if kept_kernel <= KEPT_KERNEL_MAX_BYTES else 0
             out["lifted" if lifted else "full"] = {
                 "forward_share": (forward_transforms + product_s / 3) / max(transforms_s + product_s, 1e-30),
                 "transform_flops": forward + inverse, "product_flops": product,
                 # the input's (lifted: lowered) and the kernel's; the output gradient's lives within a backward
-                "memo_bytes": float(F * csize * (n * c * (rows_y * taps if lifted else 1) + o * cg * taps)),
+                "memo_bytes": float(F * csize * n * c * (rows_y * taps if lifted else 1) + kept_kernel),
                 "seconds": rates.fft_call_s + transforms_s + product_s}
         out["choice"] = min(("full", "lifted"), key=lambda k: out[k]["seconds"] if k in out else math.inf)
         return out
@@ -446,6 +455,7 @@ class FFTEngine(ConvEngine):
         image, or lifted per image and output position along the first axis, the input's columns then the
         ``k0`` taps × ``Cg`` channels it meets there (lowered) —, ``w`` as ``(F, G, Og, [k0·]Cg)``; kept for
         later calls when memoizing and ``keep``."""
+        keep = keep and (role != "w" or self._kernel_spectra_bytes() <= KEPT_KERNEL_MAX_BYTES)
         kept = self._kept.get(role) if self._memo_on else None
         key = _fingerprint(a) if self._memo_on and (keep or kept is not None) else None
         if kept is not None and kept.key == key:
@@ -471,6 +481,12 @@ class FFTEngine(ConvEngine):
             self._kept[role] = _Kept(key, mats)
             self._kept_peak = max(self._kept_peak, sum(int(k.spectrum.nbytes) for k in self._kept.values()))
         return mats
+
+    def _kernel_spectra_bytes(self) -> int:
+        """Bytes of this layer's kernel spectra (both layouts: ``F × O × [k0·]Cg`` complex values)."""
+        g, plan = self._geom(), self._plan()
+        taps = g.kernel[0] if self.lifted else 1
+        return plan.num_frequencies * g.out_channels * (g.in_channels // g.group) * taps * 2 * self.dtype.itemsize
 
     def _lower(self, xs: Any) -> Any:
         """Lifted input spectra ``(F, G, rows·N, Cg)`` lowered along the first axis: ``(F, G, out0·N, k0·Cg)``

@@ -170,6 +170,33 @@ def test_memoized_spectra_are_reused_and_invalidated():
     assert eng.workspace_bytes() == 0
 
 
+@pytest.mark.parametrize("lift", [False, True])
+def test_large_kernel_spectra_are_transformed_again_not_kept(monkeypatch, lift):
+    """Kernel spectra over KEPT_KERNEL_MAX_BYTES are not kept between the passes: the backward transforms the
+    kernel again (same numbers), the input's spectrum is still reused, and the engine's estimate of what it keeps
+    is what it kept."""
+    import cct.engines.fft as fft_module
+
+    g = GEOMETRIES[5]
+    x, w, b, dy = _data(g, np.float64)
+    results, kept = [], []
+    for cap in (1 << 40, 0):
+        monkeypatch.setattr(fft_module, "KEPT_KERNEL_MAX_BYTES", cap)
+        eng = FFTEngine(memoize=True, lift=lift)
+        eng.configure(g, np.float64)
+        y, dx, dw = np.zeros_like(dy), np.zeros_like(x), np.zeros_like(w)
+        eng.forward(x, w, b, y)
+        est = FFTEngine.estimate(g, 8)["lifted" if lift else "full"]["memo_bytes"]
+        assert eng.workspace_bytes() == est
+        kept.append(est)
+        eng.backward(x, dy, w, dx, dw)
+        assert eng.reuses == {"x": 1, "w": 1 if cap else 0, "dy": 0}
+        results.append((y, dx, dw))
+    assert kept[0] > kept[1] > 0  # the kernel's spectra, then the input's alone
+    for a, b_ in zip(*results):
+        np.testing.assert_array_equal(a, b_)
+
+
 def test_swapped_values_are_a_change():
     """The content fingerprint weights positions: a permutation of the same values is not a hit."""
     g = GEOMETRIES[0]
