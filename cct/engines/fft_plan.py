@@ -105,10 +105,7 @@ class FFTPlan:
         (a dilated kernel); positions beyond the block are zero.  Requires ``(L-1)*step + 1 ≤ size``."""
         nd = self.nd
         axes = tuple(range(first, first + nd))
-        spread = tuple(step) if step is not None else (1,) * nd
-        extent = tuple((block.shape[a] - 1) * s + 1 for a, s in zip(axes, spread))
-        if any(e > n for e, n in zip(extent, self.size)):
-            raise ValueError(f"block extent {extent} exceeds the transform size {self.size}")
+        spread = self._spread(block.shape[first:first + nd], step)
         if first == 0 and self.by_matrices(block.dtype):
             return self._forward_by_matrices(block, spread)
         if any(s != 1 for s in spread):
@@ -124,13 +121,21 @@ class FFTPlan:
         """:meth:`forward` of a batch-first ``block`` ``(*batch, *spatial)``, as the spectrum ``(*spectrum,
         *batch)``: the DFT matrix products read it as it lies; ``scipy.fft`` from a spatial-first copy."""
         nd = self.nd
-        spread = tuple(step) if step is not None else (1,) * nd
-        if self.by_matrices(block.dtype) and all((n - 1) * s + 1 <= t for n, s, t in zip(block.shape[-nd:], spread,
-                                                                                           self.size)):
+        spread = self._spread(block.shape[-nd:], step)
+        if self.by_matrices(block.dtype):
             return self._forward_by_matrices(block, spread, batch_first=True)
         lead = block.ndim - nd
         moved = np.moveaxis(block, tuple(range(lead, block.ndim)), tuple(range(nd)))
         return self.forward(np.ascontiguousarray(moved), step, workers)
+
+    def _spread(self, spatial: Sequence[int], step: Sequence[int] | None) -> tuple[int, ...]:
+        """``step`` per spatial axis (1 when None), checked: a block of ``spatial`` values that far apart fits
+        the transform."""
+        spread = tuple(step) if step is not None else (1,) * self.nd
+        extent = tuple((n - 1) * s + 1 for n, s in zip(spatial, spread))
+        if any(e > n for e, n in zip(extent, self.size)):
+            raise ValueError(f"block extent {extent} exceeds the transform size {self.size}")
+        return spread
 
     def _dilate(self, block: Any, step: Sequence[int], first: int) -> Any:
         nd = self.nd
@@ -196,7 +201,7 @@ class FFTPlan:
         lead = spatial[:-1]  # 2-D: the block's rows, transformed next
         ctype = np.result_type(dtype, np.complex64)
         out = np.empty(self.spectrum_shape + (rows,), dtype=ctype)
-        narrow = self._narrow(spatial[0], nd)
+        narrow = self._narrow(spatial[0])
         if nd == 2:
             n0, l0 = self.size[0], spatial[0]
             first = _dft_split(n0, np.arange(n0), np.arange(l0) * step[0], -1, dtype)
@@ -245,7 +250,7 @@ class FFTPlan:
         last = _dft_split(n, wanted[-1], np.arange(k), 1, np.float64) * twice / _prod(self.size)
         last[1] *= -1  # out = Σ Re(A)·Re(Y) - Im(A)·Im(Y)
         last = np.ascontiguousarray(last.transpose(1, 0, 2).reshape(len(wanted[-1]), 2 * k), dtype=dtype)
-        narrow = self._narrow(len(wanted[0]), nd)
+        narrow = self._narrow(len(wanted[0]))
         if nd == 2:
             n0, p0 = self.size[0], len(wanted[0])
             first = _dft_split(n0, wanted[0], np.arange(n0), 1, dtype)
@@ -298,11 +303,11 @@ class FFTPlan:
         _by_columns(rows, *self._matrix_columns(counts, True), dtype, run)
         return into if into is not None else out.reshape(counts + batch)
 
-    def _narrow(self, lines: int, nd: int) -> bool:
+    def _narrow(self, lines: int) -> bool:
         """Whether a two-axis transform with ``lines`` block rows (forward) or wanted positions (inverse) along
         the first axis runs that axis as complex products on interleaved values: when they are at most half
         the transform's length, the complex values on that side are the fewer to interleave."""
-        return nd == 2 and 2 * lines <= self.size[0]
+        return self.nd == 2 and 2 * lines <= self.size[0]
 
     def _matrix_columns(self, extent: tuple[int, ...], inverse: bool) -> tuple[int, float]:
         """Scratch values and flops per batch column of the matrix products: forward of a block of ``extent``,
@@ -312,7 +317,7 @@ class FFTPlan:
             return 2 * k, 4.0 * k * extent[0]
         n0 = self.size[0]
         flops = 4.0 * k * extent[0] * (2 * n0 + extent[1])
-        if self._narrow(extent[0], 2):
+        if self._narrow(extent[0]):
             return 4 * k * extent[0], flops
         return (n0 + extent[0]) * 2 * k, flops
 
