@@ -1,14 +1,18 @@
 """Local response normalization (Caffe's ``lrn_layer``), across channels or within a channel."""
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 from cct.blob import Blob
 from cct.device import get_array_module
 from cct.errors import CctError, ParamError
 from cct.layers.base import Layer
 from cct.layers.registry import register
+from cct.native import kernels as native_kernels
 from cct.proto import caffe_pb2 as pb
 from cct.runtime.partition import partitions_for, run_batch
 
@@ -50,8 +54,15 @@ def _chunks(x: Any) -> list[tuple[int, int]]:
 
 def _negative_power(xp: Any, base: Any, beta: float, out: Any) -> Any:
     """``out = base^(-beta)`` for LRN's scale (``k`` plus a non-negative sum; a zero or negative base gives inf
-    or NaN, as ``power`` does): ``exp(-beta · log(base))``, 1.6x as fast as numpy's float32 ``power`` (2.3M
-    values: 1.3 vs 2.0 ms), within a few float32 roundings of it."""
+    or NaN, as ``power`` does).  beta = 3/4 (Caffe's default): ``1 / (√base · √√base)``, correctly rounded
+    steps, so every machine and the compiled kernel (:mod:`cct.native`) give the same bits; else
+    ``exp(-beta · log(base))``, 1.6x as fast as numpy's float32 ``power`` (2.3M values: 1.3 vs 2.0 ms),
+    within a few float32 roundings of it."""
+    if beta == 0.75:
+        root = xp.sqrt(base, out=out)
+        quarter = xp.sqrt(root)
+        out *= quarter
+        return xp.divide(1, out, out=out)
     xp.log(base, out=out)
     out *= -beta
     return xp.exp(out, out=out)
@@ -87,6 +98,7 @@ class LRN(Layer):
         if self.region not in (pb.LRNParameter.ACROSS_CHANNELS, pb.LRNParameter.WITHIN_CHANNEL):
             raise ParamError(f"{_F}.norm_region", f"Unknown normalization region {self.region}")
         self._scale: Any = None
+        self._factor_kept = False
         self._buffers: dict[str, Any] = {}
 
     def reshape(self, bottom: list[Blob], top: list[Blob]) -> None:
@@ -127,9 +139,30 @@ class LRN(Layer):
             return self.k, self.alpha / self.size
         return 1.0, self.alpha / (self.size * self.size)
 
+    def _compiled(self, *arrays: Any) -> Any:
+        """The compiled kernels (:mod:`cct.native`) when they run this LRN: across channels with beta = 3/4, on
+        numpy float32 or float64 arrays of one dtype, C-contiguous, with images; else None (the numpy body)."""
+        compiled = native_kernels()
+        if compiled is None or self.region != pb.LRNParameter.ACROSS_CHANNELS or self.beta != 0.75:
+            return None
+        dtype = arrays[0].dtype
+        if dtype not in (np.float32, np.float64) or not len(arrays[0]):
+            return None
+        if all(isinstance(a, np.ndarray) and a.dtype == dtype and a.flags.c_contiguous for a in arrays):
+            return compiled
+        return None
+
     def forward(self, bottom: list[Blob], top: list[Blob]) -> None:
         x, y = bottom[0].data, top[0].data
         scale = self._scale = self._buffer("scale", x.shape, x)
+        compiled = self._compiled(x, scale, y)
+        self._factor_kept = compiled is None  # the compiled kernels compute it again in backward
+        if compiled is not None:
+            const, coeff = self._norm
+            planes = x.shape[1], math.prod(x.shape[2:])
+            self._split(x.shape[0], lambda p, a, b: compiled.lrn_forward(x[a:b], scale[a:b], y[a:b], b - a, *planes,
+                                                                         self.size, const, coeff), x)
+            return
         factor = self._buffer("factor", x.shape, x)
         self._split(x.shape[0], lambda p, a, b: self._forward_part(p, x[a:b], scale[a:b], factor[a:b], y[a:b]),
                     x)
@@ -155,7 +188,16 @@ class LRN(Layer):
         scale = self._scale
         if scale is None:
             raise CctError(f"LRN layer '{self.name}': backward called before forward")
-        factor = self._buffers["factor"]
+        compiled = self._compiled(x, y, dy, scale, dx)
+        if compiled is not None:
+            gain = -2.0 * self._norm[1] * self.beta
+            planes = x.shape[1], math.prod(x.shape[2:])
+            self._split(x.shape[0], lambda p, a, b: compiled.lrn_backward(
+                x[a:b], y[a:b], dy[a:b], scale[a:b], dx[a:b], b - a, *planes, self.size, gain), x)
+            return
+        factor = self._buffer("factor", x.shape, x)
+        if not self._factor_kept:  # forward ran the compiled kernels
+            _negative_power(get_array_module(scale), scale, self.beta, factor)
         self._split(x.shape[0], lambda p, a, b: self._backward_part(p, x[a:b], y[a:b], dy[a:b], dx[a:b],
                                                                     scale[a:b], factor[a:b]), x)
 

@@ -18,6 +18,7 @@ from cct.device import get_array_module
 from cct.errors import CctError, ParamError
 from cct.layers.base import Layer
 from cct.layers.registry import register
+from cct.native import kernels as native_kernels
 from cct.proto import caffe_pb2 as pb
 from cct.rng import get_rng
 from cct.runtime.partition import batch_ranges, partitions_for, run_partitions
@@ -304,6 +305,16 @@ class Pooler:
         keep = train or mask is not None
         kept = self._buf("winners", y.shape, y, dtype=self._code_dtype()) if keep else None
         self._winners_kept = keep
+        compiled = self._compiled(x, ymax)
+        if compiled is not None:
+            direct = y.dtype == ymax.dtype and y.flags.c_contiguous
+            compiled.max_pool_forward(self._geometry(x), x, ymax, y if direct else None, kept, self._code_bytes())
+            if not direct:
+                xp.copyto(y, ymax)
+            if mask is not None:
+                mask[...] = xp.where(kept > 0, self._winner_index(xp, kept, self._code_base(xp)), -1)
+            self._index = None
+            return
         chunks = self._max_chunks(x)
         images = chunks[0][1]
         for a, b in chunks:
@@ -338,6 +349,41 @@ class Pooler:
             xp.copyto(y, ymax)  # contiguous: 5x cheaper than cutting the wide grid again
         if winner is not None:
             xp.copyto(winner, wide_winner.reshape(grid)[inside])
+
+    def _compiled(self, *arrays: Any) -> Any:
+        """The compiled kernels (:mod:`cct.native`) when they run this MAX pooling: 1 or 2 spatial axes, one-byte
+        winner codes, and ``arrays`` numpy float32 or float64 arrays of one dtype, C-contiguous; else None."""
+        compiled = native_kernels()
+        if compiled is None or len(self.kernel) > 2 or self._code_dtype() != np.uint8:
+            return None
+        dtype = getattr(arrays[0], "dtype", None)
+        for a in arrays:
+            if not isinstance(a, np.ndarray) or a.dtype != dtype or not a.flags.c_contiguous:
+                return None
+        return compiled if dtype in (np.float32, np.float64) else None
+
+    def _geometry(self, x: Any) -> tuple[int, ...]:
+        """The compiled kernels' geometry for a batch like ``x``: planes, input and output extents, kernel,
+        stride, pad and dilation, each as (rows, columns) — one row for 1-D pooling."""
+        def rows_cols(t: tuple[int, ...], one: int) -> tuple[int, ...]:
+            return t if len(t) == 2 else (one,) + t
+        return ((x.shape[0] * x.shape[1],) + rows_cols(self.in_shape, 1) + rows_cols(self.out_shape, 1)
+                + rows_cols(self.kernel, 1) + rows_cols(self.stride, 1) + rows_cols(self.pad, 0)
+                + rows_cols(self.dilation, 1))
+
+    def _code_bytes(self) -> Any:
+        """Per kernel offset its winner code (:meth:`_codes`), as the compiled forward takes them."""
+        return self._codes(np).reshape(-1)
+
+    def _code_deltas(self) -> Any:
+        """Per winner code 0-255: its cell's flat in-plane offset from the window's first cell (0 where no
+        offset has that code), as the compiled backward takes them."""
+        if "code_deltas" not in self._tables:
+            table = np.zeros(256, dtype=np.int64)
+            for code, delta in zip(self._codes(np).reshape(-1), self._offset_deltas()):
+                table[int(code)] = delta
+            self._tables["code_deltas"] = table
+        return self._tables["code_deltas"]
 
     def _code_dtype(self) -> Any:
         """The winner codes' dtype: 0 (no winner) and :meth:`_codes`' values."""
@@ -452,6 +498,18 @@ class Pooler:
         chunk by chunk.  The winners are forward's; after a forward that kept none (TEST phase) they are found
         again from the bottom ``x``, which must still hold what forward saw (its maxima are checked)."""
         ymax = self._buffers["ymax"]
+        compiled = self._compiled(dy, dx, ymax)
+        if compiled is not None and (self._winners_kept or self._compiled(x, ymax) is not None):
+            if self._winners_kept:
+                winner = self._buffers["winners"]
+            else:
+                check = self._buf("check", ymax.shape, ymax)
+                winner = self._buf("winner", ymax.shape, ymax, dtype=np.uint8)
+                compiled.max_pool_forward(self._geometry(x), x, check, None, winner, self._code_bytes())
+                self._check_bottom_unchanged(xp, check, ymax)
+            compiled.max_pool_backward(self._geometry(dx), dy, ymax, winner, self._code_deltas(), dx, accumulate,
+                                       positive)
+            return
         chunks = self._max_chunks(dy)
         images = chunks[0][1]
         for a, b in chunks:
@@ -463,9 +521,7 @@ class Pooler:
                 check = self._scratch("check", ymax[a:b].shape, images, ymax, ymax.dtype)
                 winner = self._scratch("winner", ymax[a:b].shape, images, ymax, self._code_dtype())
                 self._max_chunk(xp, x[a:b], images, check, winner)
-                if not bool(xp.array_equal(check, ymax[a:b])):
-                    raise CctError("max pooling backward: the bottom changed since the TEST-phase forward (an "
-                                   "in-place layer on data it shares); run forward again before backward")
+                self._check_bottom_unchanged(xp, check, ymax[a:b])
             index = self._winner_index(xp, winner, self._code_base(xp, winner.shape),
                                        out=self._scratch("flat_index", winner.shape, images, dy, np.intp))
             routed = dy[a:b]
@@ -474,6 +530,12 @@ class Pooler:
                 routed = xp.multiply(routed, above, out=self._scratch("dy_positive", routed.shape, images, dy,
                                                                       dy.dtype))
             self._scatter_add(routed, dx[a:b], index, None if winner.all() else winner > 0, accumulate, xp)
+
+    @staticmethod
+    def _check_bottom_unchanged(xp: Any, check: Any, ymax: Any) -> None:
+        if not bool(xp.array_equal(check, ymax)):
+            raise CctError("max pooling backward: the bottom changed since the TEST-phase forward (an in-place "
+                           "layer on data it shares); run forward again before backward")
 
     def _code_base(self, xp: Any, shape: tuple[int, ...] | None = None) -> Any:
         """What :meth:`_winner_index` adds each window's winner to: the flat in-plane index of the window's first

@@ -5,8 +5,19 @@ import numpy as np
 import pytest
 
 import cct.layers.lrn  # noqa: F401  (registers the layer)
+from cct import native
 from cct.errors import CctError, ParamError
 from cct.gradient_check import check_gradient, setup_layer
+
+
+@pytest.fixture(autouse=True, params=["compiled", "numpy"])
+def body(request, monkeypatch):
+    """Every test here runs LRN's compiled kernels (where built and they apply) and its numpy body."""
+    if request.param == "numpy":
+        monkeypatch.setattr(cct.layers.lrn, "native_kernels", lambda: None)
+    elif native.kernels() is None:
+        pytest.skip("compiled kernels not built (no C compiler at install)")
+    return request.param
 
 
 def ref_lrn(x, size, alpha, beta, k, within):
@@ -70,3 +81,49 @@ def test_chunks_of_images_give_the_whole_batch_result(monkeypatch, params):
         out.append((y, run.bottom[0].diff.copy()))
     for a, b in zip(*out):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("shape", [(3, 96, 27, 27), (2, 7, 4, 5), (2, 3, 1, 1), (1, 1, 17, 19), (2, 5, 300, 1)])
+@pytest.mark.parametrize("params", ["local_size: 5 alpha: 0.0001", "local_size: 3 alpha: 0.7 k: 2",
+                                    "local_size: 9 alpha: 3"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_compiled_lrn_is_bitwise_the_numpy_body(monkeypatch, shape, params, dtype, body):
+    """The compiled LRN (across channels, beta 3/4) gives the numpy body's top, scale and gradient bit for
+    bit: fewer channels than the window, one channel, planes shorter and longer than its tiles."""
+    if body == "numpy":
+        pytest.skip("compares the two bodies")
+    rng = np.random.default_rng(2)
+    x = (rng.standard_normal(shape) * 3).astype(dtype)
+    dy = rng.standard_normal(shape).astype(dtype)
+    out = []
+    for compiled in (True, False):
+        if not compiled:
+            monkeypatch.setattr(cct.layers.lrn, "native_kernels", lambda: None)
+        run = setup_layer(f'type: "LRN" lrn_param {{ {params} }}', [x], dtype=dtype)
+        assert (run.layer._compiled(x) is not None) == compiled
+        (y,) = run.forward()
+        run.top[0].diff[...] = dy
+        run.layer.backward(run.top, [True], run.bottom)
+        out.append((y.copy(), run.layer._scale.copy(), run.bottom[0].diff.copy()))
+    for a, b in zip(*out):
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+def test_numpy_backward_after_a_compiled_forward(monkeypatch, body):
+    """The compiled forward keeps the scale but not the factor; a numpy backward after it (the kernels turned
+    off in between) computes the factor again and gives the same gradient."""
+    if body == "numpy":
+        pytest.skip("starts from the compiled forward")
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 7, 4, 5)).astype(np.float32)
+    dy = rng.standard_normal(x.shape).astype(np.float32)
+    grads = []
+    for switch in (False, True):
+        run = setup_layer('type: "LRN" lrn_param { local_size: 5 alpha: 2 }', [x])
+        run.forward()
+        if switch:
+            monkeypatch.setattr(cct.layers.lrn, "native_kernels", lambda: None)
+        run.top[0].diff[...] = dy
+        run.layer.backward(run.top, [True], run.bottom)
+        grads.append(run.bottom[0].diff.copy())
+    np.testing.assert_array_equal(grads[0], grads[1])

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import cct.layers.pooling  # noqa: F401  (registers the layer)
+from cct import native
 from cct.errors import CctError, ParamError
 from cct.gradient_check import check_gradient, setup_layer
 from cct.layers.pooling import Pooler, pooled_shape
@@ -15,6 +16,16 @@ from cct.proto import caffe_pb2 as pb
 
 FLT_MAX = float(np.finfo(np.float32).max)
 FLT_MIN = float(np.finfo(np.float32).tiny)
+
+
+@pytest.fixture(autouse=True, params=["compiled", "numpy"])
+def body(request, monkeypatch):
+    """Every test here runs MAX pooling's compiled kernels (where built) and its numpy body."""
+    if request.param == "numpy":
+        monkeypatch.setattr(cct.layers.pooling, "native_kernels", lambda: None)
+    elif native.kernels() is None:
+        pytest.skip("compiled kernels not built (no C compiler at install)")
+    return request.param
 
 
 def ref_out_size(n, k, s, p, ceil=True, any_pad=None):
@@ -584,3 +595,65 @@ def test_max_winner_codes_give_caffes_argmax_and_routing(in_hw, kernel, pad, del
         if m >= 0:
             expect[idx[0], idx[1], m // w, m % w] += dy[idx]
     np.testing.assert_array_equal(single.bottom[0].diff, expect)
+
+
+@pytest.mark.parametrize("in_shape, kernel, stride, pad, dilation, ceil", [
+    ((55, 55), (3, 3), (2, 2), (0, 0), (1, 1), True),    # CaffeNet's pool1
+    ((13, 13), (3, 3), (2, 2), (0, 0), (1, 1), True),    # pool5
+    ((10, 7), (3, 3), (2, 2), (1, 1), (1, 1), True),     # padding, ceil-mode overhang
+    ((10, 7), (3, 3), (2, 2), (1, 1), (1, 1), False),    # FLOOR
+    ((9, 8), (2, 3), (1, 3), (0, 1), (1, 1), True),      # per-axis kernels, stride 3
+    ((9, 9), (2, 2), (1, 1), (0, 0), (2, 3), True),      # dilated windows (sparse max-filtering)
+    ((40, 37), (5, 4), (3, 2), (2, 1), (1, 1), True),    # wide rows: several vectors per wide grid
+    ((23,), (4,), (3,), (1,), (1,), True),               # 1-D
+    ((5, 2), (3, 3), (1, 1), (1, 1), (1, 1), True),      # rows shorter than the window: offset codes
+])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_compiled_max_pooling_is_bitwise_the_numpy_body(monkeypatch, in_shape, kernel, stride, pad, dilation, ceil,
+                                                         dtype, body):
+    """The compiled MAX pooling gives the numpy body's maxima, winners, mask and gradients bit for bit — ties,
+    NaN, -inf and -FLT_MAX cells, padding, ceil-mode overhang, dilation, accumulation, the rectified routing
+    of a fused ReLU, and the winners found again after a TEST-phase forward."""
+    if body == "numpy":
+        pytest.skip("compares the two bodies")
+    rng = np.random.default_rng(5)
+    x = rng.integers(-4, 3, (3, 2) + in_shape).astype(dtype)  # many ties
+    flat = x.reshape(-1)
+    for value in (np.nan, -np.inf, -FLT_MAX):
+        flat[rng.choice(flat.size, 7, replace=False)] = value
+    results = []
+    for compiled in (True, False):
+        if not compiled:
+            monkeypatch.setattr(cct.layers.pooling, "native_kernels", lambda: None)
+        pl = Pooler(pb.PoolingParameter.MAX, in_shape, kernel, stride, pad, ceil, dilation=dilation)
+        assert (pl._compiled(x) is not None) == compiled
+        y = np.empty((3, 2) + pl.out_shape, dtype)
+        mask = np.empty_like(y)
+        dy = rng.standard_normal(y.shape).astype(dtype) if not results else results[0][-1]
+        pl.forward(x, y, mask=mask)
+        winners = pl._buffers["winners"].copy()
+        dx = np.empty_like(x)
+        pl.backward(dy, dx)
+        dx_sum = np.ones_like(x)
+        pl.backward(dy, dx_sum, accumulate=True)
+        dx_positive = np.empty_like(x)
+        pl.backward(dy, dx_positive, positive=True)
+        pl.forward(x, y, train=False)  # winners found again in backward
+        dx_test = np.empty_like(x)
+        pl.backward(dy, dx_test, x)
+        results.append((y.copy(), mask, winners, dx, dx_sum, dx_positive, dx_test, dy))
+    for a, b in zip(*results):
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+def test_compiled_kernels_are_built_where_a_c_compiler_is():
+    """An install with a C compiler and Python's headers builds the kernels (a broken build would otherwise
+    pass unnoticed, every layer running its slower numpy body)."""
+    import shutil
+    import sysconfig
+    from pathlib import Path
+
+    if not any(shutil.which(cc) for cc in ("cc", "gcc", "clang")) or \
+            not (Path(sysconfig.get_paths()["include"]) / "Python.h").exists():
+        pytest.skip("no C compiler or Python headers here")
+    assert native._built is not None, native.describe()

@@ -1,0 +1,38 @@
+"""Compiled CPU kernels (``cct/native/_kernels.c``), built with the package when a C compiler is present.
+
+numpy runs an elementwise operation at memory speed, but a layer made of many such passes over small arrays
+(MAX pooling's compare/select per kernel offset, its scatter in backward) spends its time in the passes
+themselves and, with the batch partitions' threads, in waiting for the GIL between short calls.  These
+kernels do one plane at a time in one pass while it is in the core's cache, without the GIL.  They compute
+exactly what the numpy bodies compute (same comparisons, same order of additions); the layers call them
+through :func:`kernels` for numpy arrays they support and keep the array-module body for everything else
+(cupy, N-D volumes, other dtypes).
+
+Without a compiler the package installs without them and every layer runs its numpy body;
+``cct device_query`` says which.  ``CCT_NATIVE=0`` in the environment turns them off (for A/B timing).
+"""
+from __future__ import annotations
+
+import os
+from types import ModuleType
+
+try:
+    from cct.native import _kernels as _built
+except ImportError:  # built without a C compiler: the numpy bodies run
+    _built = None
+
+
+def kernels() -> ModuleType | None:
+    """The compiled kernels module, or None when it was not built or ``CCT_NATIVE=0``."""
+    if _built is None or os.environ.get("CCT_NATIVE", "1") == "0":
+        return None
+    return _built
+
+
+def describe() -> str:
+    """For ``cct device_query``: which kernels run."""
+    if _built is None:
+        return "numpy bodies (compiled kernels not built: no C compiler at install)"
+    if kernels() is None:
+        return "numpy bodies (compiled kernels off: CCT_NATIVE=0)"
+    return "compiled (MAX pooling; LRN across channels, beta 0.75), numpy bodies elsewhere"
