@@ -82,6 +82,9 @@ def main() -> None:
     print(f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')} "
           f"OPENBLAS_L2_SIZE={os.environ.get('OPENBLAS_L2_SIZE', '(unset)')} threads={args.threads} "
           f"model={Path(args.model).name} iterations={args.iters} rounds={args.rounds}")
+    from cct import native
+
+    print(f"cct kernels: {native.describe()}")
     probe = subprocess.run([args.caffe, "--version"], env=dict(os.environ, OPENBLAS_VERBOSE="2"),
                            capture_output=True, text=True)
     text = probe.stdout + probe.stderr

@@ -172,6 +172,9 @@ def main() -> None:
           f"OPENBLAS_L2_SIZE={os.environ.get('OPENBLAS_L2_SIZE', '(unset)')} threads={args.threads} "
           f"batch={args.batch} update={'none' if args.no_update else 'SGD'} "
           f"CCT_PARTITIONS={os.environ.get('CCT_PARTITIONS', 'auto')}")
+    from cct import native
+
+    print(f"cct kernels: {native.describe()}")
     print(match_torch_isa(args.torch_native))
     # both workers see exactly `threads` BLAS/OpenMP threads
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):

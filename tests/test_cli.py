@@ -309,6 +309,7 @@ def test_device_query_describes_the_cpu():
     msgs = messages(out)
     assert rc == 0 and msgs[0] == "Querying GPUs "
     assert any(m.startswith("CPU cores:") for m in msgs) and any(m.startswith("BLAS:") for m in msgs)
+    assert any(m.startswith("Kernels:") for m in msgs)
 
 
 def test_data_tools_are_dispatched(monkeypatch):

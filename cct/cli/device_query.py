@@ -55,6 +55,9 @@ def _log_cpu() -> None:
         log.info("BLAS:                          none found")
     for lib in libs:
         log.info("BLAS:                          %s (%s)", lib.describe(), lib.path)
+    from cct import native
+
+    log.info("Kernels:                       %s", native.describe())
     narrow = narrow_blas_kernel()
     if narrow:
         log.warning("%s", narrow)
