@@ -26,6 +26,8 @@ fft_memo_mb           CCT_FFT_MEMO_MB                       MiB of kept spectra 
 fft_workers           CCT_FFT_WORKERS                       FFT threads (default: the thread's BLAS budget)
 retain_memory         CCT_RETAIN_MEMORY                     1 (default) | 0: the FFT engine has glibc keep freed
                                                             large blocks for reuse (cct.runtime.memory)
+native                CCT_NATIVE                            1 (default) | 0: the compiled kernels (cct.native) where
+                                                            built, else the numpy bodies everywhere
 cache_dir             CCT_CACHE_DIR                         default $XDG_CACHE_HOME/cct or ~/.cache/cct
 traceback             CCT_TRACEBACK                         0 (default) | 1: tracebacks from the command line
 ====================  ===================  ===============  ==================================================
@@ -199,6 +201,8 @@ SETTINGS = (
     Setting("retain_memory", "CCT_RETAIN_MEMORY", None, lambda v, n, s: boolean("1" if v is None else v, n, s),
             "let the FFT engine tell glibc's allocator to keep large freed blocks for reuse (default 1; "
             "cct.runtime.memory)"),
+    Setting("native", "CCT_NATIVE", None, lambda v, n, s: boolean("1" if v is None else v, n, s),
+            "run the compiled kernels of cct.native where they are built (default 1); 0: the numpy bodies"),
     Setting("cache_dir", "CCT_CACHE_DIR", None, path_or_none,
             "where measurements are cached (default $XDG_CACHE_HOME/cct or ~/.cache/cct)"),
     Setting("traceback", "CCT_TRACEBACK", None, boolean,

@@ -1,4 +1,7 @@
-"""Local response normalization (Caffe's ``lrn_layer``), across channels or within a channel."""
+"""Local response normalization (Caffe's ``lrn_layer``), across channels or within a channel.
+
+Across channels with beta = 3/4 on numpy float32/float64 arrays, the compiled kernels of :mod:`cct.native`
+run it where they are built (the same bits as the array-module body below, which runs everything else)."""
 from __future__ import annotations
 
 import math

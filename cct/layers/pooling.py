@@ -2,7 +2,9 @@
 
 The arithmetic lives in :class:`Pooler`, which works on ``(N, C, *spatial)`` arrays with any number of
 spatial axes and loops only over kernel offsets; the Pooling layer (4-D as Caffe, plus N-D volumes such as
-``(N, C, D, H, W)``) and SPP use it.
+``(N, C, D, H, W)``) and SPP use it.  MAX pooling of numpy float32/float64 arrays runs the compiled kernels
+of :mod:`cct.native` where they are built (the same bits: the same comparisons and order of additions), its
+array-module body everywhere else.
 """
 from __future__ import annotations
 
@@ -36,6 +38,8 @@ MAX_POOL_CHUNK_BYTES = 2 << 20
 FLAT_SCAN_MAX_OVERHEAD = 1.5
 # ... and finds the winners in groups of up to this many kernel offsets (a stack of flags per group)
 SCAN_GROUP = 16
+# the compiled MAX pooling (cct.native) takes windows of up to this many spatial axes
+COMPILED_MAX_AXES = 8
 FLT_MAX = 3.4028234663852886e38
 FLT_MIN = 1.1754943508222875e-38
 MAX, AVE, STOCHASTIC = pb.PoolingParameter.MAX, pb.PoolingParameter.AVE, pb.PoolingParameter.STOCHASTIC
@@ -351,10 +355,11 @@ class Pooler:
             xp.copyto(winner, wide_winner.reshape(grid)[inside])
 
     def _compiled(self, *arrays: Any) -> Any:
-        """The compiled kernels (:mod:`cct.native`) when they run this MAX pooling: 1 or 2 spatial axes, one-byte
-        winner codes, and ``arrays`` numpy float32 or float64 arrays of one dtype, C-contiguous; else None."""
+        """The compiled kernels (:mod:`cct.native`) when they run this MAX pooling: up to ``COMPILED_MAX_AXES``
+        spatial axes, one-byte winner codes, and ``arrays`` numpy float32 or float64 arrays of one dtype,
+        C-contiguous; else None."""
         compiled = native_kernels()
-        if compiled is None or len(self.kernel) > 2 or self._code_dtype() != np.uint8:
+        if compiled is None or len(self.kernel) > COMPILED_MAX_AXES or self._code_dtype() != np.uint8:
             return None
         dtype = getattr(arrays[0], "dtype", None)
         for a in arrays:
@@ -363,13 +368,14 @@ class Pooler:
         return compiled if dtype in (np.float32, np.float64) else None
 
     def _geometry(self, x: Any) -> tuple[int, ...]:
-        """The compiled kernels' geometry for a batch like ``x``: planes, input and output extents, kernel,
-        stride, pad and dilation, each as (rows, columns) — one row for 1-D pooling."""
-        def rows_cols(t: tuple[int, ...], one: int) -> tuple[int, ...]:
-            return t if len(t) == 2 else (one,) + t
-        return ((x.shape[0] * x.shape[1],) + rows_cols(self.in_shape, 1) + rows_cols(self.out_shape, 1)
-                + rows_cols(self.kernel, 1) + rows_cols(self.stride, 1) + rows_cols(self.pad, 0)
-                + rows_cols(self.dilation, 1))
+        """The compiled kernels' geometry for a batch like ``x``: planes, spatial axes, then per axis the input and
+        output extents, kernel, stride, pad and dilation (1-D pooling as rows of one: the kernels take 2 axes or
+        more)."""
+        lead = len(self.kernel) == 1
+        fields = [(1, self.in_shape), (1, self.out_shape), (1, self.kernel), (1, self.stride), (0, self.pad),
+                  (1, self.dilation)]
+        axes = len(self.kernel) + lead
+        return (x.shape[0] * x.shape[1], axes) + tuple(v for one, t in fields for v in (one,) * lead + tuple(t))
 
     def _code_bytes(self) -> Any:
         """Per kernel offset its winner code (:meth:`_codes`), as the compiled forward takes them."""

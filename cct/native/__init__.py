@@ -6,15 +6,16 @@ themselves and, with the batch partitions' threads, in waiting for the GIL betwe
 kernels do one plane at a time in one pass while it is in the core's cache, without the GIL.  They compute
 exactly what the numpy bodies compute (same comparisons, same order of additions); the layers call them
 through :func:`kernels` for numpy arrays they support and keep the array-module body for everything else
-(cupy, N-D volumes, other dtypes).
+(cupy, other dtypes, LRN with other powers).
 
 Without a compiler the package installs without them and every layer runs its numpy body;
 ``cct device_query`` says which.  ``CCT_NATIVE=0`` in the environment turns them off (for A/B timing).
 """
 from __future__ import annotations
 
-import os
 from types import ModuleType
+
+from cct.config import settings
 
 try:
     from cct.native import _kernels as _built
@@ -24,7 +25,7 @@ except ImportError:  # built without a C compiler: the numpy bodies run
 
 def kernels() -> ModuleType | None:
     """The compiled kernels module, or None when it was not built or ``CCT_NATIVE=0``."""
-    if _built is None or os.environ.get("CCT_NATIVE", "1") == "0":
+    if _built is None or not settings.get("native"):
         return None
     return _built
 
@@ -35,4 +36,4 @@ def describe() -> str:
         return "numpy bodies (compiled kernels not built: no C compiler at install)"
     if kernels() is None:
         return "numpy bodies (compiled kernels off: CCT_NATIVE=0)"
-    return "compiled (MAX pooling; LRN across channels, beta 0.75), numpy bodies elsewhere"
+    return "compiled (MAX pooling of up to 8 spatial axes; LRN across channels, beta 0.75), numpy bodies elsewhere"

@@ -22,57 +22,103 @@
 #define CCT_CLONES
 #endif
 
+#define POOL_MAX_AXES 8
+
 typedef struct {
-    Py_ssize_t planes, h, w, oh, ow;  /* channel planes (N*C), input and output extents */
-    Py_ssize_t kh, kw, sh, sw, ph, pw, dh, dw;  /* kernel, stride, pad, dilation */
+    Py_ssize_t planes, nd;  /* channel planes (N*C) and spatial axes (at least 2; 1-D pooling gives a row axis) */
+    Py_ssize_t in[POOL_MAX_AXES], out[POOL_MAX_AXES], kernel[POOL_MAX_AXES], stride[POOL_MAX_AXES],
+        pad[POOL_MAX_AXES], dilation[POOL_MAX_AXES];
+    Py_ssize_t in_plane, out_plane, cells, rows, out_rows;  /* sizes; rows: all axes but the last */
 } pool_geometry;
 
-/* MAX pooling forward, one plane at a time: the plane's rows are copied by stride phase into a padded buffer
- * (padded row u*sh + a is row u of phase a, each row sw*pe_w cells wide; -inf outside the image, which never
- * beats -FLT_MAX), so each kernel offset's cells for every window lie at one fixed shift of one phase, sw
- * apart: window (r, k) at wide position q = r*pe_w + k reads phase[t][sw*q + shift[t]].  Each offset is then
- * one long pass over the wide grid (positions k >= ow read neighbouring cells and are dropped), which
- * vectorizes; the wide grid's rows are cut to ow at the end. */
+/* MAX pooling forward, one plane at a time.  The plane's rows (its cells along the last axis) are copied by
+ * stride phase of the other axes into a padded buffer: padded row (u_0·s_0 + a_0, ...) is row (u_0, ...) of
+ * phase (a_0, ...), each row sw·pe_w cells wide (sw, pe_w: the last axis's stride and phase extent); -inf
+ * outside the image, which never beats -FLT_MAX.  With the wide grid of windows (out_0, pe_1, ..., pe_w) —
+ * the first axis's outputs, then every later axis's phase extent — each kernel offset's cells for every window
+ * lie at one fixed shift of one phase, sw apart: wide position q reads phase[t][sw·q + shift[t]].  Each offset
+ * is then one long pass over the wide grid (positions past an axis's outputs read neighbouring cells and are
+ * dropped), which vectorizes; the wide grid is cut to the output at the end. */
 #define SCAN_BLOCK 16  /* the scan's vector lanes (float32; float64 uses 8) */
 
 typedef struct {
-    Py_ssize_t pe_h, pe_w, row, block, wide, k;  /* phase rows, wide row, buffer row, one phase, wide grid */
-    Py_ssize_t *phase, *shift;                   /* per kernel offset (row-major) */
+    Py_ssize_t pe[POOL_MAX_AXES];        /* phase extent per axis */
+    Py_ssize_t row_stride[POOL_MAX_AXES];  /* a phase block's stride per axis but the last */
+    Py_ssize_t wide_stride[POOL_MAX_AXES]; /* the wide grid's stride per axis */
+    Py_ssize_t phases, block, wide, k;   /* phase count, one phase's block, wide grid (whole vectors), offsets */
+    Py_ssize_t *phase, *shift;           /* per kernel offset (row-major) */
 } pool_scan;
 
 static int scan_setup(const pool_geometry *g, pool_scan *s) {
-    Py_ssize_t ext_h = (g->kh - 1) * g->dh + 1, ext_w = (g->kw - 1) * g->dw + 1;
-    Py_ssize_t pad_h = g->h + 2 * g->ph, pad_w = g->w + 2 * g->pw, max_shift = 0;
-    if ((g->oh - 1) * g->sh + ext_h > pad_h) pad_h = (g->oh - 1) * g->sh + ext_h;
-    if ((g->ow - 1) * g->sw + ext_w > pad_w) pad_w = (g->ow - 1) * g->sw + ext_w;
-    s->pe_h = (pad_h + g->sh - 1) / g->sh;
-    s->pe_w = (pad_w + g->sw - 1) / g->sw;
-    s->row = s->pe_w * g->sw;
-    s->k = g->kh * g->kw;
-    s->wide = (g->oh * s->pe_w + SCAN_BLOCK - 1) / SCAN_BLOCK * SCAN_BLOCK;
+    const Py_ssize_t nd = g->nd, last = nd - 1;
+    Py_ssize_t max_shift = 0;
+    for (Py_ssize_t i = 0; i < nd; i++) {
+        Py_ssize_t extent = (g->kernel[i] - 1) * g->dilation[i] + 1, padded = g->in[i] + 2 * g->pad[i];
+        if ((g->out[i] - 1) * g->stride[i] + extent > padded) padded = (g->out[i] - 1) * g->stride[i] + extent;
+        s->pe[i] = (padded + g->stride[i] - 1) / g->stride[i];
+    }
+    Py_ssize_t row = s->pe[last] * g->stride[last], block = row, wide = s->pe[last];
+    s->phases = 1;
+    s->row_stride[last] = 1;
+    s->wide_stride[last] = 1;
+    for (Py_ssize_t i = last - 1; i >= 0; i--) {
+        s->row_stride[i] = block;
+        s->wide_stride[i] = wide;
+        block *= s->pe[i];
+        wide *= i == 0 ? g->out[0] : s->pe[i];
+        s->phases *= g->stride[i];
+    }
+    s->k = 1;
+    for (Py_ssize_t i = 0; i < nd; i++) s->k *= g->kernel[i];
+    s->wide = (wide + SCAN_BLOCK - 1) / SCAN_BLOCK * SCAN_BLOCK;
     s->phase = malloc(2 * s->k * sizeof(Py_ssize_t));
     if (!s->phase) return -1;
     s->shift = s->phase + s->k;
-    for (Py_ssize_t i = 0; i < g->kh; i++)
-        for (Py_ssize_t j = 0; j < g->kw; j++) {
-            Py_ssize_t t = i * g->kw + j, ci = i * g->dh;
-            s->phase[t] = ci % g->sh;
-            s->shift[t] = (ci / g->sh) * s->row + j * g->dw;
-            if (s->shift[t] > max_shift) max_shift = s->shift[t];
+    for (Py_ssize_t t = 0; t < s->k; t++) {
+        Py_ssize_t rest = t, phase = 0, shift = 0, phase_mult = 1;
+        for (Py_ssize_t i = last; i >= 0; i--) {  /* offset t's index along axis i, last axis fastest */
+            Py_ssize_t c = (rest % g->kernel[i]) * g->dilation[i];
+            rest /= g->kernel[i];
+            if (i == last) {
+                shift += c;
+            } else {
+                shift += (c / g->stride[i]) * s->row_stride[i];
+                phase += (c % g->stride[i]) * phase_mult;
+                phase_mult *= g->stride[i];
+            }
         }
-    /* a phase's block: its rows plus room for the largest shift past the wide grid's end */
-    s->block = s->pe_h * s->row;
-    if (g->sw * (s->wide + SCAN_BLOCK) + max_shift > s->block) s->block = g->sw * (s->wide + SCAN_BLOCK) + max_shift;
+        s->phase[t] = phase;
+        s->shift[t] = shift;
+        if (shift > max_shift) max_shift = shift;
+    }
+    /* a phase's block: its rows plus room for the largest shift past the wide grid's last vector */
+    s->block = block;
+    if (g->stride[last] * (s->wide + SCAN_BLOCK) + max_shift > s->block)
+        s->block = g->stride[last] * (s->wide + SCAN_BLOCK) + max_shift;
     return 0;
+}
+
+/* Advance the multi-index idx over extents dims[0..n) (last fastest). */
+static inline void next_index(Py_ssize_t *idx, const Py_ssize_t *dims, Py_ssize_t n) {
+    for (Py_ssize_t i = n - 1; i >= 0; i--) {
+        if (++idx[i] < dims[i]) return;
+        idx[i] = 0;
+    }
 }
 
 #define DEFINE_SPLIT(NAME, T)                                                                                \
     /* the image rows of one plane into the phase buffer (its border keeps -inf from the first fill) */     \
     static void NAME(const pool_geometry *g, const pool_scan *s, const T *x, T *buf) {                       \
-        for (Py_ssize_t h = 0; h < g->h; h++) {                                                              \
-            Py_ssize_t padded = h + g->ph;                                                                   \
-            memcpy(buf + (padded % g->sh) * s->block + (padded / g->sh) * s->row + g->pw, x + h * g->w,     \
-                   g->w * sizeof(T));                                                                        \
+        const Py_ssize_t last = g->nd - 1, w = g->in[last];                                                  \
+        Py_ssize_t idx[POOL_MAX_AXES] = {0};                                                                 \
+        for (Py_ssize_t r = 0; r < g->rows; r++, next_index(idx, g->in, last)) {                             \
+            Py_ssize_t at = g->pad[last], phase = 0;                                                         \
+            for (Py_ssize_t i = 0; i < last; i++) {                                                          \
+                Py_ssize_t padded = idx[i] + g->pad[i];                                                      \
+                phase = phase * g->stride[i] + padded % g->stride[i];                                        \
+                at += (padded / g->stride[i]) * s->row_stride[i];                                            \
+            }                                                                                                \
+            memcpy(buf + phase * s->block + at, x + r * w, w * sizeof(T));                                   \
         }                                                                                                    \
     }
 
@@ -86,7 +132,7 @@ static int scan_setup(const pool_geometry *g, pool_scan *s) {
     /* best[q] = max over the offsets (and -FLT_MAX) and code[q] the winning offset's code (0: none) */      \
     CCT_CLONES static void NAME(const pool_geometry *g, const pool_scan *s, const T *buf, T *best,           \
                                 uint8_t *code, const uint8_t *codes) {                                       \
-        const Py_ssize_t n = s->wide, sw = g->sw;                                                            \
+        const Py_ssize_t n = s->wide, sw = g->stride[g->nd - 1];                                             \
         for (Py_ssize_t q0 = 0; q0 < n; q0 += LANES) {                                                       \
             NAME##_vec b, v = {0}, lo, hi;                                                                   \
             NAME##_ivec cd = {0}, gt;                                                                        \
@@ -130,18 +176,21 @@ DEFINE_SCAN(scan_f32, float, int32_t, 16)
 DEFINE_SCAN(scan_f64, double, int64_t, 8)
 
 #define DEFINE_CUT(NAME, T)                                                                                  \
-    /* the wide grid's rows cut to the output's width: maxima into ymax (and y), codes into win */          \
+    /* the wide grid cut to the output: maxima into ymax (and y), codes into win, row by row */             \
     CCT_CLONES static void NAME(const pool_geometry *g, const pool_scan *s, const T *best, const uint8_t *code,\
                                 T *restrict ymax, T *restrict y, uint8_t *restrict win) {                    \
-        for (Py_ssize_t r = 0; r < g->oh; r++) {                                                             \
-            const T *b = best + r * s->pe_w;                                                                 \
-            const uint8_t *c = code + r * s->pe_w;                                                           \
-            T *m = ymax + r * g->ow;                                                                         \
-            for (Py_ssize_t k = 0; k < g->ow; k++) m[k] = b[k];                                              \
+        const Py_ssize_t last = g->nd - 1, ow = g->out[last];                                                \
+        Py_ssize_t idx[POOL_MAX_AXES] = {0};                                                                 \
+        for (Py_ssize_t r = 0; r < g->out_rows; r++, next_index(idx, g->out, last)) {                        \
+            Py_ssize_t at = 0;                                                                               \
+            for (Py_ssize_t i = 0; i < last; i++) at += idx[i] * s->wide_stride[i];                          \
+            const T *b = best + at;                                                                          \
+            const uint8_t *c = code + at;                                                                    \
+            for (Py_ssize_t k = 0; k < ow; k++) ymax[r * ow + k] = b[k];                                     \
             if (y)                                                                                           \
-                for (Py_ssize_t k = 0; k < g->ow; k++) y[r * g->ow + k] = b[k];                              \
+                for (Py_ssize_t k = 0; k < ow; k++) y[r * ow + k] = b[k];                                    \
             if (win)                                                                                         \
-                for (Py_ssize_t k = 0; k < g->ow; k++) win[r * g->ow + k] = c[k];                            \
+                for (Py_ssize_t k = 0; k < ow; k++) win[r * ow + k] = c[k];                                  \
         }                                                                                                    \
     }
 
@@ -151,36 +200,41 @@ DEFINE_CUT(cut_f64, double)
 #define DEFINE_MAX_FORWARD(NAME, SPLIT, SCAN, CUT, T)                                                        \
     static void NAME(const pool_geometry *g, const pool_scan *s, const T *x, T *ymax, T *y, uint8_t *win,    \
                      const uint8_t *codes, T *buf, T *best, uint8_t *code) {                                 \
-        Py_ssize_t p, plane = g->h * g->w, oplane = g->oh * g->ow;                                           \
-        for (Py_ssize_t i = 0; i < g->sh * s->block; i++) buf[i] = (T)-INFINITY;                             \
-        for (p = 0; p < g->planes; p++) {                                                                    \
-            SPLIT(g, s, x + p * plane, buf);                                                                 \
+        for (Py_ssize_t i = 0; i < s->phases * s->block; i++) buf[i] = (T)-INFINITY;                         \
+        for (Py_ssize_t p = 0; p < g->planes; p++) {                                                         \
+            const Py_ssize_t o = p * g->out_plane;                                                           \
+            SPLIT(g, s, x + p * g->in_plane, buf);                                                           \
             SCAN(g, s, buf, best, code, codes);                                                              \
-            CUT(g, s, best, code, ymax + p * oplane, y ? y + p * oplane : NULL, win ? win + p * oplane : NULL); \
+            CUT(g, s, best, code, ymax + o, y ? y + o : NULL, win ? win + o : NULL);                         \
         }                                                                                                    \
     }
 
 DEFINE_MAX_FORWARD(max_forward_f32, split_f32, scan_f32, cut_f32, float)
 DEFINE_MAX_FORWARD(max_forward_f64, split_f64, scan_f64, cut_f64, double)
 
-/* dx[plane, start(o) + delta[code[o]]] += dy[o] (times ymax[o] > 0 with positive), windows in order. */
+/* dx[plane, start(o) + delta[code[o]]] += dy[o] (times ymax[o] > 0 with positive), windows in order;
+ * start(o): the window's first (possibly padded) cell, Σ (o_i·s_i - p_i)·(input stride of axis i). */
 #define DEFINE_MAX_BACKWARD(NAME, T)                                                                         \
     static void NAME(const pool_geometry *g, const T *dy, const T *ymax, const uint8_t *win,               \
                      const int64_t *delta, T *dx, int accumulate, int positive) {                            \
-        Py_ssize_t p, r, k, plane = g->h * g->w, oplane = g->oh * g->ow;                                     \
-        for (p = 0; p < g->planes; p++) {                                                                    \
-            T *d = dx + p * plane;                                                                           \
-            if (!accumulate) memset(d, 0, plane * sizeof(T));                                                \
-            for (r = 0; r < g->oh; r++) {                                                                    \
-                Py_ssize_t at = p * oplane + r * g->ow;                                                      \
-                Py_ssize_t start = (r * g->sh - g->ph) * g->w - g->pw;                                       \
-                for (k = 0; k < g->ow; k++) {                                                                \
+        const Py_ssize_t last = g->nd - 1, ow = g->out[last], sw = g->stride[last];                          \
+        Py_ssize_t in_stride[POOL_MAX_AXES];                                                                 \
+        in_stride[last] = 1;                                                                                 \
+        for (Py_ssize_t i = last - 1; i >= 0; i--) in_stride[i] = in_stride[i + 1] * g->in[i + 1];           \
+        for (Py_ssize_t p = 0; p < g->planes; p++) {                                                         \
+            T *d = dx + p * g->in_plane;                                                                     \
+            if (!accumulate) memset(d, 0, g->in_plane * sizeof(T));                                          \
+            Py_ssize_t idx[POOL_MAX_AXES] = {0};                                                             \
+            for (Py_ssize_t r = 0; r < g->out_rows; r++, next_index(idx, g->out, last)) {                    \
+                Py_ssize_t at = p * g->out_plane + r * ow, start = -g->pad[last];                            \
+                for (Py_ssize_t i = 0; i < last; i++) start += (idx[i] * g->stride[i] - g->pad[i]) * in_stride[i]; \
+                for (Py_ssize_t k = 0; k < ow; k++) {                                                        \
                     uint8_t c = win[at + k];                                                                 \
                     if (!c) continue;                                                                        \
                     T v = dy[at + k];                                                                        \
                     if (positive) v = v * (T)(ymax[at + k] > 0);                                             \
-                    Py_ssize_t at_cell = start + k * g->sw + delta[c];                                        \
-                    if (at_cell >= 0 && at_cell < plane) d[at_cell] += v;                                    \
+                    Py_ssize_t cell = start + k * sw + delta[c];                                             \
+                    if (cell >= 0 && cell < g->in_plane) d[cell] += v;                                       \
                 }                                                                                            \
             }                                                                                                \
         }                                                                                                    \
@@ -319,28 +373,48 @@ static Py_ssize_t item_size(PyObject *obj) {
     return item;
 }
 
+/* geometry: (planes, nd, in[nd], out[nd], kernel[nd], stride[nd], pad[nd], dilation[nd]) */
 static int parse_geometry(PyObject *geometry, pool_geometry *g) {
-    Py_ssize_t *f[] = {&g->planes, &g->h, &g->w, &g->oh, &g->ow, &g->kh, &g->kw,
-                       &g->sh, &g->sw, &g->ph, &g->pw, &g->dh, &g->dw};
-    PyObject *seq = PySequence_Fast(geometry, "geometry must be a sequence of 13 integers");
+    Py_ssize_t values[2 + 6 * POOL_MAX_AXES];
+    PyObject *seq = PySequence_Fast(geometry, "geometry must be a sequence of integers");
     if (!seq) return -1;
-    if (PySequence_Fast_GET_SIZE(seq) != 13) {
-        Py_DECREF(seq);
-        PyErr_SetString(PyExc_ValueError, "geometry must be a sequence of 13 integers");
-        return -1;
-    }
-    for (int i = 0; i < 13; i++) {
-        *f[i] = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(seq, i));
-        if (*f[i] == -1 && PyErr_Occurred()) {
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    for (Py_ssize_t i = 0; i < n && i < 2 + 6 * POOL_MAX_AXES; i++) {
+        values[i] = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(seq, i));
+        if (values[i] == -1 && PyErr_Occurred()) {
             Py_DECREF(seq);
             return -1;
         }
     }
     Py_DECREF(seq);
-    if (g->kh * g->kw > 255 || g->sh < 1 || g->sw < 1 || g->dh < 1 || g->dw < 1 || g->oh < 0 || g->ow < 0) {
-        PyErr_SetString(PyExc_ValueError, "unsupported pooling geometry");
+    if (n < 2 || values[1] < 2 || values[1] > POOL_MAX_AXES || n != 2 + 6 * values[1]) {
+        PyErr_SetString(PyExc_ValueError, "geometry: planes, nd (2 to 8), then in, out, kernel, stride, pad and "
+                                          "dilation per axis");
         return -1;
     }
+    g->planes = values[0];
+    g->nd = values[1];
+    Py_ssize_t *fields[] = {g->in, g->out, g->kernel, g->stride, g->pad, g->dilation};
+    Py_ssize_t kernel_cells = 1;
+    g->in_plane = g->out_plane = 1;
+    for (Py_ssize_t i = 0; i < g->nd; i++) {
+        for (int f = 0; f < 6; f++) fields[f][i] = values[2 + f * g->nd + i];
+        if (g->in[i] < 1 || g->out[i] < 1 || g->kernel[i] < 1 || g->stride[i] < 1 || g->pad[i] < 0 ||
+            g->dilation[i] < 1) {
+            PyErr_SetString(PyExc_ValueError, "unsupported pooling geometry");
+            return -1;
+        }
+        g->in_plane *= g->in[i];
+        g->out_plane *= g->out[i];
+        kernel_cells *= g->kernel[i];
+    }
+    if (kernel_cells > 255 || g->planes < 0) {
+        PyErr_SetString(PyExc_ValueError, "unsupported pooling geometry (more than 255 kernel cells)");
+        return -1;
+    }
+    g->cells = kernel_cells;
+    g->rows = g->in_plane / g->in[g->nd - 1];
+    g->out_rows = g->out_plane / g->out[g->nd - 1];
     return 0;
 }
 
@@ -354,10 +428,10 @@ static PyObject *max_pool_forward(PyObject *self, PyObject *args) {
     if (parse_geometry(geometry, &g) < 0) return NULL;
     Py_ssize_t item = item_size(ox);
     if (item < 0) return NULL;
-    Py_ssize_t ins = g.planes * g.h * g.w, outs = g.planes * g.oh * g.ow;
+    Py_ssize_t ins = g.planes * g.in_plane, outs = g.planes * g.out_plane;
     if (take(&b, ox, 0, item, ins, "x", &x, 0) < 0 || take(&b, oymax, 1, item, outs, "ymax", &ymax, 0) < 0 ||
         take(&b, oy, 1, item, outs, "y", &y, 1) < 0 || take(&b, owin, 1, 1, outs, "winners", &win, 1) < 0 ||
-        take(&b, ocodes, 0, 1, g.kh * g.kw, "codes", &codes, 0) < 0) {
+        take(&b, ocodes, 0, 1, g.cells, "codes", &codes, 0) < 0) {
         release(&b);
         return NULL;
     }
@@ -366,7 +440,7 @@ static PyObject *max_pool_forward(PyObject *self, PyObject *args) {
         release(&b);
         return PyErr_NoMemory();
     }
-    Py_ssize_t phases = g.sh;
+    Py_ssize_t phases = sc.phases;
     char *work = malloc((phases * sc.block + sc.wide) * item + sc.wide);  /* phase rows, maxima, codes */
     if (!work) {
         free(sc.phase);
@@ -399,7 +473,7 @@ static PyObject *max_pool_backward(PyObject *self, PyObject *args) {
     if (parse_geometry(geometry, &g) < 0) return NULL;
     Py_ssize_t item = item_size(ody);
     if (item < 0) return NULL;
-    Py_ssize_t ins = g.planes * g.h * g.w, outs = g.planes * g.oh * g.ow;
+    Py_ssize_t ins = g.planes * g.in_plane, outs = g.planes * g.out_plane;
     if (take(&b, ody, 0, item, outs, "dy", &dy, 0) < 0 || take(&b, oymax, 0, item, outs, "ymax", &ymax, 0) < 0 ||
         take(&b, owin, 0, 1, outs, "winners", &win, 0) < 0 || take(&b, odelta, 0, 8, 256, "delta", &delta, 0) < 0 ||
         take(&b, odx, 1, item, ins, "dx", &dx, 0) < 0) {
@@ -482,7 +556,7 @@ static PyObject *lrn_backward(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"max_pool_forward", max_pool_forward, METH_VARARGS,
-     "max_pool_forward(geometry, x, ymax, y, winners, codes): 2-D MAX pooling of C-contiguous planes; y and "
+     "max_pool_forward(geometry, x, ymax, y, winners, codes): N-D MAX pooling of C-contiguous planes; y and "
      "winners may be None"},
     {"max_pool_backward", max_pool_backward, METH_VARARGS,
      "max_pool_backward(geometry, dy, ymax, winners, delta, dx, accumulate, positive): route each window's "

@@ -607,6 +607,10 @@ def test_max_winner_codes_give_caffes_argmax_and_routing(in_hw, kernel, pad, del
     ((40, 37), (5, 4), (3, 2), (2, 1), (1, 1), True),    # wide rows: several vectors per wide grid
     ((23,), (4,), (3,), (1,), (1,), True),               # 1-D
     ((5, 2), (3, 3), (1, 1), (1, 1), (1, 1), True),      # rows shorter than the window: offset codes
+    ((8, 9, 10), (2, 2, 2), (2, 2, 2), (0, 0, 0), (1, 1, 1), True),    # 3-D, ZNN's 2x2x2 pooling
+    ((5, 6, 7), (2, 3, 2), (2, 1, 2), (1, 0, 1), (1, 1, 1), True),     # 3-D, per-axis geometry, overhang
+    ((9, 7, 8), (2, 2, 2), (1, 1, 1), (0, 0, 0), (2, 1, 3), True),     # 3-D max-filtering (dilated)
+    ((4, 5, 3, 6), (2, 2, 1, 3), (1, 2, 1, 2), (0, 1, 0, 1), (1, 1, 1, 1), False),  # 4-D
 ])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_compiled_max_pooling_is_bitwise_the_numpy_body(monkeypatch, in_shape, kernel, stride, pad, dilation, ceil,
