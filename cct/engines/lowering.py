@@ -54,6 +54,7 @@ from typing import Any
 
 import numpy as np
 
+from cct import native
 from cct.config import settings
 from cct.device import get_array_module
 from cct.engines.base import ConvEngine, ConvGeometry, Estimate
@@ -559,6 +560,11 @@ class LoweringEngine(ConvEngine):
             out = self._view(ws, "col", (L.C,) + L.kL + (n,) + L.inF + L.outL, x)
         if f == nd:
             xp.copyto(out, xp.moveaxis(x, 0, 1))
+            return out
+        compiled = native.kernels()
+        if compiled is not None and f == 0 and nd == 2 and native.takes(x, out):
+            compiled.im2col(x, out, x.shape[:2] + g.in_shape + g.kernel + g.stride + g.pad + g.dilation
+                            + g.out_shape)
             return out
         src = self._padded_input(ws, x)
         nl = nd - f

@@ -8,14 +8,12 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
+from cct import native
 from cct.blob import Blob
 from cct.device import get_array_module
 from cct.errors import CctError, ParamError
 from cct.layers.base import Layer
 from cct.layers.registry import register
-from cct.native import kernels as native_kernels
 from cct.proto import caffe_pb2 as pb
 from cct.runtime.partition import partitions_for, run_batch
 
@@ -145,15 +143,10 @@ class LRN(Layer):
     def _compiled(self, *arrays: Any) -> Any:
         """The compiled kernels (:mod:`cct.native`) when they run this LRN: across channels with beta = 3/4, on
         numpy float32 or float64 arrays of one dtype, C-contiguous, with images; else None (the numpy body)."""
-        compiled = native_kernels()
+        compiled = native.kernels()
         if compiled is None or self.region != pb.LRNParameter.ACROSS_CHANNELS or self.beta != 0.75:
             return None
-        dtype = arrays[0].dtype
-        if dtype not in (np.float32, np.float64) or not len(arrays[0]):
-            return None
-        if all(isinstance(a, np.ndarray) and a.dtype == dtype and a.flags.c_contiguous for a in arrays):
-            return compiled
-        return None
+        return compiled if len(arrays[0]) and native.takes(*arrays) else None
 
     def forward(self, bottom: list[Blob], top: list[Blob]) -> None:
         x, y = bottom[0].data, top[0].data

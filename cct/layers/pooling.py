@@ -15,12 +15,12 @@ from typing import Any
 
 import numpy as np
 
+from cct import native
 from cct.blob import Blob
 from cct.device import get_array_module
 from cct.errors import CctError, ParamError
 from cct.layers.base import Layer
 from cct.layers.registry import register
-from cct.native import kernels as native_kernels
 from cct.proto import caffe_pb2 as pb
 from cct.rng import get_rng
 from cct.runtime.partition import batch_ranges, partitions_for, run_partitions
@@ -358,14 +358,10 @@ class Pooler:
         """The compiled kernels (:mod:`cct.native`) when they run this MAX pooling: up to ``COMPILED_MAX_AXES``
         spatial axes, one-byte winner codes, and ``arrays`` numpy float32 or float64 arrays of one dtype,
         C-contiguous; else None."""
-        compiled = native_kernels()
+        compiled = native.kernels()
         if compiled is None or len(self.kernel) > COMPILED_MAX_AXES or self._code_dtype() != np.uint8:
             return None
-        dtype = getattr(arrays[0], "dtype", None)
-        for a in arrays:
-            if not isinstance(a, np.ndarray) or a.dtype != dtype or not a.flags.c_contiguous:
-                return None
-        return compiled if dtype in (np.float32, np.float64) else None
+        return compiled if native.takes(*arrays) else None
 
     def _geometry(self, x: Any) -> tuple[int, ...]:
         """The compiled kernels' geometry for a batch like ``x``: planes, spatial axes, then per axis the input and

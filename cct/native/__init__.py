@@ -1,7 +1,8 @@
 """Compiled CPU kernels (``cct/native/_kernels.c``), built with the package when a C compiler is present.
 
 numpy runs an elementwise operation at memory speed, but a layer made of many such passes over small arrays
-(MAX pooling's compare/select per kernel offset, its scatter in backward) spends its time in the passes
+(MAX pooling's compare/select per kernel offset, its scatter in backward; a lowering's copies of short rows)
+spends its time in the passes
 themselves and, with the batch partitions' threads, in waiting for the GIL between short calls.  These
 kernels do one plane at a time in one pass while it is in the core's cache, without the GIL.  They compute
 exactly what the numpy bodies compute (same comparisons, same order of additions); the layers call them
@@ -14,6 +15,9 @@ Without a compiler the package installs without them and every layer runs its nu
 from __future__ import annotations
 
 from types import ModuleType
+from typing import Any
+
+import numpy as np
 
 from cct.config import settings
 
@@ -30,10 +34,19 @@ def kernels() -> ModuleType | None:
     return _built
 
 
+def takes(*arrays: Any) -> bool:
+    """Whether the compiled kernels take ``arrays``: numpy float32 or float64 arrays of one dtype, C-contiguous
+    (anything else, cupy arrays included, runs the numpy bodies)."""
+    dtype = getattr(arrays[0], "dtype", None)
+    return dtype in (np.float32, np.float64) and all(
+        isinstance(a, np.ndarray) and a.dtype == dtype and a.flags.c_contiguous for a in arrays)
+
+
 def describe() -> str:
     """For ``cct device_query``: which kernels run."""
     if _built is None:
         return "numpy bodies (compiled kernels not built: no C compiler at install)"
     if kernels() is None:
         return "numpy bodies (compiled kernels off: CCT_NATIVE=0)"
-    return "compiled (MAX pooling of up to 8 spatial axes; LRN across channels, beta 0.75), numpy bodies elsewhere"
+    return ("compiled (MAX pooling of up to 8 spatial axes; LRN across channels, beta 0.75; 2-D lowering), "
+            "numpy bodies elsewhere")

@@ -243,6 +243,44 @@ DEFINE_MAX_FORWARD(max_forward_f64, split_f64, scan_f64, cut_f64, double)
 DEFINE_MAX_BACKWARD(max_backward_f32, float)
 DEFINE_MAX_BACKWARD(max_backward_f64, double)
 
+/* Lowering (im2col, CcT's type 1) of 2-D images: col[c][i][j][img][r][k] = x_pad[img][c][r·sh + i·dh][k·sw + j·dw]
+ * (zero in the padding).  Each image is first split by stride phase into a zero-bordered buffer (padded cell
+ * (u·sh + a, v·sw + b) at phase (a, b), position (u, v)), so every output row of every kernel offset is one
+ * contiguous run of a phase row: ow cells copied at a time instead of gathered sw apart. */
+#define DEFINE_IM2COL(NAME, T)                                                                               \
+    static void NAME(const T *x, T *col, Py_ssize_t n, Py_ssize_t c, Py_ssize_t h, Py_ssize_t w,            \
+                     const Py_ssize_t *k, T *buf, Py_ssize_t pe_h, Py_ssize_t pe_w) {                        \
+        const Py_ssize_t kh = k[0], kw = k[1], sh = k[2], sw = k[3], ph = k[4], pw = k[5], dh = k[6], dw = k[7]; \
+        const Py_ssize_t oh = k[8], ow = k[9], phase = pe_h * pe_w, chan = sh * sw * phase;                  \
+        memset(buf, 0, c * chan * sizeof(T));                                                                \
+        for (Py_ssize_t img = 0; img < n; img++) {                                                           \
+            for (Py_ssize_t ch = 0; ch < c; ch++)                                                            \
+                for (Py_ssize_t row = 0; row < h; row++) {                                                   \
+                    const T *src = x + ((img * c + ch) * h + row) * w;                                       \
+                    Py_ssize_t pr = row + ph;                                                                \
+                    T *base = buf + ch * chan + (pr % sh) * sw * phase + (pr / sh) * pe_w;                   \
+                    for (Py_ssize_t b = 0; b < sw; b++) {  /* padded column v·sw + b: image column v·sw + b - pw */ \
+                        Py_ssize_t v0 = pw - b > 0 ? (pw - b + sw - 1) / sw : 0, v1 = (w - 1 + pw - b) / sw;  \
+                        const T *restrict from = src + b - pw;                                               \
+                        T *restrict to = base + b * phase;                                                   \
+                        for (Py_ssize_t v = v0; v <= v1; v++) to[v] = from[v * sw];                          \
+                    }                                                                                        \
+                }                                                                                            \
+            for (Py_ssize_t ch = 0; ch < c; ch++)                                                            \
+                for (Py_ssize_t i = 0; i < kh; i++)                                                          \
+                    for (Py_ssize_t j = 0; j < kw; j++) {                                                    \
+                        const Py_ssize_t ci = i * dh, cj = j * dw;                                           \
+                        const T *src = buf + ch * chan + ((ci % sh) * sw + cj % sw) * phase + (ci / sh) * pe_w  \
+                                       + cj / sw;                                                            \
+                        T *dst = col + (((ch * kh + i) * kw + j) * n + img) * oh * ow;                       \
+                        for (Py_ssize_t r = 0; r < oh; r++) memcpy(dst + r * ow, src + r * pe_w, ow * sizeof(T)); \
+                    }                                                                                        \
+        }                                                                                                    \
+    }
+
+DEFINE_IM2COL(im2col_f32, float)
+DEFINE_IM2COL(im2col_f64, double)
+
 /* LRN across channels with beta = 3/4 (Caffe's default and CaffeNet's), the numpy body's passes fused and
  * in its order, so the results are the same bits:
  *   scale[c] = k + Σ_{d<=r} (coeff·x²)[c±d]  (centre first, then for d = 1..r the neighbour below and above),
@@ -554,6 +592,61 @@ static PyObject *lrn_backward(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *im2col(PyObject *self, PyObject *args) {
+    PyObject *ox, *ocol, *geometry;
+    Py_ssize_t g[14];  /* n, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow */
+    buffers b = {.held = 0};
+    void *x, *col;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOO", &ox, &ocol, &geometry)) return NULL;
+    PyObject *seq = PySequence_Fast(geometry, "geometry must be a sequence of 14 integers");
+    if (!seq) return NULL;
+    if (PySequence_Fast_GET_SIZE(seq) != 14) {
+        Py_DECREF(seq);
+        PyErr_SetString(PyExc_ValueError, "geometry must be a sequence of 14 integers");
+        return NULL;
+    }
+    for (int i = 0; i < 14; i++) {
+        g[i] = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(seq, i));
+        if (g[i] == -1 && PyErr_Occurred()) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+    }
+    Py_DECREF(seq);
+    const Py_ssize_t n = g[0], c = g[1], h = g[2], w = g[3], *k = g + 4;
+    for (int i = 0; i < 14; i++)
+        if (g[i] < (i == 8 || i == 9 ? 0 : 1)) {
+            PyErr_SetString(PyExc_ValueError, "im2col: unsupported geometry");
+            return NULL;
+        }
+    /* the phase buffer spans the padded image and every window's reach */
+    Py_ssize_t reach_h = (k[8] - 1) * k[2] + (k[0] - 1) * k[6] + 1, reach_w = (k[9] - 1) * k[3] + (k[1] - 1) * k[7] + 1;
+    Py_ssize_t pad_h = h + 2 * k[4] > reach_h ? h + 2 * k[4] : reach_h, pad_w = w + 2 * k[5] > reach_w ? w + 2 * k[5] : reach_w;
+    Py_ssize_t pe_h = (pad_h + k[2] - 1) / k[2], pe_w = (pad_w + k[3] - 1) / k[3];
+    Py_ssize_t item = item_size(ox);
+    if (item < 0) return NULL;
+    if (take(&b, ox, 0, item, n * c * h * w, "x", &x, 0) < 0 ||
+        take(&b, ocol, 1, item, c * k[0] * k[1] * n * k[8] * k[9], "col", &col, 0) < 0) {
+        release(&b);
+        return NULL;
+    }
+    void *buf = malloc(c * k[2] * k[3] * pe_h * pe_w * item);
+    if (!buf) {
+        release(&b);
+        return PyErr_NoMemory();
+    }
+    Py_BEGIN_ALLOW_THREADS
+    if (item == 4)
+        im2col_f32(x, col, n, c, h, w, k, buf, pe_h, pe_w);
+    else
+        im2col_f64(x, col, n, c, h, w, k, buf, pe_h, pe_w);
+    Py_END_ALLOW_THREADS
+    free(buf);
+    release(&b);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"max_pool_forward", max_pool_forward, METH_VARARGS,
      "max_pool_forward(geometry, x, ymax, y, winners, codes): N-D MAX pooling of C-contiguous planes; y and "
@@ -561,6 +654,8 @@ static PyMethodDef methods[] = {
     {"max_pool_backward", max_pool_backward, METH_VARARGS,
      "max_pool_backward(geometry, dy, ymax, winners, delta, dx, accumulate, positive): route each window's "
      "gradient to its winner"},
+    {"im2col", im2col, METH_VARARGS,
+     "im2col(x, col, (n, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow)): 2-D lowering, col (c, kh, kw, n, oh, ow)"},
     {"lrn_forward", lrn_forward, METH_VARARGS,
      "lrn_forward(x, scale, y, n, c, hw, size, k, coeff): LRN across channels, beta 3/4"},
     {"lrn_backward", lrn_backward, METH_VARARGS,

@@ -448,3 +448,26 @@ def test_col2im_into_the_gradient_adds_as_the_padded_buffer_does(monkeypatch, g,
         inner = (slice(None),) * (2 + f) + tuple(slice(p, p + i) for i, p in zip(g.in_shape[f:], lay.padL))
         np.testing.assert_array_equal(dx, np.moveaxis(padded[inner], 0, 1))
     assert bool(called) == all(s == 1 for s in g.stride)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("g", [c for c, _ in CASES if len(c.in_shape) == 2],
+                         ids=lambda g: "x".join(map(str, g.in_shape))
+                         + f"-k{g.kernel[0]}s{g.stride[0]}p{g.pad[0]}d{g.dilation[0]}g{g.group}")
+def test_compiled_lowering_is_bitwise_the_numpy_body(monkeypatch, g, dtype):
+    """2-D type-1 lowering (im2col) by the compiled kernel (cct.native) gives the numpy body's lowered matrix
+    and so the same forward and gradients: padding, strides over and under the kernel, dilation, groups."""
+    from cct import native
+
+    if native.kernels() is None:
+        pytest.skip("compiled kernels not built (no C compiler at install)")
+    x, w, b, dy = _data(g, 4, dtype)
+    results = []
+    for setting in ("1", "0"):
+        monkeypatch.setenv("CCT_NATIVE", setting)
+        eng = LoweringEngine(1)
+        eng.configure(g, dtype)
+        lowered = eng._lower(eng._space(x).part(0), x, images_last=False).copy()
+        results.append((lowered,) + _run_engine(eng, x, w, b, dy))
+    for a, c in zip(*results):
+        np.testing.assert_array_equal(a.view(np.uint8), c.view(np.uint8))

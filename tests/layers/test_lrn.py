@@ -14,7 +14,7 @@ from cct.gradient_check import check_gradient, setup_layer
 def body(request, monkeypatch):
     """Every test here runs LRN's compiled kernels (where built and they apply) and its numpy body."""
     if request.param == "numpy":
-        monkeypatch.setattr(cct.layers.lrn, "native_kernels", lambda: None)
+        monkeypatch.setenv("CCT_NATIVE", "0")
     elif native.kernels() is None:
         pytest.skip("compiled kernels not built (no C compiler at install)")
     return request.param
@@ -98,7 +98,7 @@ def test_compiled_lrn_is_bitwise_the_numpy_body(monkeypatch, shape, params, dtyp
     out = []
     for compiled in (True, False):
         if not compiled:
-            monkeypatch.setattr(cct.layers.lrn, "native_kernels", lambda: None)
+            monkeypatch.setenv("CCT_NATIVE", "0")
         run = setup_layer(f'type: "LRN" lrn_param {{ {params} }}', [x], dtype=dtype)
         assert (run.layer._compiled(x) is not None) == compiled
         (y,) = run.forward()
@@ -122,7 +122,7 @@ def test_numpy_backward_after_a_compiled_forward(monkeypatch, body):
         run = setup_layer('type: "LRN" lrn_param { local_size: 5 alpha: 2 }', [x])
         run.forward()
         if switch:
-            monkeypatch.setattr(cct.layers.lrn, "native_kernels", lambda: None)
+            monkeypatch.setenv("CCT_NATIVE", "0")
         run.top[0].diff[...] = dy
         run.layer.backward(run.top, [True], run.bottom)
         grads.append(run.bottom[0].diff.copy())
