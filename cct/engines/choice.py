@@ -32,7 +32,7 @@ Lowering ``auto`` per layer (:func:`choose_strategy`):
 3. the cost model with this machine's rates (:func:`cct.engines.autotune.calibrate`: measured once per
    machine in well under a second, cached) — GEMM speed as a function of shape, the engine's own copy and
    slice-add rates;
-4. a layer predicted to take ``AUTOTUNE_MIN_SECONDS`` (50 ms) or more, where another lowering is predicted
+4. a layer predicted to take ``CLOSE_CALL_MIN_SECONDS`` (20 ms) or more, where another lowering is predicted
    within ``AUTOTUNE_WINDOW`` (15%) of the best (a close call: the model's error is about that) → those
    candidates measured (:func:`cct.engines.autotune.autotune`: one chunk of the layer, cached per geometry),
    the fastest wins; a clear winner is taken as predicted;
@@ -58,6 +58,10 @@ PREFER_TYPE1_SECONDS = 1e-3
 PREFER_TYPE1_FRACTION = 0.05
 # autotune="auto" measures layers predicted to take this long (forward + backward, whole batch) or more ...
 AUTOTUNE_MIN_SECONDS = 0.05
+# ... and the lowerings' close calls from this long (two or three lowerings measured in a fraction of a second):
+# the CcT sweep's layers at batch 16 take 40-45 ms, and at d/o = 4 the model put lowering 2 and 3 within 0.4% of
+# each other where 3 ran 10% faster (AVX-512 kernels, once lowering became a compiled kernel)
+CLOSE_CALL_MIN_SECONDS = 0.02
 # ... where the calibrated model finds another lowering within this factor of its best (a close call);
 # only those candidates are measured
 AUTOTUNE_WINDOW = 1.15
@@ -372,7 +376,7 @@ def choose_strategy(g: ConvGeometry, dtype: Any = np.float32) -> tuple[int, str]
         return 1, "cost model"  # nothing measurable to gain: keep Caffe's summation order
     predicted = predicted_seconds(g, machine_rates(calibrate_if_missing=True))
     best = min(predicted, key=predicted.__getitem__)
-    if tune == "auto" and predicted[best] >= AUTOTUNE_MIN_SECONDS:
+    if tune == "auto" and predicted[best] >= CLOSE_CALL_MIN_SECONDS:
         close = [s for s, t in predicted.items() if t <= AUTOTUNE_WINDOW * predicted[best]]
         if len(close) > 1:
             measured = autotune(g, dtype, close)

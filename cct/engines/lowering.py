@@ -562,9 +562,13 @@ class LoweringEngine(ConvEngine):
             xp.copyto(out, xp.moveaxis(x, 0, 1))
             return out
         compiled = native.kernels()
-        if compiled is not None and f == 0 and nd == 2 and native.takes(x, out):
-            compiled.im2col(x, out, x.shape[:2] + g.in_shape + g.kernel + g.stride + g.pad + g.dilation
-                            + g.out_shape)
+        if compiled is not None and nd == 2 and native.takes(x, out):
+            if f == 0:  # type 1: both axes lowered
+                compiled.im2col(x, out, x.shape[:2] + g.in_shape + g.kernel + g.stride + g.pad + g.dilation
+                                + g.out_shape)
+            else:  # type 2: the rows lowered along the last axis, all rows kept (as a 1-row kernel)
+                compiled.im2col(x, out, x.shape[:2] + g.in_shape + (1, g.kernel[1], 1, g.stride[1], 0, g.pad[1], 1,
+                                                                     g.dilation[1], g.in_shape[0], g.out_shape[1]))
             return out
         src = self._padded_input(ws, x)
         nl = nd - f

@@ -450,13 +450,15 @@ def test_col2im_into_the_gradient_adds_as_the_padded_buffer_does(monkeypatch, g,
     assert bool(called) == all(s == 1 for s in g.stride)
 
 
+@pytest.mark.parametrize("strategy", [1, 2])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 @pytest.mark.parametrize("g", [c for c, _ in CASES if len(c.in_shape) == 2],
                          ids=lambda g: "x".join(map(str, g.in_shape))
                          + f"-k{g.kernel[0]}s{g.stride[0]}p{g.pad[0]}d{g.dilation[0]}g{g.group}")
-def test_compiled_lowering_is_bitwise_the_numpy_body(monkeypatch, g, dtype):
-    """2-D type-1 lowering (im2col) by the compiled kernel (cct.native) gives the numpy body's lowered matrix
-    and so the same forward and gradients: padding, strides over and under the kernel, dilation, groups."""
+def test_compiled_lowering_is_bitwise_the_numpy_body(monkeypatch, g, dtype, strategy):
+    """2-D lowering (type 1's im2col, type 2's rows) by the compiled kernel (cct.native) gives the numpy body's
+    lowered matrix and so the same forward and gradients: padding, strides over and under the kernel,
+    dilation, groups."""
     from cct import native
 
     if native.kernels() is None:
@@ -465,7 +467,7 @@ def test_compiled_lowering_is_bitwise_the_numpy_body(monkeypatch, g, dtype):
     results = []
     for setting in ("1", "0"):
         monkeypatch.setenv("CCT_NATIVE", setting)
-        eng = LoweringEngine(1)
+        eng = LoweringEngine(strategy)
         eng.configure(g, dtype)
         lowered = eng._lower(eng._space(x).part(0), x, images_last=False).copy()
         results.append((lowered,) + _run_engine(eng, x, w, b, dy))
