@@ -40,8 +40,8 @@ from cct.engines.measured import (
 )
 
 # of calibrate()'s probes (4: lowering with the images innermost on small outputs; 5: type 1's 2-D lowering
-# by the compiled kernel): rates cached by another version are measured again
-RATES_VERSION = 5
+# by the compiled kernel; 6: and its col2im): rates cached by another version are measured again
+RATES_VERSION = 6
 # of autotune_conv_engine's method (7: each engine steady in a block, operands new each step; close calls on the whole
 # batch; 8: close calls measured twice, in both orders; 9: the lowerings' images-innermost layout; 10: the FFT's
 # full layout costed as GEMMs over a batch; 11: Winograd's own weight gradient; 12: the lowering measured again
@@ -50,8 +50,9 @@ RATES_VERSION = 5
 # on the whole batch when all of them would take too long; 16: the best of the settling steps too; 17: the FFT
 # engine's layout moves image by image; 18: short 1-D and 2-D transforms as DFT matrix products; 19: those read
 # and write the full layout's operands as they lie; 20: up to 64 points; 21: type 1's 2-D lowering by the compiled
-# kernel): entries measured by another version are measured again
-ENGINE_MEASURE_VERSION = 21
+# kernel; 22: types 1 and 2's 2-D lowering and col2im compiled): entries measured by another version are measured
+# again
+ENGINE_MEASURE_VERSION = 22
 # measured images per partition: enough that the largest buffer of all partitions together exceeds this
 # (out of the last-level cache, like the full layer) and that a GEMM has this many columns, at most the
 # largest of the candidates' chunks of a partition

@@ -563,12 +563,7 @@ class LoweringEngine(ConvEngine):
             return out
         compiled = native.kernels()
         if compiled is not None and nd == 2 and native.takes(x, out):
-            if f == 0:  # type 1: both axes lowered
-                compiled.im2col(x, out, x.shape[:2] + g.in_shape + g.kernel + g.stride + g.pad + g.dilation
-                                + g.out_shape)
-            else:  # type 2: the rows lowered along the last axis, all rows kept (as a 1-row kernel)
-                compiled.im2col(x, out, x.shape[:2] + g.in_shape + (1, g.kernel[1], 1, g.stride[1], 0, g.pad[1], 1,
-                                                                     g.dilation[1], g.in_shape[0], g.out_shape[1]))
+            compiled.im2col(x, out, self._lowering_geometry(n))
             return out
         src = self._padded_input(ws, x)
         nl = nd - f
@@ -583,6 +578,16 @@ class LoweringEngine(ConvEngine):
         order = (1,) + tuple(range(2 + nd, 2 + nd + nl)) + (0,) + tuple(range(2, 2 + nd))
         xp.copyto(out, window.transpose(order))
         return out
+
+    def _lowering_geometry(self, n: int) -> tuple[int, ...]:
+        """The compiled 2-D lowering's geometry (images first) for ``n`` images: n, C, H, W, then kernel, stride,
+        pad and dilation as (rows, columns), then the output rows and columns.  Type 1 lowers both axes; type 2
+        lowers each row along the last axis and keeps every row: a one-row kernel, output rows = input rows."""
+        g, L = self._geom(), self._lay()
+        head = (n, L.C) + g.in_shape
+        if L.f == 0:
+            return head + g.kernel + g.stride + g.pad + g.dilation + g.out_shape
+        return head + (1, g.kernel[1], 1, g.stride[1], 0, g.pad[1], 1, g.dilation[1], g.in_shape[0], g.out_shape[1])
 
     def _lower_phases(self, ws: dict[str, Any], src: Any, out: Any) -> Any:
         """:meth:`_lower` for strided lowered axes (dilation 1) from the padded input ``src``, split first into
@@ -648,6 +653,10 @@ class LoweringEngine(ConvEngine):
                 target[lead + cells] += col[(slice(None),) + off]
             inner = lead + tuple(slice(p, p + i) for i, p in zip(sizes, L.padL))
             xp.copyto(dx, xp.moveaxis(target[inner], -1, 0))
+            return dx
+        compiled = native.kernels()
+        if compiled is not None and nd == 2 and native.takes(col, dx):
+            compiled.col2im(col, dx, self._lowering_geometry(n))
             return dx
         unit = all(s == 1 for s in g.stride[f:])
         flat = unit and L.outL[-1] < FLAT_COL2IM_MAX_WIDTH and all(d == 1 for d in g.dilation[f:])

@@ -281,6 +281,38 @@ DEFINE_MAX_BACKWARD(max_backward_f64, double)
 DEFINE_IM2COL(im2col_f32, float)
 DEFINE_IM2COL(im2col_f64, double)
 
+/* Its adjoint (col2im): dx[img][c] = Σ of every col entry into the padded cell it was read from, the kernel
+ * offsets in row-major order (as the numpy body adds them: the same sums in the same order), one image and
+ * channel at a time in a zeroed padded plane whose image cells are then copied into dx. */
+#define DEFINE_COL2IM(NAME, T)                                                                               \
+    static void NAME(const T *col, T *dx, Py_ssize_t n, Py_ssize_t c, Py_ssize_t h, Py_ssize_t w,           \
+                     const Py_ssize_t *k, T *plane, Py_ssize_t hp, Py_ssize_t wp) {                          \
+        const Py_ssize_t kh = k[0], kw = k[1], sh = k[2], sw = k[3], ph = k[4], pw = k[5], dh = k[6], dw = k[7]; \
+        const Py_ssize_t oh = k[8], ow = k[9];                                                               \
+        for (Py_ssize_t img = 0; img < n; img++)                                                             \
+            for (Py_ssize_t ch = 0; ch < c; ch++) {                                                          \
+                memset(plane, 0, hp * wp * sizeof(T));                                                       \
+                for (Py_ssize_t i = 0; i < kh; i++)                                                          \
+                    for (Py_ssize_t j = 0; j < kw; j++) {                                                    \
+                        const T *src = col + (((ch * kh + i) * kw + j) * n + img) * oh * ow;                 \
+                        for (Py_ssize_t r = 0; r < oh; r++) {                                                \
+                            T *restrict to = plane + (r * sh + i * dh) * wp + j * dw;                        \
+                            const T *restrict from = src + r * ow;                                           \
+                            if (sw == 1)                                                                     \
+                                for (Py_ssize_t q = 0; q < ow; q++) to[q] += from[q];                        \
+                            else                                                                             \
+                                for (Py_ssize_t q = 0; q < ow; q++) to[q * sw] += from[q];                   \
+                        }                                                                                    \
+                    }                                                                                        \
+                T *out = dx + (img * c + ch) * h * w;                                                        \
+                for (Py_ssize_t row = 0; row < h; row++)                                                     \
+                    memcpy(out + row * w, plane + (row + ph) * wp + pw, w * sizeof(T));                      \
+            }                                                                                                \
+    }
+
+DEFINE_COL2IM(col2im_f32, float)
+DEFINE_COL2IM(col2im_f64, double)
+
 /* LRN across channels with beta = 3/4 (Caffe's default and CaffeNet's), the numpy body's passes fused and
  * in its order, so the results are the same bits:
  *   scale[c] = k + Σ_{d<=r} (coeff·x²)[c±d]  (centre first, then for d = 1..r the neighbour below and above),
@@ -592,37 +624,45 @@ static PyObject *lrn_backward(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyObject *im2col(PyObject *self, PyObject *args) {
-    PyObject *ox, *ocol, *geometry;
-    Py_ssize_t g[14];  /* n, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow */
-    buffers b = {.held = 0};
-    void *x, *col;
-    (void)self;
-    if (!PyArg_ParseTuple(args, "OOO", &ox, &ocol, &geometry)) return NULL;
+/* The lowering's geometry (n, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow) into g; the padded extent
+ * that spans the image and every window's reach into pad_h, pad_w. */
+static int lowering_geometry(PyObject *geometry, Py_ssize_t *g, Py_ssize_t *pad_h, Py_ssize_t *pad_w) {
     PyObject *seq = PySequence_Fast(geometry, "geometry must be a sequence of 14 integers");
-    if (!seq) return NULL;
+    if (!seq) return -1;
     if (PySequence_Fast_GET_SIZE(seq) != 14) {
         Py_DECREF(seq);
         PyErr_SetString(PyExc_ValueError, "geometry must be a sequence of 14 integers");
-        return NULL;
+        return -1;
     }
     for (int i = 0; i < 14; i++) {
         g[i] = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(seq, i));
         if (g[i] == -1 && PyErr_Occurred()) {
             Py_DECREF(seq);
-            return NULL;
+            return -1;
         }
     }
     Py_DECREF(seq);
-    const Py_ssize_t n = g[0], c = g[1], h = g[2], w = g[3], *k = g + 4;
     for (int i = 0; i < 14; i++)
         if (g[i] < (i == 8 || i == 9 ? 0 : 1)) {
-            PyErr_SetString(PyExc_ValueError, "im2col: unsupported geometry");
-            return NULL;
+            PyErr_SetString(PyExc_ValueError, "lowering: unsupported geometry");
+            return -1;
         }
-    /* the phase buffer spans the padded image and every window's reach */
+    const Py_ssize_t *k = g + 4;
     Py_ssize_t reach_h = (k[8] - 1) * k[2] + (k[0] - 1) * k[6] + 1, reach_w = (k[9] - 1) * k[3] + (k[1] - 1) * k[7] + 1;
-    Py_ssize_t pad_h = h + 2 * k[4] > reach_h ? h + 2 * k[4] : reach_h, pad_w = w + 2 * k[5] > reach_w ? w + 2 * k[5] : reach_w;
+    *pad_h = g[2] + 2 * k[4] > reach_h ? g[2] + 2 * k[4] : reach_h;
+    *pad_w = g[3] + 2 * k[5] > reach_w ? g[3] + 2 * k[5] : reach_w;
+    return 0;
+}
+
+static PyObject *im2col(PyObject *self, PyObject *args) {
+    PyObject *ox, *ocol, *geometry;
+    Py_ssize_t g[14], pad_h, pad_w;
+    buffers b = {.held = 0};
+    void *x, *col;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOO", &ox, &ocol, &geometry) || lowering_geometry(geometry, g, &pad_h, &pad_w) < 0)
+        return NULL;
+    const Py_ssize_t n = g[0], c = g[1], h = g[2], w = g[3], *k = g + 4;
     Py_ssize_t pe_h = (pad_h + k[2] - 1) / k[2], pe_w = (pad_w + k[3] - 1) / k[3];
     Py_ssize_t item = item_size(ox);
     if (item < 0) return NULL;
@@ -647,6 +687,38 @@ static PyObject *im2col(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *col2im(PyObject *self, PyObject *args) {
+    PyObject *ocol, *odx, *geometry;
+    Py_ssize_t g[14], pad_h, pad_w;
+    buffers b = {.held = 0};
+    void *col, *dx;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOO", &ocol, &odx, &geometry) || lowering_geometry(geometry, g, &pad_h, &pad_w) < 0)
+        return NULL;
+    const Py_ssize_t n = g[0], c = g[1], h = g[2], w = g[3], *k = g + 4;
+    Py_ssize_t item = item_size(ocol);
+    if (item < 0) return NULL;
+    if (take(&b, ocol, 0, item, c * k[0] * k[1] * n * k[8] * k[9], "col", &col, 0) < 0 ||
+        take(&b, odx, 1, item, n * c * h * w, "dx", &dx, 0) < 0) {
+        release(&b);
+        return NULL;
+    }
+    void *plane = malloc(pad_h * pad_w * item);
+    if (!plane) {
+        release(&b);
+        return PyErr_NoMemory();
+    }
+    Py_BEGIN_ALLOW_THREADS
+    if (item == 4)
+        col2im_f32(col, dx, n, c, h, w, k, plane, pad_h, pad_w);
+    else
+        col2im_f64(col, dx, n, c, h, w, k, plane, pad_h, pad_w);
+    Py_END_ALLOW_THREADS
+    free(plane);
+    release(&b);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"max_pool_forward", max_pool_forward, METH_VARARGS,
      "max_pool_forward(geometry, x, ymax, y, winners, codes): N-D MAX pooling of C-contiguous planes; y and "
@@ -656,6 +728,8 @@ static PyMethodDef methods[] = {
      "gradient to its winner"},
     {"im2col", im2col, METH_VARARGS,
      "im2col(x, col, (n, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow)): 2-D lowering, col (c, kh, kw, n, oh, ow)"},
+    {"col2im", col2im, METH_VARARGS,
+     "col2im(col, dx, geometry): im2col's adjoint, dx (n, c, h, w) overwritten"},
     {"lrn_forward", lrn_forward, METH_VARARGS,
      "lrn_forward(x, scale, y, n, c, hw, size, k, coeff): LRN across channels, beta 3/4"},
     {"lrn_backward", lrn_backward, METH_VARARGS,
