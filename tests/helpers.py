@@ -24,3 +24,20 @@ def datum_lmdb(path, records: int, side: int, seed: int, classes: int = 3) -> st
         writer.put(b"%08d" % i, array_to_datum(image, int(rng.integers(classes))).SerializeToString())
     writer.close()
     return str(path)
+
+
+BODIES = ["compiled", "numpy"]
+
+
+def select_body(request, monkeypatch) -> str:
+    """For a fixture parametrized over :data:`BODIES`: the compiled kernels of cct.native (skipped where they
+    were not built) or the layers' numpy bodies (``CCT_NATIVE=0``)."""
+    import pytest
+
+    from cct import native
+
+    if request.param == "numpy":
+        monkeypatch.setenv("CCT_NATIVE", "0")
+    elif native.kernels() is None:
+        pytest.skip("compiled kernels not built (no C compiler at install)")
+    return request.param

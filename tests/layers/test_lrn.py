@@ -5,19 +5,15 @@ import numpy as np
 import pytest
 
 import cct.layers.lrn  # noqa: F401  (registers the layer)
-from cct import native
 from cct.errors import CctError, ParamError
 from cct.gradient_check import check_gradient, setup_layer
+from tests.helpers import BODIES, select_body
 
 
-@pytest.fixture(autouse=True, params=["compiled", "numpy"])
+@pytest.fixture(autouse=True, params=BODIES)
 def body(request, monkeypatch):
     """Every test here runs LRN's compiled kernels (where built and they apply) and its numpy body."""
-    if request.param == "numpy":
-        monkeypatch.setenv("CCT_NATIVE", "0")
-    elif native.kernels() is None:
-        pytest.skip("compiled kernels not built (no C compiler at install)")
-    return request.param
+    return select_body(request, monkeypatch)
 
 
 def ref_lrn(x, size, alpha, beta, k, within):

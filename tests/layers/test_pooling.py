@@ -13,19 +13,16 @@ from cct.errors import CctError, ParamError
 from cct.gradient_check import check_gradient, setup_layer
 from cct.layers.pooling import Pooler, pooled_shape
 from cct.proto import caffe_pb2 as pb
+from tests.helpers import BODIES, select_body
 
 FLT_MAX = float(np.finfo(np.float32).max)
 FLT_MIN = float(np.finfo(np.float32).tiny)
 
 
-@pytest.fixture(autouse=True, params=["compiled", "numpy"])
+@pytest.fixture(autouse=True, params=BODIES)
 def body(request, monkeypatch):
     """Every test here runs MAX pooling's compiled kernels (where built) and its numpy body."""
-    if request.param == "numpy":
-        monkeypatch.setenv("CCT_NATIVE", "0")
-    elif native.kernels() is None:
-        pytest.skip("compiled kernels not built (no C compiler at install)")
-    return request.param
+    return select_body(request, monkeypatch)
 
 
 def ref_out_size(n, k, s, p, ceil=True, any_pad=None):
