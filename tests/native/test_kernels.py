@@ -1,0 +1,78 @@
+"""The compiled kernels' module: built where it can be, switched by CCT_NATIVE, strict about its arguments.
+(What they compute is tested against the numpy bodies with the layers and the lowering.)"""
+from __future__ import annotations
+
+import shutil
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cct import native
+from cct.errors import CctError
+
+
+def test_built_where_a_c_compiler_is():
+    """An install with a C compiler and Python's headers builds the kernels (a broken build would otherwise pass
+    unnoticed, every layer running its slower numpy body)."""
+    if not any(shutil.which(cc) for cc in ("cc", "gcc", "clang")) or \
+            not (Path(sysconfig.get_paths()["include"]) / "Python.h").exists():
+        pytest.skip("no C compiler or Python headers here")
+    assert native._built is not None, native.describe()
+
+
+def test_cct_native_switches_them_off(monkeypatch):
+    if native._built is None:
+        pytest.skip("compiled kernels not built")
+    assert native.kernels() is native._built and native.describe().startswith("compiled")
+    monkeypatch.setenv("CCT_NATIVE", "0")
+    assert native.kernels() is None and "CCT_NATIVE=0" in native.describe()
+    monkeypatch.setenv("CCT_NATIVE", "maybe")
+    with pytest.raises(CctError, match="CCT_NATIVE"):
+        native.kernels()
+
+
+def test_takes_numpy_float_arrays_of_one_dtype_contiguous():
+    a = np.zeros((2, 3), np.float32)
+    assert native.takes(a, np.ones(4, np.float32))
+    assert native.takes(np.zeros(3))
+    assert not native.takes(a, np.zeros(3))           # dtypes differ
+    assert not native.takes(a.T)                       # not C-contiguous
+    assert not native.takes(np.zeros(3, np.int32))     # not a float
+    assert not native.takes(a.tolist())                # not an array
+
+
+@pytest.fixture
+def kernels():
+    if native._built is None:
+        pytest.skip("compiled kernels not built")
+    return native._built
+
+
+def test_arguments_are_checked_before_any_memory_is_touched(kernels):
+    """Geometries, dtypes and buffer sizes that do not fit are errors, not reads or writes out of bounds."""
+    x = np.zeros((1, 1, 4, 4), np.float32)
+    y = np.zeros((1, 1, 2, 2), np.float32)
+    codes = np.arange(1, 5, dtype=np.uint8)
+    good = (1, 2, 4, 4, 2, 2, 2, 2, 2, 2, 0, 0, 1, 1)
+    kernels.max_pool_forward(good, x, y, None, None, codes)
+    with pytest.raises(ValueError, match="geometry"):
+        kernels.max_pool_forward(good[:-1], x, y, None, None, codes)
+    with pytest.raises(ValueError, match="ymax"):
+        kernels.max_pool_forward((1, 2, 4, 4, 3, 3, 2, 2, 2, 2, 0, 0, 1, 1), x, y, None, None, codes)
+    with pytest.raises(TypeError, match="float32 or float64"):
+        kernels.max_pool_forward(good, x.astype(np.int16), y, None, None, codes)
+    with pytest.raises(ValueError, match="unsupported"):
+        kernels.max_pool_forward((1, 2, 4, 4, 2, 2, 2, 2, 0, 2, 0, 0, 1, 1), x, y, None, None, codes)
+    with pytest.raises(ValueError, match="contiguous"):
+        kernels.max_pool_forward(good, x, np.zeros((1, 1, 2, 4), np.float32)[..., ::2], None, None, codes)
+    col = np.zeros((1, 2, 2, 1, 3, 3), np.float32)
+    lowering = (1, 1, 4, 4, 2, 2, 1, 1, 0, 0, 1, 1, 3, 3)
+    kernels.im2col(x, col, lowering)
+    with pytest.raises(ValueError, match="col"):
+        kernels.im2col(x, col[:, :1], lowering)
+    with pytest.raises(ValueError, match="dx"):
+        kernels.col2im(col, x[:, :, :3], lowering)
+    with pytest.raises(ValueError, match="geometry"):
+        kernels.im2col(x, col, lowering + (1,))
