@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 import cct.layers.pooling  # noqa: F401  (registers the layer)
-from cct import native
 from cct.errors import CctError, ParamError
 from cct.gradient_check import check_gradient, setup_layer
 from cct.layers.pooling import Pooler, pooled_shape
