@@ -1,9 +1,24 @@
 """The compiled CPU kernels (cct/native); everything else about the package is in pyproject.toml.
 
 The extension is optional: without a C compiler the install still succeeds and the layers run their numpy
-bodies (``cct device_query`` says which).
+bodies (``cct device_query`` says which).  It is also copied beside its source, so that a checkout's own
+tests (``python -m pytest tests`` at its root imports ``cct`` from the checkout) run the kernels that were
+just built; ``cct.native`` ignores a copy built from other sources (its API version differs).
 """
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+
+class BuildExtAlsoInPlace(build_ext):
+    def run(self) -> None:
+        super().run()
+        if not self.inplace:
+            try:
+                self.copy_extensions_to_source()
+            except OSError:  # a read-only source tree: the installed package has them
+                pass
+
 
 setup(ext_modules=[Extension("cct.native._kernels", ["cct/native/_kernels.c"], optional=True,
-                             extra_compile_args=["-O3", "-ffp-contract=off", "-fno-math-errno"])])
+                             extra_compile_args=["-O3", "-ffp-contract=off", "-fno-math-errno"])],
+      cmdclass={"build_ext": BuildExtAlsoInPlace})

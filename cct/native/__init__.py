@@ -21,9 +21,15 @@ import numpy as np
 
 from cct.config import settings
 
+# the kernels' API version this package calls (CCT_KERNELS_API in _kernels.c)
+API_VERSION = 1
+
 try:
     from cct.native import _kernels as _built
 except ImportError:  # built without a C compiler: the numpy bodies run
+    _built = None
+_stale = _built is not None and getattr(_built, "API_VERSION", None) != API_VERSION
+if _stale:  # a copy built from other sources (an older checkout's build): not called
     _built = None
 
 
@@ -44,6 +50,8 @@ def takes(*arrays: Any) -> bool:
 
 def describe() -> str:
     """For ``cct device_query``: which kernels run."""
+    if _stale:
+        return "numpy bodies (the compiled kernels found were built from other sources: reinstall cct)"
     if _built is None:
         return "numpy bodies (compiled kernels not built: no C compiler at install)"
     if kernels() is None:

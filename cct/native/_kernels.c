@@ -739,4 +739,15 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels", NULL, -1, methods, NULL, NULL, NULL, NULL};
 
-PyMODINIT_FUNC PyInit__kernels(void) { return PyModule_Create(&module); }
+/* The version of the functions' arguments and meaning: cct.native ignores a module of another version (a copy
+ * left in a checkout by an older build). */
+#define CCT_KERNELS_API 1
+
+PyMODINIT_FUNC PyInit__kernels(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m && PyModule_AddIntConstant(m, "API_VERSION", CCT_KERNELS_API) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -76,3 +76,22 @@ def test_arguments_are_checked_before_any_memory_is_touched(kernels):
         kernels.col2im(col, x[:, :, :3], lowering)
     with pytest.raises(ValueError, match="geometry"):
         kernels.im2col(x, col, lowering + (1,))
+
+
+def test_a_module_of_another_api_version_is_not_called(monkeypatch):
+    """A compiled module left beside the sources by a build of other sources is ignored, and said so."""
+    import importlib
+    import sys
+    import types
+
+    stale = types.ModuleType("cct.native._kernels")
+    stale.API_VERSION = native.API_VERSION - 1
+    monkeypatch.setitem(sys.modules, "cct.native._kernels", stale)
+    monkeypatch.setattr(native, "_kernels", stale, raising=False)
+    try:
+        importlib.reload(native)
+        assert native.kernels() is None and "reinstall" in native.describe()
+    finally:
+        monkeypatch.undo()
+        importlib.reload(native)
+    assert native._stale is False
