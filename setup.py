@@ -15,8 +15,9 @@ class BuildExtAlsoInPlace(build_ext):
         if not self.inplace:
             try:
                 self.copy_extensions_to_source()
-            except OSError:  # a read-only source tree: the installed package has them
-                pass
+            except Exception as e:  # e.g. a read-only source tree: best effort, the installed package has them
+                self.warn(f"compiled kernels not copied beside their source ({e}): code imported from this "
+                          f"source tree runs the numpy bodies")
 
 
 setup(ext_modules=[Extension("cct.native._kernels", ["cct/native/_kernels.c"], optional=True,
