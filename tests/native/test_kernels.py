@@ -25,6 +25,7 @@ def test_built_where_a_c_compiler_is():
 def test_cct_native_switches_them_off(monkeypatch):
     if native._built is None:
         pytest.skip("compiled kernels not built")
+    monkeypatch.setenv("CCT_NATIVE", "1")
     assert native.kernels() is native._built and native.describe().startswith("compiled")
     monkeypatch.setenv("CCT_NATIVE", "0")
     assert native.kernels() is None and "CCT_NATIVE=0" in native.describe()
