@@ -1,7 +1,10 @@
-/* Compiled kernels for the layers whose numpy form is bound by many short passes over memory (see
- * cct/native/__init__.py).  Each kernel works on C-contiguous buffers (float32 or float64, chosen by the
- * buffer's item size), walks one channel plane at a time while it sits in the core's cache, and releases the
- * GIL, so the batch partitions' threads run it side by side.
+/* Compiled kernels for the steps whose numpy form is bound by many short passes over memory (see
+ * cct/native/__init__.py): MAX pooling (forward and backward, 1 to 8 spatial axes), LRN across channels with
+ * beta = 3/4 (forward and backward), and the 2-D lowering of CcT's types 1 and 2 (im2col) and its adjoint
+ * (col2im).  Each kernel works on C-contiguous buffers (float32 or float64, chosen by the buffer's item size),
+ * walks one channel plane (or image, or tile of channels) at a time while it sits in the core's cache, and
+ * releases the GIL, so the batch partitions' threads run it side by side.  Arguments are checked before any
+ * memory is touched: a geometry that does not fit its buffers is a ValueError.
  *
  * MAX pooling (Caffe's scan): a window's maximum starts at -FLT_MAX and is replaced by each cell strictly
  * greater, kernel offsets in row-major order, so the winner is the first cell equal to the maximum and NaN
