@@ -542,7 +542,8 @@ class LoweringEngine(ConvEngine):
 
     def _lower(self, ws: dict[str, Any], x: Any, out: Any | None = None, images_last: bool | None = None) -> Any:
         """``col`` (C, *k_L, n, *in_F, *out_L) from ``x`` (n, C, *in), into ``out`` or the workspace; with
-        :attr:`_Layout.images_last` (``images_last`` overrides) ``col`` (C, *k_L, *in_F, *out_L, n)."""
+        :attr:`_Layout.images_last` (``images_last`` overrides) ``col`` (C, *k_L, *in_F, *out_L, n).  2-D
+        images first run the compiled im2col of :mod:`cct.native` where it takes the arrays (the same copy)."""
         g, L = self._geom(), self._lay()
         xp = get_array_module(x)
         n, f, nd = x.shape[0], L.f, g.num_spatial_axes
@@ -634,7 +635,8 @@ class LoweringEngine(ConvEngine):
         The sum runs channel-first (C, n, *in_F, *padded L; with images last, (C, *padded, n)) — col's own
         order, so every slice addition walks both arrays in the same order — and is transposed into ``dx``
         once at the end; with unit strides along the lowered axes (images first) it goes straight into
-        ``dx`` (:meth:`_col2im_into`)."""
+        ``dx`` (:meth:`_col2im_into`).  2-D images first run the compiled col2im of :mod:`cct.native` where it
+        takes the arrays (the same sums in the same order)."""
         g, L = self._geom(), self._lay()
         xp = get_array_module(dx)
         n, f, nd = dx.shape[0], L.f, g.num_spatial_axes
