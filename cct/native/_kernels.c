@@ -132,7 +132,7 @@ static inline void next_index(Py_ssize_t *idx, const Py_ssize_t *dims, Py_ssize_
     typedef T NAME##_vec __attribute__((vector_size(LANES * sizeof(T))));                                    \
     typedef IT NAME##_ivec __attribute__((vector_size(LANES * sizeof(T))));                                  \
     typedef uint8_t NAME##_bvec __attribute__((vector_size(LANES)));                                         \
-    /* best[q] = max over the offsets (and -FLT_MAX) and code[q] the winning offset's code (0: none) */      \
+    /* best[q] = max over the offsets (and -FLT_MAX) and, with code, the winning offset's code (0: none) */  \
     CCT_CLONES static void NAME(const pool_geometry *g, const pool_scan *s, const T *buf, T *best,           \
                                 uint8_t *code, const uint8_t *codes) {                                       \
         const Py_ssize_t n = s->wide, sw = g->stride[g->nd - 1];                                             \
@@ -152,12 +152,14 @@ static inline void next_index(Py_ssize_t *idx, const Py_ssize_t *dims, Py_ssize_
                     for (int l = 0; l < LANES; l++) v[l] = cell[sw * l];                                     \
                 }                                                                                            \
                 gt = v > b;                                                                                  \
-                cd = (cd & ~gt) | ((IT)codes[t] & gt);                                                       \
+                if (code) cd = (cd & ~gt) | ((IT)codes[t] & gt);                                             \
                 b = (NAME##_vec)(((NAME##_ivec)b & ~gt) | ((NAME##_ivec)v & gt));                            \
             }                                                                                                \
             memcpy(best + q0, &b, sizeof b);                                                                 \
-            NAME##_bvec packed = __builtin_convertvector(cd, NAME##_bvec);                                   \
-            memcpy(code + q0, &packed, sizeof packed);                                                       \
+            if (code) {                                                                                      \
+                NAME##_bvec packed = __builtin_convertvector(cd, NAME##_bvec);                               \
+                memcpy(code + q0, &packed, sizeof packed);                                                   \
+            }                                                                                                \
         }                                                                                                    \
     }
 
@@ -207,7 +209,7 @@ DEFINE_CUT(cut_f64, double)
         for (Py_ssize_t p = 0; p < g->planes; p++) {                                                         \
             const Py_ssize_t o = p * g->out_plane;                                                           \
             SPLIT(g, s, x + p * g->in_plane, buf);                                                           \
-            SCAN(g, s, buf, best, code, codes);                                                              \
+            SCAN(g, s, buf, best, win ? code : NULL, codes);                                                 \
             CUT(g, s, best, code, ymax + o, y ? y + o : NULL, win ? win + o : NULL);                         \
         }                                                                                                    \
     }
