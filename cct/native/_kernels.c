@@ -131,7 +131,6 @@ static inline void next_index(Py_ssize_t *idx, const Py_ssize_t *dims, Py_ssize_
 #define DEFINE_SCAN(NAME, T, IT, LANES)                                                                      \
     typedef T NAME##_vec __attribute__((vector_size(LANES * sizeof(T))));                                    \
     typedef IT NAME##_ivec __attribute__((vector_size(LANES * sizeof(T))));                                  \
-    typedef uint8_t NAME##_bvec __attribute__((vector_size(LANES)));                                         \
     /* best[q] = max over the offsets (and -FLT_MAX) and, with code, the winning offset's code (0: none) */  \
     CCT_CLONES static void NAME(const pool_geometry *g, const pool_scan *s, const T *buf, T *best,           \
                                 uint8_t *code, const uint8_t *codes) {                                       \
@@ -156,10 +155,8 @@ static inline void next_index(Py_ssize_t *idx, const Py_ssize_t *dims, Py_ssize_
                 b = (NAME##_vec)(((NAME##_ivec)b & ~gt) | ((NAME##_ivec)v & gt));                            \
             }                                                                                                \
             memcpy(best + q0, &b, sizeof b);                                                                 \
-            if (code) {                                                                                      \
-                NAME##_bvec packed = __builtin_convertvector(cd, NAME##_bvec);                               \
-                memcpy(code + q0, &packed, sizeof packed);                                                   \
-            }                                                                                                \
+            if (code)                                                                                        \
+                for (int l = 0; l < LANES; l++) code[q0 + l] = (uint8_t)cd[l];                               \
         }                                                                                                    \
     }
 
