@@ -1,13 +1,14 @@
 """Compiled CPU kernels (``cct/native/_kernels.c``), built with the package when a C compiler is present.
 
-numpy runs an elementwise operation at memory speed, but a layer made of many such passes over small arrays
-(MAX pooling's compare/select per kernel offset, its scatter in backward; a lowering's copies of short rows)
-spends its time in the passes
-themselves and, with the batch partitions' threads, in waiting for the GIL between short calls.  These
-kernels do one plane at a time in one pass while it is in the core's cache, without the GIL.  They compute
-exactly what the numpy bodies compute (same comparisons, same order of additions); the layers call them
-through :func:`kernels` for numpy arrays they support and keep the array-module body for everything else
-(cupy, other dtypes, LRN with other powers).
+numpy runs an elementwise operation at memory speed, but a step made of many such passes over small arrays
+(MAX pooling's compare/select per kernel offset and its scatter in backward, LRN's window sums, a lowering's
+copies and sums of short rows) spends its time in the passes themselves and, with the batch partitions'
+threads, in waiting for the GIL between short calls.  These kernels do one plane (or image, or tile of
+channels) at a time in one pass while it is in the core's cache, without the GIL.  They compute what the
+numpy bodies compute, the same comparisons and additions in the same order (the same values; col2im may
+give +0.0 where the numpy body keeps a -0.0); the layers and the lowering call them through :func:`kernels`
+for the numpy arrays they support (:func:`takes`) and keep their array-module bodies for everything else
+(cupy, other dtypes, N-D or images-last lowering, LRN within a channel or with other powers).
 
 Without a compiler the package installs without them and every layer runs its numpy body;
 ``cct device_query`` says which.  ``CCT_NATIVE=0`` in the environment turns them off (for A/B timing).
