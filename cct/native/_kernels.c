@@ -262,6 +262,7 @@ DEFINE_MAX_BACKWARD(max_backward_f64, double)
                     Py_ssize_t pr = row + ph;                                                                \
                     T *base = buf + ch * chan + (pr % sh) * sw * phase + (pr / sh) * pe_w;                   \
                     for (Py_ssize_t b = 0; b < sw; b++) {  /* padded column v·sw + b: image column v·sw + b - pw */ \
+                        if (w - 1 + pw - b < 0) break; /* no image column in this phase (C's / truncates to 0) */ \
                         Py_ssize_t v0 = pw - b > 0 ? (pw - b + sw - 1) / sw : 0, v1 = (w - 1 + pw - b) / sw;  \
                         const T *restrict from = src + b - pw;                                               \
                         T *restrict to = base + b * phase;                                                   \

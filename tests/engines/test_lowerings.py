@@ -454,7 +454,8 @@ def test_col2im_into_the_gradient_adds_as_the_padded_buffer_does(monkeypatch, g,
 
 @pytest.mark.parametrize("strategy", [1, 2])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-@pytest.mark.parametrize("g", [c for c, _ in CASES if len(c.in_shape) == 2],
+@pytest.mark.parametrize("g", [c for c, _ in CASES if len(c.in_shape) == 2]
+                         + [ConvGeometry(2, 3, 4, 1, (5, 2), (1, 1), (1, 3), (0, 0), (1, 1))],  # rows under a stride
                          ids=lambda g: "x".join(map(str, g.in_shape))
                          + f"-k{g.kernel[0]}s{g.stride[0]}p{g.pad[0]}d{g.dilation[0]}g{g.group}")
 def test_compiled_lowering_is_bitwise_the_numpy_body(monkeypatch, g, dtype, strategy):
@@ -466,6 +467,15 @@ def test_compiled_lowering_is_bitwise_the_numpy_body(monkeypatch, g, dtype, stra
     if native.kernels() is None:
         pytest.skip("compiled kernels not built (no C compiler at install)")
     x, w, b, dy = _data(g, 4, dtype)
+    calls = []
+
+    class Counting:  # the compiled module, counting the lowering kernels' calls
+        def __getattr__(self, name):
+            fn = getattr(native._built, name)
+            return lambda *args: calls.append(name) or fn(*args)
+
+    built = Counting()
+    monkeypatch.setattr(native, "kernels", lambda: built if native.settings.get("native") else None)
     results = []
     for setting in ("1", "0"):
         monkeypatch.setenv("CCT_NATIVE", setting)
@@ -475,5 +485,9 @@ def test_compiled_lowering_is_bitwise_the_numpy_body(monkeypatch, g, dtype, stra
         lowered = eng._lower(ws, x, images_last=False).copy()
         summed = eng._col2im(ws, lowered * 0.5, np.empty_like(x), images_last=False)
         results.append((lowered, summed) + _run_engine(eng, x, w, b, dy))
+        if setting == "1":
+            assert {"im2col", "col2im"} <= set(calls)
+            calls.clear()
+    assert not calls  # the numpy body ran with the kernels off
     for a, c in zip(*results):
         np.testing.assert_array_equal(a, c)  # col2im: the same sums; a first block of -0.0 may sum to +0.0
