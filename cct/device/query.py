@@ -101,17 +101,20 @@ def cuda_properties(index: int) -> list[tuple[str, Any]]:
     def yes_no(v: Any) -> str:
         return "Yes" if v else "No"
 
+    def field(name: str) -> Any:  # CUDA 13 dropped some of the fields Caffe printed (memPitch, clockRate)
+        return p.get(name, "not reported by this CUDA runtime")
+
     return [
-        ("Device id", index), ("Major revision number", p["major"]), ("Minor revision number", p["minor"]),
-        ("Name", backend.gpu_name(index)), ("Total global memory", p["totalGlobalMem"]),
-        ("Total shared memory per block", p["sharedMemPerBlock"]),
-        ("Total registers per block", p["regsPerBlock"]), ("Warp size", p["warpSize"]),
-        ("Maximum memory pitch", p["memPitch"]), ("Maximum threads per block", p["maxThreadsPerBlock"]),
+        ("Device id", index), ("Major revision number", field("major")), ("Minor revision number", field("minor")),
+        ("Name", backend.gpu_name(index)), ("Total global memory", field("totalGlobalMem")),
+        ("Total shared memory per block", field("sharedMemPerBlock")),
+        ("Total registers per block", field("regsPerBlock")), ("Warp size", field("warpSize")),
+        ("Maximum memory pitch", field("memPitch")), ("Maximum threads per block", field("maxThreadsPerBlock")),
         ("Maximum dimension of block", ", ".join(str(d) for d in p["maxThreadsDim"])),
         ("Maximum dimension of grid", ", ".join(str(d) for d in p["maxGridSize"])),
-        ("Clock rate", p["clockRate"]), ("Total constant memory", p["totalConstMem"]),
-        ("Texture alignment", p["textureAlignment"]),
+        ("Clock rate", field("clockRate")), ("Total constant memory", field("totalConstMem")),
+        ("Texture alignment", field("textureAlignment")),
         ("Concurrent copy and execution", yes_no(p.get("deviceOverlap", p.get("asyncEngineCount", 0)))),
-        ("Number of multiprocessors", p["multiProcessorCount"]),
+        ("Number of multiprocessors", field("multiProcessorCount")),
         ("Kernel execution timeout", yes_no(p.get("kernelExecTimeoutEnabled", 0))),
     ]
