@@ -30,33 +30,31 @@ def _run(name: str, phase: int):
     return net, ref, meta
 
 
-@pytest.mark.parametrize("name", NETS)
-def test_train_phase_matches_caffe(name: str) -> None:
-    net, ref, meta = _run(name, cct.TRAIN)
-    assert list(net.blobs) == meta["train_blobs"]
+def check_matches_caffe(name: str, phase: int) -> None:
+    """Every blob (and in TRAIN every diff), parameter and parameter gradient against Caffe's, 1e-4 relative."""
+    net, ref, meta = _run(name, phase)
+    tag = "TRAIN" if phase == cct.TRAIN else "TEST"
+    assert list(net.blobs) == meta["train_blobs" if phase == cct.TRAIN else "test_blobs"]
     for key in ref.files:
         kind, _, rest = key.partition("/")
         if kind == "data":
-            assert_close(net.blobs[rest].data, ref[key], f"{name} TRAIN data/{rest}")
-        elif kind == "diff":
-            assert_close(net.blobs[rest].diff, ref[key], f"{name} TRAIN diff/{rest}")
-        elif kind in ("param", "param_diff"):
+            assert_close(net.blobs[rest].data, ref[key], f"{name} {tag} data/{rest}")
+        elif kind == "diff" and phase == cct.TRAIN:
+            assert_close(net.blobs[rest].diff, ref[key], f"{name} {tag} diff/{rest}")
+        elif kind == "param" or (kind == "param_diff" and phase == cct.TRAIN):
             layer, _, i = rest.rpartition("/")
             blob = net.params[layer][int(i)]
-            assert_close(blob.data if kind == "param" else blob.diff, ref[key], f"{name} TRAIN {key}")
+            assert_close(blob.data if kind == "param" else blob.diff, ref[key], f"{name} {tag} {key}")
+
+
+@pytest.mark.parametrize("name", NETS)
+def test_train_phase_matches_caffe(name: str) -> None:
+    check_matches_caffe(name, cct.TRAIN)
 
 
 @pytest.mark.parametrize("name", NETS)
 def test_test_phase_matches_caffe(name: str) -> None:
-    net, ref, meta = _run(name, cct.TEST)
-    assert list(net.blobs) == meta["test_blobs"]
-    for key in ref.files:
-        kind, _, rest = key.partition("/")
-        if kind == "data":
-            assert_close(net.blobs[rest].data, ref[key], f"{name} TEST data/{rest}")
-        elif kind == "param":
-            layer, _, i = rest.rpartition("/")
-            assert_close(net.params[layer][int(i)].data, ref[key], f"{name} TEST {key}")
+    check_matches_caffe(name, cct.TEST)
 
 
 @pytest.mark.parametrize("name", NETS)

@@ -1,4 +1,6 @@
-"""The gpu:N path (cupy): memory helpers, peak FLOPS and a split with a GPU share equal to the plain run.
+"""The gpu:N path (cupy): memory helpers, peak FLOPS, a split with a GPU share equal to the plain run, GPU mode
+against real Caffe (every reference net, both phases, 1e-4 relative) and ``cct train -gpu 0`` reproducing
+Caffe's reference training runs (log lines and iteration-12 snapshots).
 
 These run only where cupy and a CUDA device are present; elsewhere they are skipped (the CPU-only tests
 exercise the same mirror/staging code with a stand-in device: tests/exec/test_device_split.py).
@@ -12,6 +14,8 @@ import cct
 from cct.device import Device, cupy, cupy_available, gpu_count, parse_devices
 from cct.errors import CctError
 from tests.reference import REFERENCE, assert_close
+from tests.solvers import test_reference_cases as solver_cases
+from tests.test_reference_nets import NETS, check_matches_caffe
 
 pytestmark = pytest.mark.skipif(not cupy_available, reason="needs cupy and a CUDA device; none on this machine")
 
@@ -62,3 +66,25 @@ def test_split_with_a_gpu_share_equals_the_plain_run(spec):
     for name, ps in plain_params.items():
         for j, (_, diff) in enumerate(ps):
             assert_close(params[name][j][1], diff, f"{spec} param_diff/{name}/{j}", rtol=1e-5, atol=1e-6)
+
+
+@pytest.fixture
+def gpu_mode():
+    cct.set_device(0)
+    cct.set_mode_gpu()
+    yield
+    cct.set_mode_cpu()
+
+
+@pytest.mark.parametrize("phase", [cct.TRAIN, cct.TEST], ids=["TRAIN", "TEST"])
+@pytest.mark.parametrize("name", NETS)
+def test_gpu_mode_matches_caffe(name, phase, gpu_mode):
+    check_matches_caffe(name, phase)
+
+
+@pytest.mark.parametrize("case", solver_cases.CASES)
+def test_gpu_training_reproduces_caffe(case, tmp_path, monkeypatch):
+    try:
+        solver_cases.check_train_reproduces_caffe(case, tmp_path, monkeypatch, "-gpu", "0")
+    finally:
+        cct.set_mode_cpu()

@@ -53,11 +53,10 @@ def _assert_blobs_close(ours: Path, theirs: Path, rtol: float = 1e-3) -> None:
         assert_close(x, y, f"{ours.name} blob {i}", rtol=rtol)
 
 
-@pytest.mark.skipif(not CASES, reason=f"Caffe reference solver cases not found at {CASES_DIR}")
-@pytest.mark.parametrize("case", CASES)
-def test_train_reproduces_caffe(case, tmp_path, monkeypatch):
+def check_train_reproduces_caffe(case: str, tmp_path: Path, monkeypatch, *flags: str) -> None:
+    """``cct train -solver solver.prototxt -weights initial.caffemodel FLAGS`` gives Caffe's log and snapshot."""
     folder = _case(case, tmp_path)
-    text = _train(folder, monkeypatch, "-weights", "initial.caffemodel")
+    text = _train(folder, monkeypatch, "-weights", "initial.caffemodel", *flags)
     caffe_log = (folder / "caffe_train.log").read_text()
     assert_same_progress(key_lines(text), key_lines(caffe_log))
     for ext in ("caffemodel", "solverstate"):
@@ -65,6 +64,12 @@ def test_train_reproduces_caffe(case, tmp_path, monkeypatch):
     ours = read_solverstate(folder / f"{SNAP}.solverstate")
     theirs = read_solverstate(CASES_DIR / case / f"{SNAP}.solverstate")
     assert (ours.iter, ours.learned_net, ours.current_step) == (theirs.iter, theirs.learned_net, theirs.current_step)
+
+
+@pytest.mark.skipif(not CASES, reason=f"Caffe reference solver cases not found at {CASES_DIR}")
+@pytest.mark.parametrize("case", CASES)
+def test_train_reproduces_caffe(case, tmp_path, monkeypatch):
+    check_train_reproduces_caffe(case, tmp_path, monkeypatch)
 
 
 @pytest.mark.skipif(not CASES, reason=f"Caffe reference solver cases not found at {CASES_DIR}")
