@@ -3,6 +3,10 @@
 The same prototxt, caffemodel, solverstate and binaryproto files as Caffe; the same numbers layer by
 layer; the same command line (``cct train -solver s.prototxt``) and log lines.
 """
+# first, before anything loads numpy's OpenBLAS: importing it sets OpenBLAS's worker spin (cct.runtime.threads)
+from cct.runtime import threads as _threads  # noqa: F401
+
+# isort: split
 from cct import io, layers, log
 from cct.classifier import Classifier
 from cct.detector import Detector

@@ -56,8 +56,10 @@ def _log_cpu() -> None:
     for lib in libs:
         log.info("BLAS:                          %s (%s)", lib.describe(), lib.path)
     from cct import native
+    from cct.runtime.threads import blas_worker_spin
 
     log.info("Kernels:                       %s", native.describe())
+    log.info("OpenBLAS workers:              %s", blas_worker_spin())
     narrow = narrow_blas_kernel()
     if narrow:
         log.warning("%s", narrow)

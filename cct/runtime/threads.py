@@ -19,6 +19,14 @@ and silently ignores the others — a partition or replica thread's request woul
 which serialises every change under its own lock, calls the library's setter itself
 (:func:`_set_threads`).  The library list is looked up again whenever modules were imported since the last look (an
 import can load another BLAS: scipy.linalg brings its own OpenBLAS).
+
+OpenBLAS's own worker threads spin for about 2^28 cycles (~0.1 s) after every multi-threaded call before they
+sleep; the batch partitions that follow an InnerProduct layer's whole-batch GEMM then share the cores with 15
+spinning workers on a 16-core machine (CaffeNet's conv3-5 backward ran 2-4x slower there: lowering's
+125-155 ms against 57-61 ms with the workers asleep).  Limiting the thread count around the partitions does not
+stop workers already spinning; the only control is ``OPENBLAS_THREAD_TIMEOUT``, read when an OpenBLAS is
+loaded, so :func:`quiet_blas_workers` sets it when cct is imported (first thing, before numpy loads its
+OpenBLAS) unless the environment already has a value.
 """
 from __future__ import annotations
 
@@ -29,6 +37,30 @@ import sys
 import threading
 from collections.abc import Callable
 from typing import Any
+
+# OpenBLAS's smallest spin (2^4 cycles: a worker sleeps as soon as its share of a call is done)
+BLAS_WORKER_SPIN = "4"
+_spin_state = {"state": "not set"}
+
+
+def quiet_blas_workers() -> None:
+    """``OPENBLAS_THREAD_TIMEOUT = 4`` unless set: OpenBLAS's workers sleep right after each call instead of
+    spinning (see the module docstring).  It applies to every OpenBLAS loaded from then on: numpy's when cct is
+    imported before numpy, scipy's, and child processes'."""
+    if "OPENBLAS_THREAD_TIMEOUT" in os.environ:
+        _spin_state["state"] = f"OPENBLAS_THREAD_TIMEOUT={os.environ['OPENBLAS_THREAD_TIMEOUT']} (the environment's)"
+        return
+    os.environ["OPENBLAS_THREAD_TIMEOUT"] = BLAS_WORKER_SPIN
+    if "numpy" in sys.modules:
+        _spin_state["state"] = ("numpy's OpenBLAS spins ~0.1 s after each multi-threaded call (numpy was loaded "
+                                f"before cct; set OPENBLAS_THREAD_TIMEOUT={BLAS_WORKER_SPIN} in the environment)")
+    else:
+        _spin_state["state"] = f"OPENBLAS_THREAD_TIMEOUT={BLAS_WORKER_SPIN} (set by cct: workers sleep after each call)"
+
+
+def blas_worker_spin() -> str:
+    """What :func:`quiet_blas_workers` found and did (``cct device_query`` prints it)."""
+    return _spin_state["state"]
 
 
 def cpu_cores() -> int:
@@ -177,3 +209,6 @@ def thread_budget() -> int:
     libraries' count, at most the cores (what FFTs and other per-call thread counts follow)."""
     own = BUDGET.thread_budget()
     return max(1, min(own if own is not None else BUDGET.process_count(), cpu_cores()))
+
+
+quiet_blas_workers()  # at import: cct's __init__ imports this module before anything loads numpy

@@ -1,11 +1,16 @@
-"""Thread budgets: concurrent and nested BLAS thread requests, with their interleavings forced by events."""
+"""Thread budgets: concurrent and nested BLAS thread requests, with their interleavings forced by events;
+OpenBLAS's worker spin set on import."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 
-from cct.runtime.threads import BUDGET, ThreadBudget, _knob, blas_threads, thread_budget
+from cct.runtime.threads import BLAS_WORKER_SPIN, BUDGET, ThreadBudget, _knob, blas_threads, thread_budget
 
 
 class FakeLibrary:
@@ -151,3 +156,33 @@ def test_each_real_library_knob_reads_and_sets_what_threadpoolctl_sees():
         finally:
             put(before)
         assert lib.get_num_threads() == before
+
+
+def _spin_after_import(env_value: str | None, numpy_first: bool) -> tuple[str, str]:
+    """(OPENBLAS_THREAD_TIMEOUT, blas_worker_spin()) in a fresh interpreter that imports cct."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    if env_value is not None:
+        env["OPENBLAS_THREAD_TIMEOUT"] = env_value
+    code = ("import numpy\n" if numpy_first else "") + (
+        "import os, cct\nfrom cct.runtime.threads import blas_worker_spin\n"
+        "print(os.environ['OPENBLAS_THREAD_TIMEOUT']); print(blas_worker_spin())")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[2])
+    value, state = out.stdout.splitlines()
+    return value, state
+
+
+def test_importing_cct_first_puts_openblas_workers_to_sleep():
+    value, state = _spin_after_import(None, numpy_first=False)
+    assert value == BLAS_WORKER_SPIN and "set by cct" in state
+
+
+def test_the_environments_spin_setting_wins():
+    value, state = _spin_after_import("12", numpy_first=False)
+    assert value == "12" and "the environment's" in state
+
+
+def test_numpy_loaded_first_is_reported():
+    value, state = _spin_after_import(None, numpy_first=True)
+    assert value == BLAS_WORKER_SPIN  # still set: scipy's OpenBLAS and child processes read it
+    assert "numpy was loaded before cct" in state and "OPENBLAS_THREAD_TIMEOUT=4" in state
