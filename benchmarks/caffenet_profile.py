@@ -20,16 +20,20 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("GLOG_minloglevel", "1")
 
+# before numpy: importing cct sets OpenBLAS's worker spin (OPENBLAS_THREAD_TIMEOUT), as `cct train` runs
 import cct  # noqa: E402
+
+# isort: split
+import numpy as np  # noqa: E402
+
 from cct import native  # noqa: E402
 from cct.config import settings  # noqa: E402
 from cct.engines.choice import describe_layer_engine  # noqa: E402
 from cct.engines.lowering import shared_workspace_bytes  # noqa: E402
+from cct.runtime.threads import blas_worker_spin  # noqa: E402
 
 MODEL = Path(__file__).resolve().parents[1] / "models" / "caffenet" / "train.prototxt"
 
@@ -45,7 +49,7 @@ def main() -> None:
     settings.set("partitions", args.partitions, "--partitions")
     print(f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')} "
           f"OPENBLAS_L2_SIZE={os.environ.get('OPENBLAS_L2_SIZE', '(unset)')} batch={args.batch}")
-    print(f"cct kernels: {native.describe()}")
+    print(f"cct kernels: {native.describe()}; OpenBLAS workers: {blas_worker_spin()}")
     net = cct.Net(str(MODEL), cct.TRAIN)
     net.blobs["data"].reshape(args.batch, 3, 227, 227)
     net.blobs["label"].reshape(args.batch)

@@ -36,8 +36,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-from torch_isa import match_torch_isa
+# OpenBLAS's workers sleep after each call, as in `cct train` (cct sets this when it is imported before numpy;
+# the workers here, spawned with this module as their main, load numpy first; PyTorch's BLAS ignores it)
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+
+import numpy as np  # noqa: E402
+from torch_isa import match_torch_isa  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = ROOT / "models" / "caffenet" / "train.prototxt"
@@ -173,8 +177,9 @@ def main() -> None:
           f"batch={args.batch} update={'none' if args.no_update else 'SGD'} "
           f"CCT_PARTITIONS={os.environ.get('CCT_PARTITIONS', 'auto')}")
     from cct import native
+    from cct.runtime.threads import blas_worker_spin
 
-    print(f"cct kernels: {native.describe()}")
+    print(f"cct kernels: {native.describe()}; OpenBLAS workers: {blas_worker_spin()}")
     print(match_torch_isa(args.torch_native))
     # both workers see exactly `threads` BLAS/OpenMP threads
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):

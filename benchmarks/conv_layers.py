@@ -22,11 +22,14 @@ import statistics
 import sys
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("GLOG_minloglevel", "1")
 
+# before numpy: importing cct sets OpenBLAS's worker spin (OPENBLAS_THREAD_TIMEOUT), as `cct train` runs
+import cct  # noqa: E402,F401
+
+# isort: split
+import numpy as np  # noqa: E402
 from torch_conv import TorchConv, timed  # noqa: E402
 from torch_isa import match_torch_isa  # noqa: E402
 

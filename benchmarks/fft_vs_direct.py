@@ -47,10 +47,14 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("GLOG_minloglevel", "1")
+
+# before numpy: importing cct sets OpenBLAS's worker spin (OPENBLAS_THREAD_TIMEOUT), as `cct train` runs
+import cct  # noqa: E402,F401
+
+# isort: split
+import numpy as np  # noqa: E402
 
 from cct.bench.flops import sgemm_peak  # noqa: E402
 from cct.engines import ConvGeometry  # noqa: E402
