@@ -1,6 +1,7 @@
 """Batch partitions: the facility itself, and partitioned layers equal to unpartitioned ones."""
 from __future__ import annotations
 
+import sys
 import threading
 
 import numpy as np
@@ -36,6 +37,46 @@ def test_run_partitions_is_concurrent_and_reraises():
 
     with pytest.raises(ValueError, match="partition 1"):
         partition.run_partitions([(0, 1), (1, 2)], boom)
+
+
+def test_partitions_run_with_a_short_switch_interval_and_restore_it():
+    before = sys.getswitchinterval()
+    seen = []
+
+    def body(part, n0, n1):
+        seen.append(sys.getswitchinterval())
+
+    partition.run_partitions([(0, 1), (1, 2)], body)
+    assert seen == [partition.PARTITION_SWITCH_INTERVAL] * 2
+    assert sys.getswitchinterval() == before
+    with pytest.raises(ValueError):
+        partition.run_partitions([(0, 1), (1, 2)], lambda part, n0, n1: (_ for _ in ()).throw(ValueError(part)))
+    assert sys.getswitchinterval() == before
+
+
+def test_concurrent_partition_runs_restore_the_interval_once_all_are_done():
+    """Two threads' runs overlap: the first restores nothing while the second is still inside."""
+    before = sys.getswitchinterval()
+    first_inside, second_done = threading.Event(), threading.Event()
+    after_second = []
+
+    def first(part, n0, n1):
+        if part == 0:
+            first_inside.set()
+            assert second_done.wait(10)
+            after_second.append(sys.getswitchinterval())
+
+    def second(part, n0, n1):
+        pass
+
+    t = threading.Thread(target=partition.run_partitions, args=([(0, 1), (1, 2)], first))
+    t.start()
+    assert first_inside.wait(10)
+    partition.run_concurrently(2, lambda k: second(k, 0, 0))
+    second_done.set()
+    t.join()
+    assert after_second == [partition.PARTITION_SWITCH_INTERVAL]
+    assert sys.getswitchinterval() == before
 
 
 def test_blas_threads_are_divided_and_nesting_is_sequential():
