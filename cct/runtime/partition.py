@@ -1,5 +1,6 @@
 """Batch partitions (CcT §2.2): split a batch into ``p`` partitions processed concurrently by ``p`` threads,
-each running its BLAS calls with ``cores / p`` threads.
+each running its BLAS calls with ``cores / p`` threads (one where ``p² > cores``:
+:func:`blas_threads_per_partition`).
 
 numpy releases the GIL inside BLAS and inside large ufunc loops and copies, so ``p`` Python threads each
 working on ``n/p`` images of a layer run truly in parallel; with ``p × blas_threads ≤ cores`` the machine is
@@ -93,7 +94,17 @@ def in_partition() -> bool:
 
 
 def blas_threads_per_partition(parts: int) -> int:
-    return max(1, cpu_cores() // max(1, parts))
+    """BLAS threads of each of ``parts`` concurrent partitions: ``cores // parts``, or one where ``parts² > cores``.
+
+    OpenBLAS runs one multi-threaded level-3 call at a time (a lock around its threaded GEMM driver; one-thread
+    calls bypass it), so the GEMMs of ``p`` partitions with ``t > 1`` threads each run one after the other: work
+    ``W`` takes ``W / t``, against ``W / p`` on one thread each, side by side — one thread wins once ``p² >
+    cores``.  On a 16-core Xeon, CaffeNet's conv layers on 8 partitions of 2 threads took 2-4x the time of 16
+    partitions of one."""
+    cores, parts = cpu_cores(), max(1, parts)
+    if parts > 1 and parts * parts > cores:
+        return 1
+    return max(1, cores // parts)
 
 
 def _executor() -> ThreadPoolExecutor:
@@ -168,7 +179,7 @@ def run_concurrently(count: int, fn: Callable[[int], None]) -> None:
 
 def run_partitions(ranges: list[tuple[int, int]], fn: Callable[[int, int, int], None]) -> None:
     """``fn(part, n0, n1)`` for every range; concurrently (the first in the calling thread) when there are
-    several, with ``cores // len(ranges)`` BLAS threads each.  The first exception is re-raised."""
+    several, with :func:`blas_threads_per_partition` BLAS threads each.  The first exception is re-raised."""
     if len(ranges) <= 1 or in_partition():
         for part, (n0, n1) in enumerate(ranges):
             fn(part, n0, n1)
