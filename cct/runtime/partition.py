@@ -1,10 +1,9 @@
 """Batch partitions (CcT §2.2): split a batch into ``p`` partitions processed concurrently by ``p`` threads,
-each running its BLAS calls with ``cores / p`` threads (one where ``p² > cores``:
-:func:`blas_threads_per_partition`).
+each running its BLAS calls on one thread (:func:`blas_threads_per_partition`).
 
 numpy releases the GIL inside BLAS and inside large ufunc loops and copies, so ``p`` Python threads each
-working on ``n/p`` images of a layer run truly in parallel; with ``p × blas_threads ≤ cores`` the machine is
-never oversubscribed.  Everything here is a facility that layer and engine bodies call — no layer is
+working on ``n/p`` images of a layer run truly in parallel; with ``p ≤ cores`` the machine is never
+oversubscribed.  Everything here is a facility that layer and engine bodies call — no layer is
 wrapped or replaced:
 
 * :func:`partitions_for` — how many partitions a layer should use for a batch of ``n`` items doing
@@ -94,17 +93,15 @@ def in_partition() -> bool:
 
 
 def blas_threads_per_partition(parts: int) -> int:
-    """BLAS threads of each of ``parts`` concurrent partitions: ``cores // parts``, or one where ``parts² > cores``.
+    """BLAS threads of each of ``parts`` concurrent partitions: one (a single partition: all the cores).
 
     OpenBLAS runs one multi-threaded level-3 call at a time (a lock around its threaded GEMM driver; one-thread
-    calls bypass it), so the GEMMs of ``p`` partitions with ``t > 1`` threads each run one after the other: work
-    ``W`` takes ``W / t``, against ``W / p`` on one thread each, side by side — one thread wins once ``p² >
-    cores``.  On a 16-core Xeon, CaffeNet's conv layers on 8 partitions of 2 threads took 2-4x the time of 16
-    partitions of one."""
-    cores, parts = cpu_cores(), max(1, parts)
-    if parts > 1 and parts * parts > cores:
-        return 1
-    return max(1, cores // parts)
+    calls bypass it), so partitions with several threads each would run their GEMMs one after the other: on a
+    16-core Xeon, CaffeNet's conv layers on 8 partitions of 2 threads took 2-4x the time of 16 partitions of
+    one.  And every multi-threaded call leaves OpenBLAS's workers spinning into what follows (see
+    :mod:`cct.runtime.threads`).  A layer with fewer partitions than cores (little work per item) leaves the
+    other cores idle rather than meet either."""
+    return cpu_cores() if parts <= 1 else 1
 
 
 def _executor() -> ThreadPoolExecutor:

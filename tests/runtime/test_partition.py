@@ -79,10 +79,9 @@ def test_concurrent_partition_runs_restore_the_interval_once_all_are_done():
     assert sys.getswitchinterval() == before
 
 
-@pytest.mark.parametrize("cores, parts, threads", [(16, 1, 16), (16, 2, 8), (16, 4, 4), (16, 5, 1), (16, 8, 1),
-                                                   (16, 16, 1), (2, 2, 1), (4, 2, 2), (8, 2, 4), (8, 3, 1)])
-def test_concurrent_partitions_get_one_blas_thread_where_openblas_would_serialise_them(monkeypatch, cores, parts,
-                                                                                      threads):
+@pytest.mark.parametrize("cores, parts, threads", [(16, 1, 16), (16, 2, 1), (16, 8, 1), (16, 16, 1), (2, 1, 2),
+                                                   (2, 2, 1)])
+def test_concurrent_partitions_run_one_blas_thread_each(monkeypatch, cores, parts, threads):
     monkeypatch.setattr(partition, "cpu_cores", lambda: cores)
     assert partition.blas_threads_per_partition(parts) == threads
 
