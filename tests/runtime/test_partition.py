@@ -86,6 +86,49 @@ def test_concurrent_partitions_run_one_blas_thread_each(monkeypatch, cores, part
     assert partition.blas_threads_per_partition(parts) == threads
 
 
+MANY_CORES_NET = """
+name: "small" layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 32 dim: 8 dim: 32 dim: 32 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv"
+  convolution_param { num_output: 64 kernel_size: 3 pad: 1 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "pool" type: "Pooling" bottom: "conv" top: "pool" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+layer { name: "ip" type: "InnerProduct" bottom: "pool" top: "ip"
+  inner_product_param { num_output: 10 weight_filler { type: "gaussian" std: 0.1 } } }
+layer { name: "loss" type: "Reduction" bottom: "ip" top: "loss" loss_weight: 1 }
+"""
+
+
+def test_no_partition_calls_a_multi_threaded_blas_on_a_many_core_machine(monkeypatch, tmp_path):
+    """On 16 (emulated) cores, every matrix product made inside a partition runs while the BLAS libraries are at
+    one thread: a multi-threaded OpenBLAS call from concurrent partitions is serialised by OpenBLAS's lock and
+    leaves its workers spinning into the next layer (a convolution's bias gradient did so)."""
+    import cct
+    from cct.engines import fft_plan, measured
+    from cct.runtime import threads
+
+    for module in (threads, partition, fft_plan, measured):
+        monkeypatch.setattr(module, "cpu_cores", lambda: 16)
+    settings.set("partitions", "auto")
+    seen = []
+    matmul = np.matmul
+
+    def checked(*args, **kwargs):
+        if partition.in_partition():
+            seen.append(threads.BUDGET.process_count())
+        return matmul(*args, **kwargs)
+
+    path = tmp_path / "net.prototxt"
+    path.write_text(MANY_CORES_NET)
+    set_random_seed(1)
+    net = cct.Net(str(path), cct.TRAIN)
+    net.blobs["data"].data[...] = np.random.default_rng(0).standard_normal(net.blobs["data"].shape)
+    monkeypatch.setattr(np, "matmul", checked)
+    net.forward()
+    net.clear_param_diffs()
+    net.backward()
+    assert seen, "no product ran inside a partition"
+    assert set(seen) == {1}, f"BLAS thread counts inside partitions: {sorted(set(seen))}"
+
+
 def test_blas_threads_are_divided_and_nesting_is_sequential():
     from threadpoolctl import threadpool_info
 
@@ -98,7 +141,7 @@ def test_blas_threads_are_divided_and_nesting_is_sequential():
 
     settings.set("partitions", 2)
     partition.run_partitions(partition.batch_ranges(8, 2), body)
-    expected = max(1, partition.cpu_cores() // 2)
+    expected = 1  # concurrent partitions: one BLAS thread each
     assert inner.count(1) == 2  # no nested partitions
     threads = next(x for x in inner if isinstance(x, list))
     assert threads and all(t == expected for t in threads)
