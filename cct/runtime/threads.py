@@ -21,12 +21,13 @@ which serialises every change under its own lock, calls the library's setter its
 import can load another BLAS: scipy.linalg brings its own OpenBLAS).
 
 OpenBLAS's own worker threads spin for about 2^28 cycles (~0.1 s) after every multi-threaded call before they
-sleep; the batch partitions that follow an InnerProduct layer's whole-batch GEMM then share the cores with 15
-spinning workers on a 16-core machine (CaffeNet's conv3-5 backward ran 2-4x slower there: lowering's
-125-155 ms against 57-61 ms with the workers asleep).  Limiting the thread count around the partitions does not
-stop workers already spinning; the only control is ``OPENBLAS_THREAD_TIMEOUT``, read when an OpenBLAS is
-loaded, so :func:`quiet_blas_workers` sets it when cct is imported (first thing, before numpy loads its
-OpenBLAS) unless the environment already has a value.
+sleep, and the batch partitions that follow share the cores with them: on a 16-core machine CaffeNet's
+conv3-conv5 backward ran 2-4x slower (lowering's 125-155 ms against 57-61 ms with the workers asleep), after
+their bias gradients' products had run on 2 partitions of 8 threads each (partitions now run one thread each:
+:func:`cct.runtime.partition.blas_threads_per_partition`; layers on one partition still use all the cores).
+Limiting the thread count around the partitions does not stop workers already spinning; the only control is
+``OPENBLAS_THREAD_TIMEOUT``, read when an OpenBLAS is loaded, so :func:`quiet_blas_workers` sets it when cct is
+imported (first thing, before numpy loads its OpenBLAS) unless the environment already has a value.
 """
 from __future__ import annotations
 
