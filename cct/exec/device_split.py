@@ -255,10 +255,14 @@ class DeviceSplitRunner(LayerRunner):
         # threads of a whole-batch layer: all CPU devices' together (they would be idle), at most the cores
         self._whole_threads = min(cpu_cores(), sum(d.threads for d in self.devices)) \
             if self._all_cpu else None
+        cpus = [d.name for d in self.devices if not d.is_gpu]
         if len(cpu_threads) > 1:
             log.warning("CPU devices %s run with %d BLAS thread(s) each while they compute concurrently (the "
-                        "BLAS thread count is process wide)", ", ".join(d.name for d in self.devices
-                                                                       if not d.is_gpu), self._blas)
+                        "BLAS thread count is process wide)", ", ".join(cpus), self._blas)
+        if len(cpus) > 1 and self._blas and self._blas > 1:
+            log.warning("CPU devices %s compute concurrently with %d BLAS threads each: OpenBLAS runs one "
+                        "multi-threaded matrix product at a time, so theirs take turns; one-thread CPU devices "
+                        "(cpu:1) run side by side", ", ".join(cpus), self._blas)
 
     def attach(self, net: NetCore) -> None:
         """Log the split of the net's batch (and check every device gets a share of it)."""

@@ -279,3 +279,17 @@ def test_gpu_mode_runs_the_layers_on_its_device(monkeypatch):
     _assert_same(_snapshot(net), plain, f"{name} GPU mode")
     monkeypatch.setitem(mode._state, "mode", mode.CPU)
     assert not isinstance(_run_reference(name, cct.TRAIN).executor.runner, DeviceSplitRunner)
+
+
+@pytest.mark.parametrize("devices, warned", [("cpu:2,cpu:2", True), ("cpu:1,cpu:1", False)])
+def test_cpu_devices_of_several_blas_threads_are_told_their_products_take_turns(devices, warned, tmp_path):
+    from tests.solvers.helpers import captured_log
+
+    path = tmp_path / "net.prototxt"
+    path.write_text('layer { name: "x" type: "Input" top: "x" input_param { shape { dim: 4 dim: 2 dim: 5 dim: 5 } } }\n'
+                    'layer { name: "conv" type: "Convolution" bottom: "x" top: "c" '
+                    'convolution_param { num_output: 3 kernel_size: 2 } }\n')
+    cct.set_devices(devices, split="0.5,0.5")
+    with captured_log() as log:
+        cct.Net(str(path), cct.TEST).forward()
+    assert ("OpenBLAS runs one multi-threaded matrix product at a time" in log.getvalue()) == warned
