@@ -51,8 +51,14 @@ def parse_time_log(text: str) -> tuple[list[float], dict[str, dict[str, float]]]
     return iterations, layers
 
 
+# the environment this script was started with, before importing cct sets OPENBLAS_THREAD_TIMEOUT in this
+# process: each tool runs from it as it would be run by hand (`cct time` sets the variable itself; Caffe's
+# OpenBLAS workers keep their default spin unless the caller set one)
+CALLER_ENV = dict(os.environ)
+
+
 def run_time(command: list[str], threads: int, extra_env: dict[str, str] | None = None) -> str:
-    env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads),
+    env = dict(CALLER_ENV, OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads),
                GLOG_logtostderr="1", **(extra_env or {}))
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     log = done.stdout + done.stderr
@@ -85,7 +91,7 @@ def main() -> None:
     from cct import native
 
     print(f"cct kernels: {native.describe()}")
-    probe = subprocess.run([args.caffe, "--version"], env=dict(os.environ, OPENBLAS_VERBOSE="2"),
+    probe = subprocess.run([args.caffe, "--version"], env=dict(CALLER_ENV, OPENBLAS_VERBOSE="2"),
                            capture_output=True, text=True)
     text = probe.stdout + probe.stderr
     cores = CORE.findall(text)
