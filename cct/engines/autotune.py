@@ -52,7 +52,7 @@ RATES_VERSION = 6
 # and write the full layout's operands as they lie; 20: up to 64 points; 21: type 1's 2-D lowering by the compiled
 # kernel; 22: types 1 and 2's 2-D lowering and col2im compiled): entries measured by another version are measured
 # again
-ENGINE_MEASURE_VERSION = 22
+ENGINE_MEASURE_VERSION = 23
 # measured images per partition: enough that the largest buffer of all partitions together exceeds this
 # (out of the last-level cache, like the full layer) and that a GEMM has this many columns, at most the
 # largest of the candidates' chunks of a partition

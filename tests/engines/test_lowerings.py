@@ -491,3 +491,28 @@ def test_compiled_lowering_is_bitwise_the_numpy_body(monkeypatch, g, dtype, stra
     assert not calls  # the numpy body ran with the kernels off
     for a, c in zip(*results):
         np.testing.assert_array_equal(a, c)  # col2im: the same sums; a first block of -0.0 may sum to +0.0
+
+
+@pytest.mark.parametrize("cores, expected_mb", [(1, 32), (2, 32), (5, 32), (6, 36), (16, 96)])
+def test_default_chunk_budget_leaves_every_core_its_cache_sized_chunk(monkeypatch, cores, expected_mb):
+    monkeypatch.setattr(lowering, "cpu_cores", lambda: cores)
+    assert lowering.PART_LOWERED_MAX_BYTES == 6 << 20
+    assert lowering.chunk_budget_bytes() == expected_mb << 20
+    settings.set("lowering_max_mb", 8)  # a set budget is the whole budget, whatever the cores
+    assert lowering.chunk_budget_bytes() == 8 << 20
+
+
+def test_sixteen_partitions_lower_their_four_images_at_once(monkeypatch):
+    """CaffeNet's conv4 (384 -> 384 channels, 2 groups, 13x13) on 16 cores: each partition's 4 images in one chunk,
+    as on 2 cores (where chunks are capped at PART_LOWERED_MAX_BYTES), not 1-2 images of a 32 MiB total."""
+    from cct.runtime import partition
+
+    monkeypatch.setattr(lowering, "cpu_cores", lambda: 16)
+    monkeypatch.setattr(partition, "cpu_cores", lambda: 16)
+    settings.set("partitions", "auto")
+    for strategy, images in ((1, 2), (2, 4)):
+        engine = LoweringEngine(strategy)
+        engine.configure(ConvGeometry(64, 384, 384, 2, (13, 13), (3, 3), (1, 1), (1, 1), (1, 1)))
+        chunks = engine._chunks(64, 4)
+        assert len(chunks) == 16
+        assert all(n1 - n0 == images for part in chunks for n0, n1 in part)
