@@ -9,6 +9,10 @@ pooling and the in-place ReLU below it, backward) timed as one step on the pooli
 iteration runs them; then the update time, the share of the layers other than
 Convolution and InnerProduct, each convolution's backward/forward ratio, the iteration total, the bytes held
 in the convolution workspace (shared by all conv layers: ``shared_workspace_bytes``) and the peak RSS.
+The ``others ms`` column is the CPU time, during the layer's forward and backward, of the threads Python did
+not start (OpenBLAS's workers, scipy.fft's; Linux only): the batch partitions run their BLAS calls on one thread
+each, so it should be about 0 — where it is not, a multi-threaded BLAS call woke OpenBLAS's workers, which then
+share the partitions' cores (how that was found on a 16-core machine).
 """
 from __future__ import annotations
 
@@ -38,6 +42,23 @@ from cct.runtime.threads import blas_worker_spin  # noqa: E402
 MODEL = Path(__file__).resolve().parents[1] / "models" / "caffenet" / "train.prototxt"
 
 
+def other_threads_cpu_seconds() -> float:
+    """CPU seconds so far of this process's threads that Python did not start (0 where /proc has no
+    per-thread schedstat)."""
+    import threading
+
+    ours = {t.native_id for t in threading.enumerate()}
+    total = 0
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            if int(tid) not in ours:
+                with open(f"/proc/self/task/{tid}/schedstat") as f:
+                    total += int(f.read().split()[0])
+    except OSError:
+        return 0.0
+    return total * 1e-9
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=64)
@@ -60,22 +81,26 @@ def main() -> None:
     n = len(net.layers)
     fwd = [[] for _ in range(n)]
     bwd = [[] for _ in range(n)]
+    others = [[] for _ in range(n)]
     upd, total = [], []
     # the executor's fused pairs run as one step, timed as the pooling's: what a training iteration runs
     pairs = net.executor.fused_backward_pairs() if hasattr(net.executor, "fused_backward_pairs") else {}
     for it in range(args.iters + 1):
         t0 = time.perf_counter()
+        cpu = [0.0] * n
         for i in range(n):
-            t = time.perf_counter()
+            c, t = other_threads_cpu_seconds(), time.perf_counter()
             net.forward_from_to(i, i)
             fwd[i].append(time.perf_counter() - t)
+            cpu[i] += other_threads_cpu_seconds() - c
         net.clear_param_diffs()
         i = n - 1
         while i >= 0:
             last = pairs.get(i, i)
-            t = time.perf_counter()
+            c, t = other_threads_cpu_seconds(), time.perf_counter()
             net.backward_from_to(i, last)
             bwd[i].append(time.perf_counter() - t)
+            cpu[i] += other_threads_cpu_seconds() - c
             for j in range(last, i):
                 bwd[j].append(0.0)
             i = last - 1
@@ -85,16 +110,21 @@ def main() -> None:
         net.update()
         upd.append(time.perf_counter() - t)
         total.append(time.perf_counter() - t0)
+        for i in range(n):
+            others[i].append(cpu[i])
         if it == 0:  # warm-up: buffers are allocated
-            for lst in fwd + bwd + [upd, total]:
+            for lst in fwd + bwd + others + [upd, total]:
                 lst.clear()
     tot = statistics.median(total)
-    print(f"{'layer':<10}{'type':<18}{'fwd ms':>9}{'bwd ms':>9}{'share':>8}  engine")
+    print(f"{'layer':<10}{'type':<18}{'fwd ms':>9}{'bwd ms':>9}{'share':>8}{'others ms':>10}  engine")
     fused_into = {r: f"backward in {net.layers[p].name}" for p, r in pairs.items()}
     for i, layer in enumerate(net.layers):
         f, b = statistics.median(fwd[i]) * 1e3, statistics.median(bwd[i]) * 1e3
+        o = statistics.median(others[i]) * 1e3
         note = f"fused: {fused_into[i]}" if i in fused_into else describe_layer_engine(layer)
-        print(f"{layer.name:<10}{layer.type:<18}{f:9.1f}{b:9.1f}{(f + b) / tot / 10:7.1f}%  {note}")
+        print(f"{layer.name:<10}{layer.type:<18}{f:9.1f}{b:9.1f}{(f + b) / tot / 10:7.1f}%{o:10.1f}  {note}")
+    print(f"CPU time of threads Python did not start (OpenBLAS's, scipy.fft's workers), all layers: "
+          f"{sum(statistics.median(o) for o in others) * 1e3:.1f} ms an iteration")
     print(f"update: {statistics.median(upd) * 1e3:.1f} ms")
     other = sum(statistics.median(fwd[i]) + statistics.median(bwd[i]) for i, layer in enumerate(net.layers)
                 if layer.type not in ("Convolution", "InnerProduct"))
