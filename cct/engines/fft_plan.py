@@ -59,8 +59,8 @@ MATRIX_DFT_CHUNK_BYTES = 2 << 20
 
 def fft_workers() -> int:
     """Threads for ``scipy.fft``: the ``fft_workers`` setting (``CCT_FFT_WORKERS``) if set, else the calling
-    thread's budget (:func:`cct.runtime.threads.thread_budget`: a batch partition running with ``cores/p``
-    BLAS threads runs its FFTs with that many), bounded by the cores this process may use."""
+    thread's budget (:func:`cct.runtime.threads.thread_budget`: a batch partition, on one BLAS thread, runs its
+    FFTs on one; a whole-batch call on all the cores), bounded by the cores this process may use."""
     n = settings.get("fft_workers")
     return max(1, min(n, cpu_cores())) if n is not None else thread_budget()
 

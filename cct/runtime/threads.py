@@ -1,7 +1,7 @@
 """Thread budgets: the cores this process may use, and how many BLAS and FFT threads the calling code may use.
 
 OpenBLAS has one thread count for the whole process, yet several threads ask for their own at the same time:
-batch partitions (``cores / p`` each), the devices of a device split, data-parallel replicas, small GEMMs that
+batch partitions (one each), the devices of a device split, data-parallel replicas, small GEMMs that
 run best on one thread.  Setting and restoring the count around each block from each thread lets the last
 writer win — a thread restores a count another thread is still relying on, or leaves the process at 1 after
 all are done.  So one owner, :data:`BUDGET`, keeps the books:
