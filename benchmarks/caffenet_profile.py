@@ -21,6 +21,7 @@ import os
 import resource
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -45,8 +46,6 @@ MODEL = Path(__file__).resolve().parents[1] / "models" / "caffenet" / "train.pro
 def other_threads_cpu_seconds() -> float:
     """CPU seconds so far of this process's threads that Python did not start (0 where /proc has no
     per-thread schedstat)."""
-    import threading
-
     ours = {t.native_id for t in threading.enumerate()}
     total = 0
     try:
