@@ -1,4 +1,4 @@
-"""Per-layer profile of one CaffeNet training iteration (forward + backward + SGD-style update) with cct's Net.
+"""Per-layer profile of one CaffeNet training iteration (forward + backward + SGD update) with cct's solver.
 
 Run:   python benchmarks/caffenet_profile.py [--batch 64] [--iters 3] [--lowering auto] [--partitions auto]
        (``env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python ...`` lets numpy's OpenBLAS pick its own kernels,
@@ -6,7 +6,8 @@ Run:   python benchmarks/caffenet_profile.py [--batch 64] [--iters 3] [--lowerin
 Prints: one line per layer with its median forward and backward milliseconds, its share of the iteration and
 what engine it runs (``describe_layer_engine``) — the executor's fused pairs (:mod:`cct.exec.fusion`: a max
 pooling and the in-place ReLU below it, backward) timed as one step on the pooling layer, as a training
-iteration runs them; then the update time, the share of the layers other than
+iteration runs them; then the time of the solver's update (SGD, momentum 0.9, weight decay 5e-4: what
+``cct train`` runs after each backward), the share of the layers other than
 Convolution and InnerProduct, each convolution's backward/forward ratio, the iteration total, the bytes held
 in the convolution workspace (shared by all conv layers: ``shared_workspace_bytes``) and the peak RSS.
 The ``others ms`` column is the CPU time, during the layer's forward and backward, of the threads Python did
@@ -29,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("GLOG_minloglevel", "1")
 
 # before numpy: importing cct sets OpenBLAS's worker spin (OPENBLAS_THREAD_TIMEOUT), as `cct train` runs
-import cct  # noqa: E402
+import cct  # noqa: E402,F401
 
 # isort: split
 import numpy as np  # noqa: E402
@@ -38,7 +39,9 @@ from cct import native  # noqa: E402
 from cct.config import settings  # noqa: E402
 from cct.engines.choice import describe_layer_engine  # noqa: E402
 from cct.engines.lowering import shared_workspace_bytes  # noqa: E402
+from cct.proto import caffe_pb2 as pb  # noqa: E402
 from cct.runtime.threads import blas_worker_spin  # noqa: E402
+from cct.solvers.solver import create_solver  # noqa: E402
 
 MODEL = Path(__file__).resolve().parents[1] / "models" / "caffenet" / "train.prototxt"
 
@@ -70,7 +73,10 @@ def main() -> None:
     print(f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')} "
           f"OPENBLAS_L2_SIZE={os.environ.get('OPENBLAS_L2_SIZE', '(unset)')} batch={args.batch}")
     print(f"cct kernels: {native.describe()}; OpenBLAS workers: {blas_worker_spin()}")
-    net = cct.Net(str(MODEL), cct.TRAIN)
+    # a tiny rate: the weights stay what they were drawn, iteration after iteration
+    solver = create_solver(pb.SolverParameter(net=str(MODEL), base_lr=1e-6, lr_policy="fixed", momentum=0.9,
+                                              weight_decay=5e-4, max_iter=1 << 30, snapshot_after_train=False))
+    net = solver.net
     net.blobs["data"].reshape(args.batch, 3, 227, 227)
     net.blobs["label"].reshape(args.batch)
     net.reshape()
@@ -104,9 +110,7 @@ def main() -> None:
                 bwd[j].append(0.0)
             i = last - 1
         t = time.perf_counter()
-        for p in net.learnable_params:
-            p.diff[...] *= -1e-6
-        net.update()
+        solver.apply_update()
         upd.append(time.perf_counter() - t)
         total.append(time.perf_counter() - t0)
         for i in range(n):
@@ -124,7 +128,7 @@ def main() -> None:
         print(f"{layer.name:<10}{layer.type:<18}{f:9.1f}{b:9.1f}{(f + b) / tot / 10:7.1f}%{o:10.1f}  {note}")
     print(f"CPU time of threads Python did not start (OpenBLAS's, scipy.fft's workers), all layers: "
           f"{sum(statistics.median(o) for o in others) * 1e3:.1f} ms an iteration")
-    print(f"update: {statistics.median(upd) * 1e3:.1f} ms")
+    print(f"update (SGD solver): {statistics.median(upd) * 1e3:.1f} ms")
     other = sum(statistics.median(fwd[i]) + statistics.median(bwd[i]) for i, layer in enumerate(net.layers)
                 if layer.type not in ("Convolution", "InnerProduct"))
     print(f"layers other than Convolution and InnerProduct: {other * 1e3:.1f} ms, {other / tot * 100:.1f}% of the "

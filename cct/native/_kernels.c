@@ -1,10 +1,10 @@
 /* Compiled kernels for the steps whose numpy form is bound by many short passes over memory (see
  * cct/native/__init__.py): MAX pooling (forward and backward, 1 to 8 spatial axes), LRN across channels with
- * beta = 3/4 (forward and backward), and the 2-D lowering of CcT's types 1 and 2 (im2col) and its adjoint
- * (col2im).  Each kernel works on C-contiguous buffers (float32 or float64, chosen by the buffer's item size),
- * walks one channel plane (or image, or tile of channels) at a time while it sits in the core's cache, and
- * releases the GIL, so the batch partitions' threads run it side by side.  Arguments are checked before any
- * memory is touched: a geometry that does not fit its buffers is a ValueError.
+ * beta = 3/4 (forward and backward), the 2-D lowering of CcT's types 1 and 2 (im2col) and its adjoint
+ * (col2im), and the SGD solver's update step.  Each kernel works on C-contiguous buffers (float32 or float64,
+ * chosen by the buffer's item size), walks one channel plane (or image, or tile of channels, or value) at a time
+ * while it sits in the core's cache, and releases the GIL, so the batch partitions' threads run it side by side.
+ * Arguments are checked before any memory is touched: a geometry that does not fit its buffers is a ValueError.
  *
  * MAX pooling (Caffe's scan): a window's maximum starts at -FLT_MAX and is replaced by each cell strictly
  * greater, kernel offsets in row-major order, so the winner is the first cell equal to the maximum and NaN
@@ -401,6 +401,33 @@ DEFINE_COL2IM(col2im_f64, double)
 DEFINE_LRN(lrn_forward_f32, lrn_backward_f32, float)
 DEFINE_LRN(lrn_forward_f64, lrn_backward_f64, double)
 
+/* ---- SGD update ---------------------------------------------------------------------------------------- */
+
+/* Caffe's SGD step (cct/solvers/sgd.py) on n values, each in one pass: g *= norm (when `normalize`); g += decay·w
+ * (L2) or decay·sign(w) (L1), when decay != 0; g *= rate; h = h·momentum + g; g = h; w -= g.  The numpy body's
+ * float operations, one rounding each, in its order (sign as numpy's: 0 for ±0, NaN kept). */
+#define SIGN(v) ((v) > 0 ? 1 : (v) < 0 ? -1 : (v) == 0 ? 0 : (v))
+#define DEFINE_SGD(NAME, T)                                                                                  \
+    CCT_CLONES static void NAME(T *restrict w, T *restrict g, T *restrict h, Py_ssize_t n, int normalize,    \
+                                T norm, T decay, int l1, T rate, T momentum) {                               \
+        for (Py_ssize_t i = 0; i < n; i++) {                                                                 \
+            T v = g[i];                                                                                      \
+            if (normalize) v = v * norm;                                                                     \
+            if (decay != 0) {                                                                                \
+                T t = l1 ? (T)SIGN(w[i]) * decay : w[i] * decay;                                             \
+                v = v + t;                                                                                   \
+            }                                                                                                \
+            v = v * rate;                                                                                    \
+            T m = h[i] * momentum;                                                                           \
+            m = m + v;                                                                                       \
+            g[i] = m;                                                                                        \
+            h[i] = m;                                                                                        \
+            w[i] = w[i] - m;                                                                                 \
+        }                                                                                                    \
+    }
+DEFINE_SGD(sgd_f32, float)
+DEFINE_SGD(sgd_f64, double)
+
 /* ---- argument handling ------------------------------------------------------------------------------- */
 
 typedef struct {
@@ -722,6 +749,36 @@ static PyObject *col2im(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *sgd_update(PyObject *self, PyObject *args) {
+    PyObject *ow, *og, *oh;
+    int normalize, l1;
+    double norm, decay, rate, momentum;
+    buffers b = {.held = 0};
+    void *w, *g, *h;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOOpddpdd", &ow, &og, &oh, &normalize, &norm, &decay, &l1, &rate, &momentum))
+        return NULL;
+    Py_ssize_t item = item_size(ow);
+    if (item < 0) return NULL;
+    if (take(&b, ow, 1, item, 0, "w", &w, 0) < 0) {
+        release(&b);
+        return NULL;
+    }
+    Py_ssize_t n = b.views[0].len / item;
+    if (take(&b, og, 1, item, n, "g", &g, 0) < 0 || take(&b, oh, 1, item, n, "h", &h, 0) < 0) {
+        release(&b);
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    if (item == 4)
+        sgd_f32(w, g, h, n, normalize, (float)norm, (float)decay, l1, (float)rate, (float)momentum);
+    else
+        sgd_f64(w, g, h, n, normalize, norm, decay, l1, rate, momentum);
+    Py_END_ALLOW_THREADS
+    release(&b);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"max_pool_forward", max_pool_forward, METH_VARARGS,
      "max_pool_forward(geometry, x, ymax, y, winners, codes): N-D MAX pooling of C-contiguous planes; y and "
@@ -737,6 +794,9 @@ static PyMethodDef methods[] = {
      "lrn_forward(x, scale, y, n, c, hw, size, k, coeff): LRN across channels, beta 3/4"},
     {"lrn_backward", lrn_backward, METH_VARARGS,
      "lrn_backward(x, y, dy, scale, dx, n, c, hw, size, gain): its gradient, gain = -2*coeff*beta"},
+    {"sgd_update", sgd_update, METH_VARARGS,
+     "sgd_update(w, g, h, normalize, norm, decay, l1, rate, momentum): Caffe's SGD step on w, g (the update "
+     "left in it) and history h, in place"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -744,7 +804,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels", NULL, -1,
 
 /* The version of the functions' arguments and meaning: cct.native ignores a module of another version (a copy
  * left in a checkout by an older build). */
-#define CCT_KERNELS_API 1
+#define CCT_KERNELS_API 2
 
 PyMODINIT_FUNC PyInit__kernels(void) {
     PyObject *m = PyModule_Create(&module);

@@ -30,6 +30,7 @@ from cct import log
 from cct.blob import Blob, blob_from_proto, blob_to_proto
 from cct.device import get_array_module
 from cct.errors import CctError
+from cct.native import kernels, takes
 from cct.proto import caffe_pb2 as pb
 from cct.runtime.partition import run_batch
 from cct.solvers.lr_policy import check_lr_policy, learning_rate
@@ -40,6 +41,8 @@ f32 = np.float32
 # in the cache (the same float32 operations on every value, in the same order: bitwise the whole-array update),
 # the chunks split over the batch partitions: CaffeNet's fc6 (37.7M values) SGD step 46 -> 17 ms on 2 cores
 UPDATE_CHUNK = 1 << 17
+# operations per value of an update step, for the partition cost model (memory-bound: three arrays read, written)
+UPDATE_WORK_PER_VALUE = 16.0
 
 
 class _Slab(NamedTuple):
@@ -142,6 +145,13 @@ class SGDSolver(Solver):
         p = self.net.learnable_params[i]
         n = len(self.net.learnable_params)
         history = [self.history[k * n + i].data for k in range(self.history_sets)]
+        fused = self._fused_step(i, rate, p.data, p.diff, history)
+        if fused is not None:
+            if parallel:
+                run_batch(p.count, fused, work=UPDATE_WORK_PER_VALUE)
+            else:
+                fused(0, 0, p.count)
+            return
         if p.xp is not np or p.count < 2 * UPDATE_CHUNK:
             self._step(i, rate, _Slab(p.data, p.diff, tuple(history), lambda k: self._scratch(i, k)))
             return
@@ -154,9 +164,34 @@ class SGDSolver(Solver):
                 self._step(i, rate, _Slab(w[a:b], g[a:b], tuple(h[a:b] for h in hs),
                                           lambda k, size=b - a: self._chunk_scratch(k, w)[:size]))
         if parallel:
-            run_batch(p.count, body, work=16.0)
+            run_batch(p.count, body, work=UPDATE_WORK_PER_VALUE)
         else:
             body(0, 0, p.count)
+
+    def _fused_step(self, i: int, rate: Any, w: Any, g: Any,
+                    history: list[Any]) -> Callable[[int, int, int], None] | None:
+        """The whole step (:meth:`_step`) of SGD's own rule as one compiled pass over values ``[a0, a1)``
+        (``fn(part, a0, a1)``), for host float arrays when the compiled kernels are on; None otherwise (another
+        rule, cupy, no kernels): the numpy body runs.  The kernel makes the numpy body's float operations in
+        its order, so either gives the same bits."""
+        cls = type(self)
+        if not (cls._step is SGDSolver._step and cls._rule is SGDSolver._rule and cls._normalize is
+                SGDSolver._normalize and cls._regularize is SGDSolver._regularize):
+            return None
+        k = kernels()
+        if k is None or not takes(w, g, *history):
+            return None
+        w, g, h = w.reshape(-1), g.reshape(-1), history[0].reshape(-1)
+        iter_size = self.param.iter_size
+        norm = f32(1) / f32(iter_size)
+        decay = f32(self.param.weight_decay) * f32(self.net.params_weight_decay[i])
+        l1 = self.param.regularization_type == "L1"
+        local_rate = self._local_rate(i, rate)
+        momentum = f32(self.param.momentum)
+
+        def fused(_part: int, a0: int, a1: int) -> None:
+            k.sgd_update(w[a0:a1], g[a0:a1], h[a0:a1], iter_size != 1, norm, decay, l1, local_rate, momentum)
+        return fused
 
     def _step(self, i: int, rate: Any, s: _Slab) -> None:
         self._normalize(i, s)

@@ -79,6 +79,49 @@ def test_arguments_are_checked_before_any_memory_is_touched(kernels):
         kernels.im2col(x, col, lowering + (1,))
 
 
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("l1", [False, True])
+@pytest.mark.parametrize("normalize", [False, True])
+@pytest.mark.parametrize("decay", [0.0, 0.004])
+def test_sgd_update_makes_the_numpy_bodys_operations(kernels, dtype, l1, normalize, decay):
+    """The SGD step on values that round differently under any other order or fusion, and on ±0, ±inf and NaN
+    (numpy's sign: 0 for ±0, NaN kept): the bits of the numpy sequence."""
+    rng = np.random.default_rng(3)
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-38, -3.0, 7.5], dtype)
+    w = np.concatenate([special, rng.standard_normal(1000).astype(dtype) * 1e3, special[::-1]])
+    g = np.concatenate([special[::-1], rng.standard_normal(1000).astype(dtype), special])
+    h = np.concatenate([special[3:], special[:3], rng.standard_normal(1000).astype(dtype), special])
+    # the solver's scalars are float32 values
+    norm, dec, rate, mom = np.float32(1) / np.float32(3), np.float32(decay), np.float32(0.02), np.float32(0.9)
+    ew, eg, eh = w.copy(), g.copy(), h.copy()
+    with np.errstate(all="ignore"):
+        if normalize:
+            eg *= norm
+        if dec:
+            eg += (np.sign(ew) if l1 else ew) * dec
+        eg *= rate
+        eh *= mom
+        eh += eg
+        eg[...] = eh
+        ew -= eg
+    kernels.sgd_update(w, g, h, normalize, norm, dec, l1, rate, mom)
+    bits = np.uint32 if dtype is np.float32 else np.uint64
+    for got, want in ((w, ew), (g, eg), (h, eh)):
+        np.testing.assert_array_equal(got.view(bits), want.view(bits))
+
+
+def test_sgd_update_checks_its_buffers(kernels):
+    w = np.zeros(8, np.float32)
+    kernels.sgd_update(w, np.zeros(8, np.float32), np.zeros(8, np.float32), False, 1.0, 0.0, False, 0.1, 0.9)
+    with pytest.raises(ValueError, match="h: expected 8"):
+        kernels.sgd_update(w, np.zeros(8, np.float32), np.zeros(7, np.float32), False, 1.0, 0.0, False, 0.1, 0.9)
+    with pytest.raises(ValueError, match="g: expected"):
+        kernels.sgd_update(w, np.zeros(8, np.float64), np.zeros(8, np.float32), False, 1.0, 0.0, False, 0.1, 0.9)
+    with pytest.raises(ValueError, match="contiguous"):
+        kernels.sgd_update(w, np.zeros(16, np.float32)[::2], np.zeros(8, np.float32), False, 1.0, 0.0, False,
+                           0.1, 0.9)
+
 def test_a_module_of_another_api_version_is_not_called(monkeypatch):
     """A compiled module left beside the sources by a build of other sources is ignored, and said so."""
     import importlib

@@ -205,3 +205,55 @@ def test_chunked_update_is_bitwise_the_whole_blob_update(monkeypatch, kind, vari
     assert max(sizes) >= 6
     for a, b in zip(whole, chunked):
         np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+@pytest.mark.parametrize("overlapped", [False, True])
+@pytest.mark.parametrize("variant", [*VARIANTS, "no decay"])
+def test_compiled_sgd_step_is_bitwise_the_numpy_body(monkeypatch, variant, overlapped):
+    """SGD's step runs as one compiled pass per value range where the kernels are built: the numpy body's
+    float32 operations in its order, so weights, history and the update left in the gradients are its bits."""
+    from cct import native
+    from cct.solvers import sgd
+
+    if native.kernels() is None:
+        pytest.skip("compiled kernels not built")
+    fields = dict(weight_decay=0.0) if variant == "no decay" else VARIANTS[variant]
+    calls = []
+
+    class Counting:
+        def sgd_update(self, *args):
+            calls.append(args[0].size)
+            native.kernels().sgd_update(*args)
+
+    def train(kernels):
+        monkeypatch.setattr(sgd, "kernels", kernels)
+        solver = solvers.create_solver(tiny_solver_param(type="SGD", momentum=0.9, **fields))
+        feed_solver(solver)
+        if overlapped and solver.param.clip_gradients < 0:
+            for _ in range(4):
+                solver.net.clear_param_diffs()
+                solver.net.forward_backward()
+                rate = solver.get_learning_rate()
+                for i in range(len(solver.net.learnable_params)):
+                    solver.update_param(i, rate)
+                solver.iter += 1
+        else:
+            solver.step(4)
+        params = solver.net.learnable_params
+        return [p.data.copy() for p in params] + [p.diff.copy() for p in params] + [h.data.copy() for h in
+                                                                                   solver.history]
+
+    numpy_body = train(lambda: None)
+    compiled = train(Counting)
+    assert sum(calls) == 4 * sum(p.size for p in numpy_body[:len(numpy_body) // 3])
+    for a, b in zip(numpy_body, compiled):
+        np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+def test_other_rules_do_not_take_sgds_compiled_step():
+    """Nesterov (an SGD subclass with its own rule) and the other rules keep their numpy bodies."""
+    for kind in RULES:
+        solver = solvers.create_solver(tiny_solver_param(type=kind, **RULES[kind]))
+        p = solver.net.learnable_params[0]
+        fused = solver._fused_step(0, np.float32(0.1), p.data, p.diff, [solver.history[0].data])
+        assert (fused is not None) == (kind == "SGD" and solvers.sgd.kernels() is not None), kind
