@@ -422,6 +422,41 @@ def test_weight_gradient_in_either_gemm_layout(monkeypatch, g, expected, strateg
     assert asked and all(k.startswith("wgrad-") for k in asked)
 
 
+@pytest.mark.parametrize("layout", ["kxm", "mxk"])
+@pytest.mark.parametrize("strategy", [1, 2])
+def test_partitions_weight_gradients_are_summed_by_channel_ranges_in_partition_order(monkeypatch, strategy, layout):
+    """The partitions' weight-gradient accumulators are summed over input channel ranges in the partitions
+    themselves: every value's additions in partition order, bit for bit the sum made in one thread."""
+    from cct.engines import measured
+
+    monkeypatch.setattr(lowering, "WEIGHT_LAYOUT_MIN_FLOPS", 0)
+    monkeypatch.setattr(measured, "measured_choice", lambda kind, key, ways: layout)
+    g = ConvGeometry(6, 8, 6, 2, (7, 7), (3, 3), (1, 1), (1, 1), (1, 1))
+    x, w, b, dy = _data(g, 2, np.float32)
+    rows = []
+
+    def dw_with(run):
+        monkeypatch.setattr(lowering, "run_batch", run)
+        eng = LoweringEngine(strategy, max_lowered_bytes=1)
+        eng.configure(g, np.float32)
+        dw = np.full_like(w, 0.25)
+        with settings.override(partitions=3):
+            eng.backward(x, dy, w, None, dw)
+        return dw
+
+    def one_thread(n, body, work=0.0):
+        body(0, 0, n)
+        return 1
+
+    def three_ranges(n, body, work=0.0):
+        for r0, r1 in lowering.batch_ranges(n, 3):
+            rows.append((r0, r1))
+            body(0, r0, r1)
+        return 3
+
+    np.testing.assert_array_equal(dw_with(one_thread).view(np.uint32), dw_with(three_ranges).view(np.uint32))
+    assert len(rows) == 3 and rows[0][0] == 0 and rows[-1][1] > rows[0][1]
+
 @pytest.mark.parametrize("g,expected", CASES, ids=IDS)
 def test_col2im_into_the_gradient_adds_as_the_padded_buffer_does(monkeypatch, g, expected):
     """With unit strides along the lowered axes (images first) the data gradient's col2im adds each kernel offset
