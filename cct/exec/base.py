@@ -5,6 +5,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from cct.runtime import partition
+
 if TYPE_CHECKING:  # pragma: no cover
     from cct.net import NetCore
 
@@ -36,7 +38,7 @@ class Executor(ABC):
     def clear_param_diffs(self, net: NetCore) -> None:
         """Zero the diffs of all learnable parameters (shared copies share the memory)."""
         for p in net.learnable_params:
-            p.diff[...] = 0
+            partition.zero(p.diff)
 
     def close(self) -> None:
         """Release threads and buffers (the executor may not be used afterwards)."""

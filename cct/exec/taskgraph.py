@@ -48,6 +48,7 @@ from cct.exec.base import Executor
 from cct.exec.conv_tasks import ConvUnit, supports
 from cct.exec.scheduler import DONE, POLICIES, Scheduler, Task
 from cct.exec.serial import SerialExecutor
+from cct.runtime import partition
 from cct.runtime.threads import blas_threads, cpu_cores
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -383,7 +384,7 @@ class TaskGraphExecutor(Executor):
         for lid, p in enumerate(net.learnable_params):
             t = self._pending.get(lid)
             if t is None or t.state == DONE:
-                p.diff[...] = 0
+                partition.zero(p.diff)
 
     def close(self) -> None:
         self.sync()

@@ -2,8 +2,11 @@
 (:mod:`cct.runtime.threads`), CcT's batch partitions (:mod:`cct.runtime.partition`), and freed memory kept
 for reuse by the allocator (:mod:`cct.runtime.memory`).  Layers, engines, devices and executors build on it;
 it depends on nothing of cct's but the settings (:mod:`cct.config`)."""
-from cct.runtime.partition import batch_ranges, partitions_for, run_batch, run_partitions
+# threads first: importing it sets OpenBLAS's worker spin, which must precede numpy's loading of OpenBLAS
 from cct.runtime.threads import blas_threads, cpu_cores, thread_budget
+
+# isort: split
+from cct.runtime.partition import batch_ranges, partitions_for, run_batch, run_partitions
 
 __all__ = ["batch_ranges", "blas_threads", "cpu_cores", "partitions_for", "run_batch", "run_partitions",
            "thread_budget"]

@@ -220,3 +220,19 @@ def test_small_gemms_run_on_one_blas_thread(monkeypatch):
                 run.forward()
                 monkeypatch.setattr(np, "matmul", real)
                 assert seen and set(seen) == {expected}, (text, seen)
+
+
+@pytest.mark.parametrize("size", [0, 5, 3 * (1 << 20) + 7])
+def test_zero_fills_any_array_and_splits_large_host_ones(monkeypatch, size):
+    """``zero`` clears every value: small arrays and other layouts in one call, a large contiguous host array in
+    value ranges over the partitions (forced to 3 here)."""
+    a = np.arange(size, dtype=np.float32).reshape(-1, 1) + 1
+    seen = []
+    real = partition.run_batch
+    monkeypatch.setattr(partition, "run_batch", lambda n, fn, work: seen.append(n) or real(n, fn, work, parts=3))
+    partition.zero(a)
+    assert not a.any()
+    assert seen == ([size] if size >= 2 * partition.MIN_WORK_PER_PARTITION else [])
+    b = np.ones((2 * partition.MIN_WORK_PER_PARTITION + 2, 2), np.float64)[:, ::2]  # not contiguous: one call
+    partition.zero(b)
+    assert not b.any() and len(seen) <= 1
