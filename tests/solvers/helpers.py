@@ -22,9 +22,10 @@ NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf)")
 
 @contextlib.contextmanager
 def captured_log() -> Iterator[io.StringIO]:
-    """Route cct's glog lines into a StringIO for the duration (then back to stderr)."""
+    """Route cct's glog lines, every level whatever ``GLOG_minloglevel`` says, into a StringIO for the duration
+    (then back to stderr)."""
     buf = io.StringIO()
-    log.init_log(stream=buf)
+    log.init_log(0, stream=buf)
     try:
         yield buf
     finally:
