@@ -1,10 +1,14 @@
 """Every test runs with its own cache dir and with the settings as the environment gives them: whatever a test
 (or the command line it runs) sets explicitly is forgotten afterwards (:meth:`cct.config.Settings.reset`), and
-no device split is inherited from the environment."""
+no device split is inherited from the environment, nor a log level (tests read Caffe's INFO lines, also from
+the commands they run)."""
 from __future__ import annotations
+
+import os
 
 import pytest
 
+from cct import log
 from cct.config import settings
 
 
@@ -13,6 +17,9 @@ def _isolated_settings(tmp_path, monkeypatch):
     monkeypatch.setenv("CCT_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("CCT_DEVICES", raising=False)
     monkeypatch.delenv("CCT_SPLIT", raising=False)
+    if "GLOG_minloglevel" in os.environ:
+        monkeypatch.delenv("GLOG_minloglevel")
+        log.init_log()
     settings.reset()
     yield
     settings.reset()
