@@ -20,6 +20,7 @@ from cct.errors import CctError, ParamError
 from cct.fillers import constant_filler, fill
 from cct.layers.base import Layer
 from cct.layers.registry import register
+from cct.native import kernels, takes
 from cct.proto import caffe_pb2 as pb
 from cct.rng import get_rng
 from cct.runtime.partition import run_batch
@@ -141,7 +142,11 @@ class ReLULayer(NeuronLayer):
     def _backward_part(self, x: Any, dy: Any, dx: Any) -> None:
         xp = get_array_module(x)
         if self.negative_slope == 0:
-            xp.multiply(dy, x > 0, out=dx)
+            k = kernels()
+            if k is not None and takes(x, dy, dx):  # one pass instead of the mask's and the product's
+                k.relu_backward(x, dy, dx)
+            else:
+                xp.multiply(dy, x > 0, out=dx)
         else:
             dx[...] = xp.where(x > 0, dy, dy * _scalar(x, self.negative_slope))
 

@@ -2,14 +2,14 @@
 
 numpy runs an elementwise operation at memory speed, but a step made of many such passes over small arrays
 (MAX pooling's compare/select per kernel offset and its scatter in backward, LRN's window sums, a lowering's
-copies and sums of short rows, the SGD update's seven passes over every parameter) spends its time in the
-passes themselves and, with the batch partitions' threads, in waiting for the GIL between short calls.  These
-kernels do one plane (or image, or tile of channels, or value) at a time in one pass while it is in the core's
-cache, without the GIL.  They compute what the numpy bodies compute, the same comparisons and additions in the
-same order (the same values; col2im may give +0.0 where the numpy body keeps a -0.0); the layers, the lowering
-and the SGD solver call them through :func:`kernels` for the numpy arrays they support (:func:`takes`) and keep
-their array-module bodies for everything else (cupy, other dtypes, N-D or images-last lowering, LRN within a
-channel or with other powers, the other update rules).
+copies and sums of short rows, ReLU's mask and product, the SGD update's seven passes over every parameter)
+spends its time in the passes themselves and, with the batch partitions' threads, in waiting for the GIL
+between short calls.  These kernels do one plane (or image, or tile of channels, or value) at a time in one
+pass while it is in the core's cache, without the GIL.  They compute what the numpy bodies compute, the same
+comparisons and additions in the same order (the same values; col2im may give +0.0 where the numpy body keeps
+a -0.0); the layers, the lowering and the SGD solver call them through :func:`kernels` for the numpy arrays
+they support (:func:`takes`) and keep their array-module bodies for everything else (cupy, other dtypes, N-D
+or images-last lowering, LRN within a channel or with other powers, leaky ReLUs, the other update rules).
 
 Without a compiler the package installs without them and every layer runs its numpy body;
 ``cct device_query`` says which.  ``CCT_NATIVE=0`` in the environment turns them off (for A/B timing).
@@ -24,7 +24,7 @@ import numpy as np
 from cct.config import settings
 
 # the kernels' API version this package calls (CCT_KERNELS_API in _kernels.c)
-API_VERSION = 2
+API_VERSION = 3
 
 try:
     from cct.native import _kernels as _built
@@ -58,5 +58,5 @@ def describe() -> str:
         return "numpy bodies (compiled kernels not built: no C compiler at install)"
     if kernels() is None:
         return "numpy bodies (compiled kernels off: CCT_NATIVE=0)"
-    return ("compiled (MAX pooling of up to 8 spatial axes; LRN across channels, beta 0.75; 2-D lowering; SGD "
-            "update), numpy bodies elsewhere")
+    return ("compiled (MAX pooling of up to 8 spatial axes; LRN across channels, beta 0.75; 2-D lowering; ReLU "
+            "backward; SGD update), numpy bodies elsewhere")

@@ -1,10 +1,11 @@
 /* Compiled kernels for the steps whose numpy form is bound by many short passes over memory (see
  * cct/native/__init__.py): MAX pooling (forward and backward, 1 to 8 spatial axes), LRN across channels with
  * beta = 3/4 (forward and backward), the 2-D lowering of CcT's types 1 and 2 (im2col) and its adjoint
- * (col2im), and the SGD solver's update step.  Each kernel works on C-contiguous buffers (float32 or float64,
- * chosen by the buffer's item size), walks one channel plane (or image, or tile of channels, or value) at a time
- * while it sits in the core's cache, and releases the GIL, so the batch partitions' threads run it side by side.
- * Arguments are checked before any memory is touched: a geometry that does not fit its buffers is a ValueError.
+ * (col2im), ReLU's backward and the SGD solver's update step.  Each kernel works on C-contiguous buffers
+ * (float32 or float64, chosen by the buffer's item size), walks one channel plane (or image, or tile of channels,
+ * or value) at a time while it sits in the core's cache, and releases the GIL, so the batch partitions' threads
+ * run it side by side.  Arguments are checked before any memory is touched: a geometry that does not fit its
+ * buffers is a ValueError.
  *
  * MAX pooling (Caffe's scan): a window's maximum starts at -FLT_MAX and is replaced by each cell strictly
  * greater, kernel offsets in row-major order, so the winner is the first cell equal to the maximum and NaN
@@ -401,6 +402,17 @@ DEFINE_COL2IM(col2im_f64, double)
 DEFINE_LRN(lrn_forward_f32, lrn_backward_f32, float)
 DEFINE_LRN(lrn_forward_f64, lrn_backward_f64, double)
 
+/* ---- ReLU backward ------------------------------------------------------------------------------------- */
+
+/* dx = dy · (x > 0) on n values in one pass (numpy's dy times the boolean mask: NaN and ±inf gradients at
+ * cells not above 0 give NaN, negative ones -0); dx may be dy (an in-place ReLU). */
+#define DEFINE_RELU_BACKWARD(NAME, T)                                                                        \
+    CCT_CLONES static void NAME(const T *x, const T *dy, T *dx, Py_ssize_t n) {                             \
+        for (Py_ssize_t i = 0; i < n; i++) dx[i] = dy[i] * (T)(x[i] > 0);                                   \
+    }
+DEFINE_RELU_BACKWARD(relu_backward_f32, float)
+DEFINE_RELU_BACKWARD(relu_backward_f64, double)
+
 /* ---- SGD update ---------------------------------------------------------------------------------------- */
 
 /* Caffe's SGD step (cct/solvers/sgd.py) on n values, each in one pass: g *= norm (when `normalize`); g += decay·w
@@ -749,6 +761,33 @@ static PyObject *col2im(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *relu_backward(PyObject *self, PyObject *args) {
+    PyObject *ox, *ody, *odx;
+    buffers b = {.held = 0};
+    void *x, *dy, *dx;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOO", &ox, &ody, &odx)) return NULL;
+    Py_ssize_t item = item_size(ox);
+    if (item < 0) return NULL;
+    if (take(&b, ox, 0, item, 0, "x", &x, 0) < 0) {
+        release(&b);
+        return NULL;
+    }
+    Py_ssize_t n = b.views[0].len / item;
+    if (take(&b, ody, 0, item, n, "dy", &dy, 0) < 0 || take(&b, odx, 1, item, n, "dx", &dx, 0) < 0) {
+        release(&b);
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    if (item == 4)
+        relu_backward_f32(x, dy, dx, n);
+    else
+        relu_backward_f64(x, dy, dx, n);
+    Py_END_ALLOW_THREADS
+    release(&b);
+    Py_RETURN_NONE;
+}
+
 static PyObject *sgd_update(PyObject *self, PyObject *args) {
     PyObject *ow, *og, *oh;
     int normalize, l1;
@@ -794,6 +833,8 @@ static PyMethodDef methods[] = {
      "lrn_forward(x, scale, y, n, c, hw, size, k, coeff): LRN across channels, beta 3/4"},
     {"lrn_backward", lrn_backward, METH_VARARGS,
      "lrn_backward(x, y, dy, scale, dx, n, c, hw, size, gain): its gradient, gain = -2*coeff*beta"},
+    {"relu_backward", relu_backward, METH_VARARGS,
+     "relu_backward(x, dy, dx): dx = dy * (x > 0); dx may be dy"},
     {"sgd_update", sgd_update, METH_VARARGS,
      "sgd_update(w, g, h, normalize, norm, decay, l1, rate, momentum): Caffe's SGD step on w, g (the update "
      "left in it) and history h, in place"},
@@ -804,7 +845,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels", NULL, -1,
 
 /* The version of the functions' arguments and meaning: cct.native ignores a module of another version (a copy
  * left in a checkout by an older build). */
-#define CCT_KERNELS_API 2
+#define CCT_KERNELS_API 3
 
 PyMODINIT_FUNC PyInit__kernels(void) {
     PyObject *m = PyModule_Create(&module);

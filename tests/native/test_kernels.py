@@ -80,6 +80,23 @@ def test_arguments_are_checked_before_any_memory_is_touched(kernels):
 
 
 
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_relu_backward_is_numpys_masked_product(kernels, dtype, in_place):
+    """``dx = dy * (x > 0)``, bit for bit numpy's: NaN and ±inf gradients where x is not above 0 give NaN, negative
+    ones -0, NaN inputs mask; ``dx`` may be ``dy`` (an in-place ReLU)."""
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-38, -3.0, 7.5], dtype)
+    x = np.repeat(special, len(special))
+    dy = np.tile(special, len(special))
+    want = np.multiply(dy, x > 0)
+    dx = dy if in_place else np.full_like(dy, 5.0)
+    kernels.relu_backward(x, dy, dx)
+    bits = np.uint32 if dtype is np.float32 else np.uint64
+    np.testing.assert_array_equal(dx.view(bits), want.view(bits))
+    with pytest.raises(ValueError, match="dx: expected"):
+        kernels.relu_backward(x, dy, dx[:-1])
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("l1", [False, True])
 @pytest.mark.parametrize("normalize", [False, True])
