@@ -344,11 +344,11 @@ def _partitions(g: ConvGeometry) -> int:
 def predicted_seconds(g: ConvGeometry, rates: MachineRates | None = None) -> dict[int, float]:
     """The cost model's forward+backward seconds of every applicable strategy (``rates``: this machine's if
     calibrated, else the defaults; nothing is measured here)."""
-    from cct.engines.lowering import strategy_fallback
+    from cct.engines.lowering import lifts_per_image, strategy_fallback
 
     rates = rates or machine_rates(calibrate_if_missing=False)
     parts = _partitions(g)
-    return {s: estimate_seconds(layer_costs(g, s), rates, parts)
+    return {s: estimate_seconds(layer_costs(g, s, per_image_lifting=lifts_per_image(g, s)), rates, parts)
             for s in (1, 2, 3) if strategy_fallback(s, g) is None}
 
 

@@ -50,6 +50,12 @@ class LoweringCost:
     # product over the whole batch (each runs ``group`` times; partitions split the batch columns)
     gemm_shapes: tuple[tuple[int, int, int], ...] = ()
     groups: int = 1
+    # the forward and data-gradient GEMMs cut into this many column pieces per group, at least (type 2's
+    # lifting by per-image GEMMs: one per image and lifted kernel offset)
+    gemm_pieces: tuple[int, int] = (1, 1)
+    # of lifted_elems and transpose_elems, the forward's (None: half of each)
+    lifted_forward: float | None = None
+    transpose_forward: float | None = None
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -75,8 +81,14 @@ class MachineRates:
 DEFAULT_RATES = MachineRates()
 
 
-def layer_costs(g: ConvGeometry, strategy: int, itemsize: int = 4) -> LoweringCost:
-    """Counts for ``strategy`` (1, 2, 3) on geometry ``g`` (whole batch ``g.num``), forward + backward."""
+def layer_costs(g: ConvGeometry, strategy: int, itemsize: int = 4, per_image_lifting: bool = False) -> LoweringCost:
+    """Counts for ``strategy`` (1, 2, 3) on geometry ``g`` (whole batch ``g.num``), forward + backward.
+
+    ``per_image_lifting`` (type 2 as the engine runs it on wide host outputs:
+    :func:`cct.engines.lowering.lifts_per_image`): the forward and the data gradient are one GEMM per image,
+    group and lifted kernel offset, each over the output cells that offset reaches (about the image's output;
+    ``O/group`` rows, not ``O/group·k``), which sum the lifting themselves and write the output where it lies —
+    no forward lifting or transposing pass."""
     nd = g.num_spatial_axes
     f = {1: 0, 2: min(1, nd), 3: nd}[strategy]
     B, C, O = g.num, g.in_channels, g.out_channels
@@ -91,6 +103,13 @@ def layer_costs(g: ConvGeometry, strategy: int, itemsize: int = 4) -> LoweringCo
     transpose = 2.0 * O * p_out * B
     traffic = itemsize * (2 * lowered + 3 * col2im + 3 * lifted + 2 * transpose)
     shapes = ((M, K, N), (K, M, N), (K, N, M))
+    if per_image_lifting and strategy == 2:  # backward's unlifting and transposition of dy remain
+        lifted, transpose = lifted / 2, transpose / 2
+        traffic = itemsize * (2 * lowered + 3 * col2im + 3 * lifted + 2 * transpose)
+        cells = kF * p_out * B  # every offset's output cells, all images
+        shapes = ((O // g.group, K, cells), (K, O // g.group, cells), (K, N, M))
+        return LoweringCost(strategy, lowered, gemm, lifted, col2im, transpose, traffic, shapes, g.group,
+                            (B * kF, B * kF), lifted_forward=0.0, transpose_forward=0.0)
     return LoweringCost(strategy, lowered, gemm, lifted, col2im, transpose, traffic, shapes, g.group)
 
 
@@ -108,19 +127,29 @@ def pass_seconds(cost: LoweringCost, rates: MachineRates = DEFAULT_RATES, parts:
     """Predicted (forward, backward) seconds with ``rates``: the forward GEMM, lowering and lifting, then the
     data and weight GEMMs, the weight gradient's lowering, the unlifting and col2im.  ``parts`` batch
     partitions split the batch columns of the GEMMs (each runs ``1/parts`` of them on ``1/parts`` of the
-    machine, all at once)."""
+    machine, all at once), or the GEMMs' own pieces do where there are more of them; the weight gradient is
+    the faster of its two orientations (``col · dZᵀ`` or ``dZ · colᵀ``: the engine measures both and keeps
+    the faster)."""
     gemms = [0.0, 0.0, 0.0]
     if cost.gemm_shapes:
         p = max(1, parts)
         # forward and data GEMMs have the batch in their output columns, the weight GEMM in its inner dimension
         for i, (rows, inner, cols) in enumerate(cost.gemm_shapes):
-            k, c = (inner / p, cols) if i == 2 else (inner, cols / p)
-            gemms[i] = cost.groups * p * gemm_seconds(rows, k, c, rates)
+            if i == 2:
+                gemms[i] = cost.groups * p * min(gemm_seconds(rows, inner / p, cols, rates),
+                                                 gemm_seconds(cols, inner / p, rows, rates))
+            else:
+                split = max(p, cost.gemm_pieces[i])
+                gemms[i] = cost.groups * split * gemm_seconds(rows, inner, cols / split, rates)
     else:
         gemms = [cost.gemm_flops / 3 / rates.gemm_flops] * 3
-    moves = (cost.lowered_elems / rates.lower_elems + cost.lifted_elems / rates.lift_elems
-             + cost.transpose_elems / rates.transpose_elems) / 2  # each is half forward, half backward
-    return gemms[0] + moves, gemms[1] + gemms[2] + moves + cost.col2im_elems / rates.col2im_elems
+    lifted_fwd = cost.lifted_elems / 2 if cost.lifted_forward is None else cost.lifted_forward
+    transpose_fwd = cost.transpose_elems / 2 if cost.transpose_forward is None else cost.transpose_forward
+    lowering = cost.lowered_elems / 2 / rates.lower_elems  # forward, and again for the weight gradient
+    forward = lowering + lifted_fwd / rates.lift_elems + transpose_fwd / rates.transpose_elems
+    backward = lowering + (cost.lifted_elems - lifted_fwd) / rates.lift_elems + \
+        (cost.transpose_elems - transpose_fwd) / rates.transpose_elems + cost.col2im_elems / rates.col2im_elems
+    return gemms[0] + forward, gemms[1] + gemms[2] + backward
 
 
 def estimate_seconds(cost: LoweringCost, rates: MachineRates = DEFAULT_RATES, parts: int = 1) -> float:

@@ -226,6 +226,18 @@ def images_last_order(lay: _Layout) -> bool:
     return lay.out_count < IMAGES_LAST_MAX_COLS
 
 
+def lifts_per_image(g: ConvGeometry, strategy: int, dtype: Any = np.float32, xp: Any = np) -> bool:
+    """Whether ``strategy`` runs its lifting sums as GEMMs image by image on ``g`` (``FUSED_LIFT_MIN_COLS``):
+    type 2 on wide host outputs with the images first, its forward and its data gradient one GEMM per image,
+    group and lifted kernel offset (:meth:`LoweringEngine._forward_lifting_gemms`, ``_data_grad_by_rows``)."""
+    return strategy_fallback(strategy, g) is None and _lifts_per_image(_Layout(g, strategy), g, dtype, xp)
+
+
+def _lifts_per_image(lay: _Layout, g: ConvGeometry, dtype: Any, xp: Any) -> bool:
+    return lay.f == 1 and not lay.images_last and xp is np and g.out_count >= FUSED_LIFT_MIN_COLS \
+        and accumulates_in_place(dtype)
+
+
 def lowers_images_last(g: ConvGeometry, strategy: int) -> bool:
     """Whether ``strategy`` (which must apply to ``g``) lowers ``g`` with the images innermost."""
     return _Layout(g, strategy).images_last
@@ -339,7 +351,8 @@ class LoweringEngine(ConvEngine):
             lowered, result = lay.C * lay.KL * lay.cols, lay.KF * lay.O * lay.cols
             per_image = max(lowered, result) * itemsize
             images = max(1, min(-(-g.num // parts), budget // max(per_image, 1)))
-            forward, backward = pass_seconds(layer_costs(g, s, itemsize), rates, parts)
+            forward, backward = pass_seconds(layer_costs(g, s, itemsize, lifts_per_image(g, s, dtype, xp or np)),
+                                             rates, parts)
             out.append(Estimate("lowering", f"lowering {s}", forward, backward,
                                 int(parts * images * (lowered + result) * itemsize)))
         return out
@@ -832,8 +845,7 @@ class LoweringEngine(ConvEngine):
                 if bias is not None:
                     y[i] += bias
             return
-        if L.f == 1 and not L.images_last and xp is np and g.out_count >= FUSED_LIFT_MIN_COLS \
-                and y.flags.c_contiguous and accumulates_in_place(y.dtype):
+        if _lifts_per_image(L, g, y.dtype, xp) and y.flags.c_contiguous:
             self._forward_lifting_gemms(col, wm, b, y)
             return
         if self._lifts_by_gemms(y.dtype, xp):
@@ -1089,8 +1101,7 @@ class LoweringEngine(ConvEngine):
 
         by_gemms = self._lifts_by_gemms(dy.dtype, xp)
         # type 2 on wide outputs (as its forward): the data gradient by one GEMM per image, group and offset too
-        rows_per_image = L.f == 1 and not L.images_last and xp is np and self._geom().out_count >= FUSED_LIFT_MIN_COLS \
-            and accumulates_in_place(dy.dtype)
+        rows_per_image = _lifts_per_image(L, self._geom(), dy.dtype, xp)
 
         def body(ws: dict[str, Any], part: int, n0: int, n1: int) -> None:
             dyt = self._grad_yt(ws, dy[n0:n1])

@@ -209,6 +209,52 @@ def test_gemm_speed_depends_on_shape():
     assert one <= two < 1.1 * one
 
 
+
+# rates calibrated on a 16-core Intel Xeon (AVX-512): GEMMs reach half speed only at 40 rows, a 54-long inner
+# dimension and 194 columns
+MANY_CORE_RATES = cost_model.MachineRates(gemm_flops=1.398e12, lower_elems=1.069e10, lift_elems=8.76e9,
+                                          transpose_elems=5.91e9, gemm_m0=40.0, gemm_k0=54.5, gemm_n0=193.6,
+                                          col2im_elems=1.266e10)
+CAFFENET_CONV2 = ConvGeometry(64, 96, 256, 2, (27, 27), (5, 5), (1, 1), (2, 2), (1, 1))
+
+
+def test_type_2_on_wide_outputs_is_costed_as_the_per_image_gemms_it_runs():
+    """Type 2 on wide host outputs runs its forward and data gradient as one GEMM per image, group and lifted
+    offset (O/group rows, an image's output cells), summing the lifting itself: the model counts those GEMMs
+    and no forward lifting or transposing pass.  On a machine whose GEMMs need long rows to run fast (16
+    partitions of the Xeon above) that ranks CaffeNet's conv2 as measured there: type 1 (97.7 ms forward +
+    backward) ahead of type 2 (140.7 ms), which the model without the pieces had the other way round."""
+    from cct.engines.lowering import lifts_per_image
+
+    g = CAFFENET_CONV2
+    assert lifts_per_image(g, 2) and not lifts_per_image(g, 1) and not lifts_per_image(g, 3)
+    assert not lifts_per_image(replace(g, in_shape=(13, 13)), 2)  # narrow outputs: the images innermost
+    plain, pieces = cost_model.layer_costs(g, 2), cost_model.layer_costs(g, 2, per_image_lifting=True)
+    assert pieces.gemm_pieces == (64 * 5, 64 * 5) and plain.gemm_pieces == (1, 1)
+    assert pieces.gemm_shapes[0] == (128, 48 * 5, 5 * 27 * 27 * 64) and pieces.gemm_shapes[2] == plain.gemm_shapes[2]
+    assert pieces.lifted_forward == pieces.transpose_forward == 0 < pieces.lifted_elems == plain.lifted_elems / 2
+    seconds = {s: cost_model.estimate_seconds(cost_model.layer_costs(g, s, per_image_lifting=s == 2),
+                                              MANY_CORE_RATES, 16) for s in (1, 2)}
+    assert seconds[1] < seconds[2]
+    old = cost_model.estimate_seconds(plain, MANY_CORE_RATES, 16)
+    assert old < seconds[1] < seconds[2]
+
+
+def test_the_weight_gradient_is_costed_in_its_faster_orientation():
+    """The engine measures ``col · dZᵀ`` against ``dZ · colᵀ`` and keeps the faster: a weight gradient with few
+    output channels (few columns one way, few rows the other) costs the faster of the two."""
+    r = MANY_CORE_RATES
+    c = cost_model.layer_costs(CAFFENET_CONV2, 1)
+    rows, inner, cols = c.gemm_shapes[2]
+    assert cols == 128 < rows
+    _, backward = cost_model.pass_seconds(c, r, 16)
+    forward_like = replace(c, gemm_shapes=c.gemm_shapes[:2] + ((cols, inner, rows),))
+    swapped = replace(c, gemm_shapes=c.gemm_shapes[:2] + ((rows, inner, cols),))
+    assert cost_model.pass_seconds(forward_like, r, 16)[1] == backward == cost_model.pass_seconds(swapped, r, 16)[1]
+    slow = c.groups * 16 * cost_model.gemm_seconds(rows, inner / 16, cols, r)
+    fast = c.groups * 16 * cost_model.gemm_seconds(cols, inner / 16, rows, r)
+    assert fast < 0.8 * slow
+
 def _fixed_model(monkeypatch, seconds: dict[int, float]) -> list:
     """The model predicts ``seconds``; autotune records its candidates and measures type 2 fastest."""
     calls = []
