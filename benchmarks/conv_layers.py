@@ -45,6 +45,18 @@ CAFFENET = [("conv1", 3, 96, 1, 227, 11, 4, 0), ("conv2", 96, 256, 2, 27, 5, 1, 
             ("conv5", 384, 256, 2, 13, 3, 1, 1)]
 
 
+def layer_operands(batch: int, spec: tuple, rng: np.random.Generator) -> tuple:
+    """The geometry of ``spec`` (an entry of ``CAFFENET``) at ``batch`` images, its forward flops and random
+    ``x``, ``w`` (scaled 0.01) and ``dy``."""
+    _, d, o, grp, n, k, s, p = spec
+    g = ConvGeometry(batch, d, o, grp, (n, n), (k, k), (s, s), (p, p), (1, 1))
+    flops = 2.0 * o * (d // grp) * k * k * g.out_count * batch
+    x = rng.standard_normal((batch, d, n, n), dtype=np.float32)
+    w = rng.standard_normal((o, d // grp, k, k), dtype=np.float32) * 0.01
+    dy = rng.standard_normal((batch, o) + g.out_shape, dtype=np.float32)
+    return g, flops, x, w, dy
+
+
 def _measure(eng: LoweringEngine | SelectedEngine, arrays: tuple, repeat: int) -> tuple[float, float]:
     """Median forward and backward (data + weights) seconds."""
     x, w, y, dy, dx, dw = arrays
@@ -78,12 +90,9 @@ def main() -> None:
               f"{tail}")
 
     rng = np.random.default_rng(0)
-    for name, d, o, grp, n, k, s, p in CAFFENET:
-        g = ConvGeometry(args.batch, d, o, grp, (n, n), (k, k), (s, s), (p, p), (1, 1))
-        flops = 2.0 * o * (d // grp) * k * k * g.out_count * args.batch
-        x = rng.standard_normal((args.batch, d, n, n), dtype=np.float32)
-        w = rng.standard_normal((o, d // grp, k, k), dtype=np.float32) * 0.01
-        dy = rng.standard_normal((args.batch, o) + g.out_shape, dtype=np.float32)
+    for spec in CAFFENET:
+        name, d, o, grp, n, k, s, p = spec
+        g, flops, x, w, dy = layer_operands(args.batch, spec, rng)
         y, dx, dw = np.empty_like(dy), np.empty_like(x), np.zeros_like(w)
         for strategy in (1, 2, 3, "auto"):
             if strategy != "auto" and strategy_fallback(strategy, g):

@@ -32,15 +32,13 @@ import cct  # noqa: E402,F401
 
 # isort: split
 import numpy as np  # noqa: E402
+from conv_layers import CAFFENET, layer_operands  # noqa: E402
 
 from cct.config import settings  # noqa: E402
-from cct.engines import ConvGeometry  # noqa: E402
 from cct.engines.lowering import LoweringEngine, Workspace, strategy_fallback  # noqa: E402
 from cct.runtime.threads import blas_threads, cpu_cores  # noqa: E402
 
-# name, d, o, group, n, k, stride, pad
-LAYERS = [("conv2", 96, 256, 2, 27, 5, 1, 2), ("conv3", 256, 384, 1, 13, 3, 1, 1),
-          ("conv4", 384, 384, 2, 13, 3, 1, 1), ("conv5", 384, 256, 2, 13, 3, 1, 1)]
+LAYERS = CAFFENET[1:]  # conv2-conv5: conv1 has one lowering
 
 
 def median_seconds(fn, repeat: int) -> float:
@@ -100,12 +98,9 @@ def main() -> None:
     pool.shutdown()
     print(f"\n{'layer':<7}{'lowering':<10}{'partitions':>11}{'fwd ms':>9}{'%peak':>7}{'bwd ms':>9}{'%peak':>7}"
           f"{'one partition / auto (fwd+bwd)':>32}")
-    for name, d, o, grp, n, k, s, p in LAYERS:
-        g = ConvGeometry(args.batch, d, o, grp, (n, n), (k, k), (s, s), (p, p), (1, 1))
-        flops = 2.0 * o * (d // grp) * k * k * g.out_count * args.batch
-        x = rng.standard_normal((args.batch, d, n, n), dtype=np.float32)
-        w = rng.standard_normal((o, d // grp, k, k), dtype=np.float32) * 0.01
-        dy = rng.standard_normal((args.batch, o) + g.out_shape, dtype=np.float32)
+    for spec in LAYERS:
+        name = spec[0]
+        g, flops, x, w, dy = layer_operands(args.batch, spec, rng)
         for strategy in (1, 2, 3):
             if strategy_fallback(strategy, g):
                 continue

@@ -485,6 +485,21 @@ static Py_ssize_t item_size(PyObject *obj) {
     return item;
 }
 
+/* `count` C-contiguous buffers of values of `item` bytes, each at least as long as the first: their data in `out`,
+ * the first one's length returned (-1 on an error, every buffer released). */
+static Py_ssize_t take_values(buffers *b, Py_ssize_t item, int count, PyObject *const *objs, const int *writable,
+                              const char *const *names, void **out) {
+    Py_ssize_t n = 0;
+    for (int i = 0; i < count; i++) {
+        if (take(b, objs[i], writable[i], item, n, names[i], &out[i], 0) < 0) {
+            release(b);
+            return -1;
+        }
+        if (i == 0) n = b->views[0].len / item;
+    }
+    return n;
+}
+
 /* geometry: (planes, nd, in[nd], out[nd], kernel[nd], stride[nd], pad[nd], dilation[nd]) */
 static int parse_geometry(PyObject *geometry, pool_geometry *g) {
     Py_ssize_t values[2 + 6 * POOL_MAX_AXES];
@@ -762,57 +777,43 @@ static PyObject *col2im(PyObject *self, PyObject *args) {
 }
 
 static PyObject *relu_backward(PyObject *self, PyObject *args) {
-    PyObject *ox, *ody, *odx;
+    PyObject *o[3];
+    void *p[3];
     buffers b = {.held = 0};
-    void *x, *dy, *dx;
     (void)self;
-    if (!PyArg_ParseTuple(args, "OOO", &ox, &ody, &odx)) return NULL;
-    Py_ssize_t item = item_size(ox);
+    if (!PyArg_ParseTuple(args, "OOO", &o[0], &o[1], &o[2])) return NULL;
+    Py_ssize_t item = item_size(o[0]);
     if (item < 0) return NULL;
-    if (take(&b, ox, 0, item, 0, "x", &x, 0) < 0) {
-        release(&b);
-        return NULL;
-    }
-    Py_ssize_t n = b.views[0].len / item;
-    if (take(&b, ody, 0, item, n, "dy", &dy, 0) < 0 || take(&b, odx, 1, item, n, "dx", &dx, 0) < 0) {
-        release(&b);
-        return NULL;
-    }
+    Py_ssize_t n = take_values(&b, item, 3, o, (const int[]){0, 0, 1}, (const char *const[]){"x", "dy", "dx"}, p);
+    if (n < 0) return NULL;
     Py_BEGIN_ALLOW_THREADS
     if (item == 4)
-        relu_backward_f32(x, dy, dx, n);
+        relu_backward_f32(p[0], p[1], p[2], n);
     else
-        relu_backward_f64(x, dy, dx, n);
+        relu_backward_f64(p[0], p[1], p[2], n);
     Py_END_ALLOW_THREADS
     release(&b);
     Py_RETURN_NONE;
 }
 
 static PyObject *sgd_update(PyObject *self, PyObject *args) {
-    PyObject *ow, *og, *oh;
+    PyObject *o[3];
+    void *p[3];
     int normalize, l1;
     double norm, decay, rate, momentum;
     buffers b = {.held = 0};
-    void *w, *g, *h;
     (void)self;
-    if (!PyArg_ParseTuple(args, "OOOpddpdd", &ow, &og, &oh, &normalize, &norm, &decay, &l1, &rate, &momentum))
+    if (!PyArg_ParseTuple(args, "OOOpddpdd", &o[0], &o[1], &o[2], &normalize, &norm, &decay, &l1, &rate, &momentum))
         return NULL;
-    Py_ssize_t item = item_size(ow);
+    Py_ssize_t item = item_size(o[0]);
     if (item < 0) return NULL;
-    if (take(&b, ow, 1, item, 0, "w", &w, 0) < 0) {
-        release(&b);
-        return NULL;
-    }
-    Py_ssize_t n = b.views[0].len / item;
-    if (take(&b, og, 1, item, n, "g", &g, 0) < 0 || take(&b, oh, 1, item, n, "h", &h, 0) < 0) {
-        release(&b);
-        return NULL;
-    }
+    Py_ssize_t n = take_values(&b, item, 3, o, (const int[]){1, 1, 1}, (const char *const[]){"w", "g", "h"}, p);
+    if (n < 0) return NULL;
     Py_BEGIN_ALLOW_THREADS
     if (item == 4)
-        sgd_f32(w, g, h, n, normalize, (float)norm, (float)decay, l1, (float)rate, (float)momentum);
+        sgd_f32(p[0], p[1], p[2], n, normalize, (float)norm, (float)decay, l1, (float)rate, (float)momentum);
     else
-        sgd_f64(w, g, h, n, normalize, norm, decay, l1, rate, momentum);
+        sgd_f64(p[0], p[1], p[2], n, normalize, norm, decay, l1, rate, momentum);
     Py_END_ALLOW_THREADS
     release(&b);
     Py_RETURN_NONE;

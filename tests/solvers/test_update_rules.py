@@ -174,6 +174,22 @@ def test_class_fixes_the_rule_and_get_solver_uses_type(tmp_path):
     assert solvers.solver_type_list() == sorted(RULES)
 
 
+def _four_steps(solver, overlapped: bool) -> None:
+    """Four training steps on fed data: ``solver.step``, or with ``overlapped`` (where the rule updates each
+    parameter on its own and nothing clips) what an overlapping executor does: each parameter's update alone."""
+    feed_solver(solver)
+    if overlapped and solver.updates_per_parameter() and solver.param.clip_gradients < 0:
+        for _ in range(4):
+            solver.net.clear_param_diffs()
+            solver.net.forward_backward()
+            rate = solver.get_learning_rate()
+            for i in range(len(solver.net.learnable_params)):
+                solver.update_param(i, rate)
+            solver.iter += 1
+    else:
+        solver.step(4)
+
+
 @pytest.mark.parametrize("overlapped", [False, True])
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("kind", list(RULES))
@@ -186,17 +202,7 @@ def test_chunked_update_is_bitwise_the_whole_blob_update(monkeypatch, kind, vari
     def train(chunk):
         monkeypatch.setattr(sgd, "UPDATE_CHUNK", chunk)
         solver = solvers.create_solver(tiny_solver_param(type=kind, **RULES[kind], **VARIANTS[variant]))
-        feed_solver(solver)
-        if overlapped and solver.updates_per_parameter() and solver.param.clip_gradients < 0:
-            for _ in range(4):  # what an overlapping executor does: each parameter on its own
-                solver.net.clear_param_diffs()
-                solver.net.forward_backward()
-                rate = solver.get_learning_rate()
-                for i in range(len(solver.net.learnable_params)):
-                    solver.update_param(i, rate)
-                solver.iter += 1
-        else:
-            solver.step(4)
+        _four_steps(solver, overlapped)
         return [p.data.copy() for p in solver.net.learnable_params] + [h.data.copy() for h in solver.history]
 
     whole = train(1 << 30)
@@ -228,17 +234,7 @@ def test_compiled_sgd_step_is_bitwise_the_numpy_body(monkeypatch, variant, overl
     def train(kernels):
         monkeypatch.setattr(sgd, "kernels", kernels)
         solver = solvers.create_solver(tiny_solver_param(type="SGD", momentum=0.9, **fields))
-        feed_solver(solver)
-        if overlapped and solver.param.clip_gradients < 0:
-            for _ in range(4):
-                solver.net.clear_param_diffs()
-                solver.net.forward_backward()
-                rate = solver.get_learning_rate()
-                for i in range(len(solver.net.learnable_params)):
-                    solver.update_param(i, rate)
-                solver.iter += 1
-        else:
-            solver.step(4)
+        _four_steps(solver, overlapped)
         params = solver.net.learnable_params
         return [p.data.copy() for p in params] + [p.diff.copy() for p in params] + [h.data.copy() for h in
                                                                                    solver.history]
