@@ -36,6 +36,7 @@ import cct  # noqa: E402,F401
 import numpy as np  # noqa: E402
 
 from cct import native  # noqa: E402
+from cct.bench.bench import load_average  # noqa: E402
 from cct.config import settings  # noqa: E402
 from cct.engines.choice import describe_layer_engine  # noqa: E402
 from cct.engines.lowering import shared_workspace_bytes  # noqa: E402
@@ -139,8 +140,7 @@ def main() -> None:
     print(f"iteration (fwd+bwd+update), median of {args.iters}: {tot * 1e3:.0f} ms")
     print(f"conv workspace (shared by all conv layers): {shared_workspace_bytes() / 2**20:.1f} MiB; "
           f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
-    with open("/proc/loadavg") as f:
-        print(f"load average: {' '.join(f.read().split()[:3])}")
+    print(load_average())
 
 
 if __name__ == "__main__":

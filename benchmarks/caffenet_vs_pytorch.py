@@ -228,9 +228,10 @@ def main() -> None:
         print(f"{label:<20}{med * 1e3:10.0f}{min(times[(who, variant)]) * 1e3:9.0f}{med / base:13.2f}"
               f"{100 * flops / med / sgemm_peak:10.0f}%"
               f"{peak:14.0f}{'' if ws is None else f'{ws:.0f}':>20}")
+    sys.path.insert(0, str(ROOT))  # only now: the PyTorch worker must not load cct
+    from cct.bench.bench import load_average
     print(f"(median of {args.iters} alternated iterations after one warm-up; one cct worker ran all {len(chosen)} "
-          f"variant(s): its peak RSS and shared workspace cover them all; load average "
-          f"{' '.join(open('/proc/loadavg').read().split()[:3]) if os.path.exists('/proc/loadavg') else '?'})")
+          f"variant(s): its peak RSS and shared workspace cover them all; {load_average()})")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("GLOG_minloglevel", "1")
 
 import cct  # noqa: E402
+from cct.bench.bench import load_average  # noqa: E402
 from cct.device import parse_devices  # noqa: E402
 from cct.device.query import cpu_model  # noqa: E402
 from cct.exec.device_split import DeviceSetting, DeviceSplitRunner, batch_shares  # noqa: E402
@@ -52,13 +53,6 @@ def measure(net, executors: dict, iters: int) -> dict:
             if r:
                 times[k].append(t)
     return {k: min(v) for k, v in times.items()}
-
-
-def load() -> str:
-    try:
-        return "load average %.2f %.2f %.2f" % os.getloadavg()
-    except OSError:
-        return "load average unknown"
 
 
 def main() -> None:
@@ -98,9 +92,9 @@ def main() -> None:
         if key not in configs:
             configs[key] = split((b1 / b, 1 - b1 / b))
         points.append((b1, key))
-    print(f"{load()} before")
+    print(f"{load_average()} before")
     times = measure(net, configs, args.iters)
-    print(f"{load()} after")
+    print(f"{load_average()} after")
     plain, alone, auto = times["plain"], [times["alone0"], times["alone1"]], times["auto"]
     best_single = min(alone)
     print("\nseconds per iteration, best of the rounds (ratio: best single device / this, >1 is faster)")

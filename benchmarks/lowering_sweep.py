@@ -35,6 +35,7 @@ import numpy as np  # noqa: E402
 from torch_conv import TorchConv  # noqa: E402
 from torch_isa import match_torch_isa  # noqa: E402
 
+from cct.bench.bench import load_average  # noqa: E402
 from cct.bench.flops import sgemm_peak  # noqa: E402
 from cct.engines import ConvGeometry  # noqa: E402
 from cct.engines.choice import SelectedEngine  # noqa: E402
@@ -107,9 +108,7 @@ def main() -> None:
         del engines
     torch_conv.close()
     print(f"auto within 5% of the fastest lowering at every point: {'yes' if all_ok else 'no'}")
-    if os.path.exists("/proc/loadavg"):
-        with open("/proc/loadavg") as f:
-            print(f"load average: {' '.join(f.read().split()[:3])}")
+    print(load_average())
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ import cct  # noqa: E402,F401
 import numpy as np  # noqa: E402
 from conv_layers import CAFFENET, layer_operands  # noqa: E402
 
+from cct.bench.bench import load_average  # noqa: E402
 from cct.config import settings  # noqa: E402
 from cct.engines.lowering import LoweringEngine, Workspace, strategy_fallback  # noqa: E402
 from cct.runtime.threads import blas_threads, cpu_cores  # noqa: E402
@@ -115,8 +116,7 @@ def main() -> None:
                 tail = f"{total[1] / total[None]:32.2f}" if forced == 1 else ""
                 print(f"{name:<7}{strategy:<10}{used:>11}{tf * 1e3:9.1f}{100 * flops / tf / peak:6.0f}%"
                       f"{tb * 1e3:9.1f}{100 * 2 * flops / tb / peak:6.0f}%{tail}")
-    with open("/proc/loadavg") as f:
-        print(f"load average: {' '.join(f.read().split()[:3])}")
+    print(load_average())
 
 
 if __name__ == "__main__":

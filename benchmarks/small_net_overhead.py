@@ -156,8 +156,9 @@ def main() -> None:
     for name, ts in times.items():
         med = statistics.median(ts)
         print(f"{name:<10}{med * 1e3:9.2f}{1 / med:9.0f}{med / base:13.2f}{100 * flops / med / peak:10.1f}%")
-    print(f"(median of {len(times['cct'])} alternated blocks of {args.block} iterations; load average "
-          f"{' '.join(open('/proc/loadavg').read().split()[:3]) if os.path.exists('/proc/loadavg') else '?'})")
+    sys.path.insert(0, str(ROOT))  # only now: the PyTorch worker must not load cct
+    from cct.bench.bench import load_average
+    print(f"(median of {len(times['cct'])} alternated blocks of {args.block} iterations; {load_average()})")
 
 
 if __name__ == "__main__":

@@ -105,6 +105,15 @@ def cpu_facts() -> dict:
             "blas": [lib.describe() for lib in blas_libraries()]}
 
 
+def load_average() -> str:
+    """``load average 1.02 0.87 0.90`` (1, 5, 15 minutes): what a benchmark prints beside its figures on a machine
+    others may share."""
+    try:
+        return "load average %.2f %.2f %.2f" % os.getloadavg()
+    except OSError:
+        return "load average unknown"
+
+
 def cct_version() -> str:
     from importlib import metadata
 

@@ -711,69 +711,50 @@ static int lowering_geometry(PyObject *geometry, Py_ssize_t *g, Py_ssize_t *pad_
     return 0;
 }
 
-static PyObject *im2col(PyObject *self, PyObject *args) {
-    PyObject *ox, *ocol, *geometry;
+/* im2col (x -> col) or, `adjoint`, col2im (col -> dx): the same arguments, checked the same way; the scratch is
+ * the image split by stride phase (im2col) or one zero-padded plane (col2im). */
+static PyObject *lowering_call(PyObject *args, int adjoint) {
+    PyObject *oin, *oout, *geometry;
     Py_ssize_t g[14], pad_h, pad_w;
     buffers b = {.held = 0};
-    void *x, *col;
-    (void)self;
-    if (!PyArg_ParseTuple(args, "OOO", &ox, &ocol, &geometry) || lowering_geometry(geometry, g, &pad_h, &pad_w) < 0)
+    void *in, *out;
+    if (!PyArg_ParseTuple(args, "OOO", &oin, &oout, &geometry) || lowering_geometry(geometry, g, &pad_h, &pad_w) < 0)
         return NULL;
     const Py_ssize_t n = g[0], c = g[1], h = g[2], w = g[3], *k = g + 4;
-    Py_ssize_t pe_h = (pad_h + k[2] - 1) / k[2], pe_w = (pad_w + k[3] - 1) / k[3];
-    Py_ssize_t item = item_size(ox);
+    const Py_ssize_t image = n * c * h * w, lowered = c * k[0] * k[1] * n * k[8] * k[9];
+    Py_ssize_t item = item_size(oin);
     if (item < 0) return NULL;
-    if (take(&b, ox, 0, item, n * c * h * w, "x", &x, 0) < 0 ||
-        take(&b, ocol, 1, item, c * k[0] * k[1] * n * k[8] * k[9], "col", &col, 0) < 0) {
+    if (take(&b, oin, 0, item, adjoint ? lowered : image, adjoint ? "col" : "x", &in, 0) < 0 ||
+        take(&b, oout, 1, item, adjoint ? image : lowered, adjoint ? "dx" : "col", &out, 0) < 0) {
         release(&b);
         return NULL;
     }
-    void *buf = malloc(c * k[2] * k[3] * pe_h * pe_w * item);
+    const Py_ssize_t rows = adjoint ? pad_h : (pad_h + k[2] - 1) / k[2];
+    const Py_ssize_t cols = adjoint ? pad_w : (pad_w + k[3] - 1) / k[3];
+    void *buf = malloc((adjoint ? rows * cols : c * k[2] * k[3] * rows * cols) * item);
     if (!buf) {
         release(&b);
         return PyErr_NoMemory();
     }
     Py_BEGIN_ALLOW_THREADS
     if (item == 4)
-        im2col_f32(x, col, n, c, h, w, k, buf, pe_h, pe_w);
+        (adjoint ? col2im_f32 : im2col_f32)(in, out, n, c, h, w, k, buf, rows, cols);
     else
-        im2col_f64(x, col, n, c, h, w, k, buf, pe_h, pe_w);
+        (adjoint ? col2im_f64 : im2col_f64)(in, out, n, c, h, w, k, buf, rows, cols);
     Py_END_ALLOW_THREADS
     free(buf);
     release(&b);
     Py_RETURN_NONE;
 }
 
-static PyObject *col2im(PyObject *self, PyObject *args) {
-    PyObject *ocol, *odx, *geometry;
-    Py_ssize_t g[14], pad_h, pad_w;
-    buffers b = {.held = 0};
-    void *col, *dx;
+static PyObject *im2col(PyObject *self, PyObject *args) {
     (void)self;
-    if (!PyArg_ParseTuple(args, "OOO", &ocol, &odx, &geometry) || lowering_geometry(geometry, g, &pad_h, &pad_w) < 0)
-        return NULL;
-    const Py_ssize_t n = g[0], c = g[1], h = g[2], w = g[3], *k = g + 4;
-    Py_ssize_t item = item_size(ocol);
-    if (item < 0) return NULL;
-    if (take(&b, ocol, 0, item, c * k[0] * k[1] * n * k[8] * k[9], "col", &col, 0) < 0 ||
-        take(&b, odx, 1, item, n * c * h * w, "dx", &dx, 0) < 0) {
-        release(&b);
-        return NULL;
-    }
-    void *plane = malloc(pad_h * pad_w * item);
-    if (!plane) {
-        release(&b);
-        return PyErr_NoMemory();
-    }
-    Py_BEGIN_ALLOW_THREADS
-    if (item == 4)
-        col2im_f32(col, dx, n, c, h, w, k, plane, pad_h, pad_w);
-    else
-        col2im_f64(col, dx, n, c, h, w, k, plane, pad_h, pad_w);
-    Py_END_ALLOW_THREADS
-    free(plane);
-    release(&b);
-    Py_RETURN_NONE;
+    return lowering_call(args, 0);
+}
+
+static PyObject *col2im(PyObject *self, PyObject *args) {
+    (void)self;
+    return lowering_call(args, 1);
 }
 
 static PyObject *relu_backward(PyObject *self, PyObject *args) {
