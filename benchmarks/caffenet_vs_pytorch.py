@@ -27,9 +27,11 @@ The cct worker builds its engines before timing: ``net`` and ``auto`` measure cl
 from __future__ import annotations
 
 import argparse
+import atexit
 import multiprocessing as mp
 import os
 import resource
+import shutil
 import statistics
 import sys
 import tempfile
@@ -185,7 +187,9 @@ def main() -> None:
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(args.threads)
     ctx = mp.get_context("spawn")
-    weights = os.path.join(tempfile.mkdtemp(prefix="cct-bench-"), "caffenet.npz")
+    scratch = tempfile.mkdtemp(prefix="cct-bench-")  # the shared weights (~240 MB), removed on exit
+    atexit.register(shutil.rmtree, scratch, ignore_errors=True)
+    weights = os.path.join(scratch, "caffenet.npz")
     chosen = tuple(v.strip() for v in args.variants.split(",") if v.strip())
     workers = {}
     for name, target in (("cct", cct_worker), ("pytorch", torch_worker)):

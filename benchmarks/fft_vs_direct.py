@@ -38,8 +38,10 @@ numbers come from the same run.
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -202,6 +204,7 @@ def main() -> None:
     ap.add_argument("--cases", default="", help="f:k pairs instead of the sweep, e.g. 16:7,16:3")
     args = ap.parse_args()
     os.environ["CCT_CACHE_DIR"] = tempfile.mkdtemp(prefix="cct-bench-")  # auto measures afresh
+    atexit.register(shutil.rmtree, os.environ["CCT_CACHE_DIR"], ignore_errors=True)
     try:
         import torch  # only here: the engine never needs it
         torch.set_num_threads(fft_workers())
