@@ -12,8 +12,10 @@ Convolution and InnerProduct, each convolution's backward/forward ratio, the ite
 in the convolution workspace (shared by all conv layers: ``shared_workspace_bytes``) and the peak RSS.
 The ``others ms`` column is the CPU time, during the layer's forward and backward, of the threads Python did
 not start (OpenBLAS's workers, scipy.fft's; Linux only): the batch partitions run their BLAS calls on one thread
-each, so it should be about 0 — where it is not, a multi-threaded BLAS call woke OpenBLAS's workers, which then
-share the partitions' cores (how that was found on a 16-core machine).
+each, so on a partitioned layer it should be about 0 — where it is not, a multi-threaded BLAS call woke
+OpenBLAS's workers, which then share the partitions' cores (how that was found on a 16-core machine).  An
+InnerProduct's products may run as one call on OpenBLAS's threads where that was measured faster (their work
+shows in this column).
 """
 from __future__ import annotations
 

@@ -28,6 +28,34 @@ def cpu_model() -> str:
     return _cpuinfo("model name") or platform.processor() or platform.machine() or "unknown"
 
 
+# the last-level cache where the kernel does not say (a common size for a few cores' share of a server CPU)
+DEFAULT_LAST_LEVEL_CACHE = 32 << 20
+
+
+def last_level_cache_bytes(caches: str = "/sys/devices/system/cpu/cpu0/cache") -> int:
+    """Bytes of the CPU's last-level cache (the highest-level data or unified cache Linux lists for CPU 0 in
+    ``caches``), :data:`DEFAULT_LAST_LEVEL_CACHE` where it lists none."""
+    import glob
+
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    best = (0, 0)
+    for index in glob.glob(f"{caches}/index*"):
+        try:
+            with open(f"{index}/level") as f:
+                level = int(f.read())
+            with open(f"{index}/type") as f:
+                kind = f.read().strip()
+            with open(f"{index}/size") as f:
+                size = f.read().strip()
+        except (OSError, ValueError):
+            continue
+        if kind == "Instruction" or not size:
+            continue
+        n = int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size)
+        best = max(best, (level, n))
+    return best[1] or DEFAULT_LAST_LEVEL_CACHE
+
+
 @dataclass(frozen=True)
 class BlasLibrary:
     """One BLAS library loaded in the process (threadpoolctl's view of it)."""

@@ -94,13 +94,15 @@ def _machine_digest() -> str:
 CHOICE_ROUNDS = 5
 
 
-def measured_choice(kind: str, key: str, candidates: dict[str, Callable[[], Any]]) -> str:
+def measured_choice(kind: str, key: str, candidates: dict[str, Callable[[], Any]],
+                    between: Callable[[], Any] | None = None) -> str:
     """The name of the fastest of ``candidates`` — callables each running one way of the same computation once,
     on the caller's own operands —, measured alternately (one untimed run each, then ``CHOICE_ROUNDS`` timed,
     the medians compared) the first time ``key`` is asked for on this machine and thread setting, and cached
-    under ``kind``.  Without measuring (``-autotune off``, or a net's measuring budget spent): the cached name,
-    else the first candidate.  The candidates' last runs are the timed ones: the caller runs the chosen one
-    again when its result must be that one's."""
+    under ``kind``.  ``between``, where given, runs untimed before every run (:func:`cache_evictor`: the
+    operands as cold as a net leaves them).  Without measuring (``-autotune off``, or a net's measuring budget
+    spent): the cached name, else the first candidate.  The candidates' last runs are the timed ones: the caller
+    runs the chosen one again when its result must be that one's."""
     names = list(candidates)
     full_key = f"{key}-{_threads_key()}"
     memo_key = (str(cache_path()), kind, full_key)
@@ -115,10 +117,14 @@ def measured_choice(kind: str, key: str, candidates: dict[str, Callable[[], Any]
         return names[0]
     with _charged():
         for name in names:
+            if between is not None:
+                between()
             candidates[name]()
         times: dict[str, list[float]] = {name: [] for name in names}
         for _ in range(CHOICE_ROUNDS):
             for name in names:
+                if between is not None:
+                    between()
                 t = time.perf_counter()
                 candidates[name]()
                 times[name].append(time.perf_counter() - t)
@@ -129,6 +135,26 @@ def measured_choice(kind: str, key: str, candidates: dict[str, Callable[[], Any]
 
 
 _choice_memo: dict[tuple[str, str, str], str] = {}  # (cache file, kind, key): read once per process
+
+
+def cache_evictor() -> Callable[[], None]:
+    """A callable that reads and writes a buffer the size of the CPU's last-level cache
+    (:func:`cct.device.query.last_level_cache_bytes`; plain loads and stores, which a large ``memset``'s
+    non-temporal ones would not be): run before each timed run, it leaves a layer's operands as cold as the
+    layers between two calls of it leave them in a net.  CaffeNet's fc8 forward, 2 cores, AVX-512 kernels:
+    warm, the split and one-call ways of its swapped product measure 1.54-1.62 ms alike; cold, 1.80-1.87
+    against 1.73-1.75 ms, and in the net 2.06-2.15 against 1.87-1.90 ms."""
+    import numpy as np
+
+    from cct.device.query import last_level_cache_bytes
+
+    held: list[Any] = []  # the buffer, made on the first run (a choice found in the cache makes none)
+
+    def evict() -> None:
+        if not held:
+            held.append(np.zeros(last_level_cache_bytes() // 4, np.float32))
+        np.add(held[0], 1.0, out=held[0])
+    return evict
 
 
 def _concurrent(parts: int, make: Any) -> Any:

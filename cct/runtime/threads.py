@@ -41,7 +41,9 @@ from typing import Any
 
 # OpenBLAS's smallest spin (2^4 cycles: a worker sleeps as soon as its share of a call is done)
 BLAS_WORKER_SPIN = "4"
-_spin_state = {"state": "not set"}
+# the longest spin, as OpenBLAS's exponent, still counted as asleep (2^16 cycles: some tens of microseconds)
+SLEEPING_SPIN_MAX = 16
+_spin_state: dict[str, Any] = {"state": "not set", "sleep": False}
 
 
 def quiet_blas_workers() -> None:
@@ -49,7 +51,9 @@ def quiet_blas_workers() -> None:
     spinning (see the module docstring).  It applies to every OpenBLAS loaded from then on: numpy's when cct is
     imported before numpy, scipy's, and child processes'."""
     if "OPENBLAS_THREAD_TIMEOUT" in os.environ:
-        _spin_state["state"] = f"OPENBLAS_THREAD_TIMEOUT={os.environ['OPENBLAS_THREAD_TIMEOUT']} (the environment's)"
+        value = os.environ["OPENBLAS_THREAD_TIMEOUT"]
+        _spin_state["state"] = f"OPENBLAS_THREAD_TIMEOUT={value} (the environment's)"
+        _spin_state["sleep"] = value.strip().isdigit() and int(value) <= SLEEPING_SPIN_MAX
         return
     os.environ["OPENBLAS_THREAD_TIMEOUT"] = BLAS_WORKER_SPIN
     if "numpy" in sys.modules:
@@ -57,11 +61,18 @@ def quiet_blas_workers() -> None:
                                 f"before cct; set OPENBLAS_THREAD_TIMEOUT={BLAS_WORKER_SPIN} in the environment)")
     else:
         _spin_state["state"] = f"OPENBLAS_THREAD_TIMEOUT={BLAS_WORKER_SPIN} (set by cct: workers sleep after each call)"
+        _spin_state["sleep"] = True
 
 
 def blas_worker_spin() -> str:
     """What :func:`quiet_blas_workers` found and did (``cct device_query`` prints it)."""
     return _spin_state["state"]
+
+
+def blas_workers_sleep() -> bool:
+    """Whether numpy's OpenBLAS workers sleep right after each call (:func:`quiet_blas_workers`), so that a
+    multi-threaded BLAS call leaves nothing spinning beside the batch partitions that run next."""
+    return bool(_spin_state["sleep"])
 
 
 def cpu_cores() -> int:

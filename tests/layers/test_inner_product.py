@@ -155,17 +155,26 @@ def test_against_caffe_lenet():
     assert_close(dx2 * (z["data/ip1"] > 0), z["diff/ip1"], "ip2 bottom diff (after relu1's backward)")
 
 
-@pytest.mark.parametrize("way", ["direct", "swapped"])
+@pytest.mark.parametrize("way,weight_way", [("direct", "split"), ("swapped", "split"),
+                                            ("direct, one call", "split, one call"),
+                                            ("swapped, one call", "split, one call")])
 @pytest.mark.parametrize("params,shape,axis", CASES)
-def test_each_gemm_orientation(monkeypatch, way, params, shape, axis):
-    """Big products run the orientation measured faster on the machine (``x Wᵀ``, or ``(W xᵀ)ᵀ`` through a
-    transposed scratch copy): forced either way, on every layer mode, forward and gradients are right."""
+def test_each_gemm_way(monkeypatch, way, weight_way, params, shape, axis):
+    """Big products run the way measured faster on the machine (``x Wᵀ`` split over the partitions, ``(W xᵀ)ᵀ``
+    through a transposed scratch copy, or one call on the BLAS's threads; the weight gradient split or in one
+    call): forced each way, on every layer mode, forward and gradients are right."""
     from cct.engines import measured
     from cct.layers import inner_product
 
     monkeypatch.setattr(inner_product, "ORIENTATION_MIN_FLOPS", 0)
+    monkeypatch.setattr(inner_product, "blas_workers_sleep", lambda: True)
     asked = []
-    monkeypatch.setattr(measured, "measured_choice", lambda kind, key, ways: asked.append(key) or way)
+
+    def choose(kind, key, ways, between=None):
+        asked.append(key)
+        assert kind == "inner_product_gemm"
+        return way if way in ways else weight_way
+    monkeypatch.setattr(measured, "measured_choice", choose)
     x = RNG.standard_normal(shape)
     run = setup_layer(ip(params), [x], dtype=np.float64)
     lay = run.layer
@@ -174,7 +183,63 @@ def test_each_gemm_orientation(monkeypatch, way, params, shape, axis):
                                                            "transpose: true" in params), rtol=1e-10)
     assert asked and asked[0].startswith("forward-")
     check_gradient(ip(params), [x])
-    assert any(k.startswith("data-") for k in asked)
+    assert any(k.startswith("data-") for k in asked) and any(k.startswith("weights-") for k in asked)
+
+
+@pytest.mark.parametrize("sleeping", [True, False])
+def test_one_threaded_blas_call_is_offered_only_where_blas_workers_sleep(monkeypatch, sleeping):
+    """OpenBLAS's workers spinning after a threaded call would share the cores with the partitioned layers that
+    run next: the one-call ways are candidates only where the workers sleep after each call."""
+    from cct.engines import measured
+    from cct.layers import inner_product
+
+    monkeypatch.setattr(inner_product, "ORIENTATION_MIN_FLOPS", 0)
+    monkeypatch.setattr(inner_product, "blas_workers_sleep", lambda: sleeping)
+    offered = {}
+
+    def choose(kind, key, ways, between=None):
+        offered.setdefault(key.split("-")[0], set(ways))
+        return next(iter(ways))
+    monkeypatch.setattr(measured, "measured_choice", choose)
+    check_gradient(ip(), [RNG.standard_normal((4, 6))])
+    one_call = {"direct, one call", "swapped, one call"} if sleeping else set()
+    assert offered == {"forward": {"direct", "swapped"} | one_call, "data": {"direct", "swapped"} | one_call,
+                       "weights": {"split", "split, one call"} if sleeping else {"split"}}
+
+
+def test_the_weight_gradient_is_measured_only_on_a_zero_gradient(monkeypatch):
+    """Measuring the weight gradient's ways runs each several times into the gradient itself: it is measured
+    only while the gradient holds zeros (as a solver leaves it before each pass) and left holding one product;
+    a gradient that already holds values gets one product added, unmeasured, until a pass finds it zero."""
+    from cct.engines import measured
+    from cct.layers import inner_product
+
+    monkeypatch.setattr(inner_product, "ORIENTATION_MIN_FLOPS", 0)
+    measuring = []
+    real = measured.measured_choice
+
+    def choose(kind, key, ways, **kw):
+        measuring.append(key.split("-")[0])
+        return real(kind, key, ways, **kw)
+    monkeypatch.setattr(measured, "measured_choice", choose)
+    x = RNG.standard_normal((4, 6))
+    run = setup_layer(ip(), [x], dtype=np.float64)
+    w_diff = run.layer.blobs[0].diff
+    dy = RNG.standard_normal((4, 5))
+    run.forward()
+    run.top[0].diff[...] = dy
+    held = RNG.standard_normal(w_diff.shape)
+    w_diff[...] = held
+    run.layer.backward(run.top, [True], run.bottom)
+    np.testing.assert_allclose(w_diff, held + dy.T @ x, rtol=1e-12)
+    assert "weights" not in measuring
+    w_diff[...] = 0
+    run.layer.backward(run.top, [True], run.bottom)
+    np.testing.assert_allclose(w_diff, dy.T @ x, rtol=1e-12)
+    assert measuring.count("weights") == 1
+    run.layer.backward(run.top, [True], run.bottom)  # chosen once: the next pass just accumulates
+    np.testing.assert_allclose(w_diff, 2 * (dy.T @ x), rtol=1e-12)
+    assert measuring.count("weights") == 1
 
 
 def test_measured_choice_keeps_the_faster_way_per_machine(monkeypatch):
@@ -204,3 +269,28 @@ def test_measured_choice_keeps_the_faster_way_per_machine(monkeypatch):
     with settings.override(autotune=False):
         assert measured.measured_choice("test_choice", "k2", ways) == "slow"
     assert runs == counted
+
+
+def test_measured_choice_runs_between_before_every_run(monkeypatch):
+    """``between`` (a cache eviction) runs untimed before each of the candidates' runs, warm-up included."""
+    from cct.engines import measured
+
+    order = []
+    ways = {"a": lambda: order.append("a"), "b": lambda: order.append("b")}
+    measured.measured_choice("test_choice", "between", ways, between=lambda: order.append("-"))
+    runs = 2 * (1 + measured.CHOICE_ROUNDS)
+    assert order == ["-", "a", "-", "b"] * (runs // 2)
+
+
+def test_the_last_level_cache_is_the_highest_data_cache_listed(tmp_path):
+    from cct.device.query import DEFAULT_LAST_LEVEL_CACHE, last_level_cache_bytes
+
+    for i, (level, kind, size) in enumerate([(1, "Data", "48K"), (1, "Instruction", "32K"), (2, "Unified", "2048K"),
+                                             (3, "Unified", "32768K"), (4, "Instruction", "1M")]):
+        d = tmp_path / f"index{i}"
+        d.mkdir()
+        (d / "level").write_text(f"{level}\n")
+        (d / "type").write_text(f"{kind}\n")
+        (d / "size").write_text(f"{size}\n")
+    assert last_level_cache_bytes(str(tmp_path)) == 32 << 20
+    assert last_level_cache_bytes(str(tmp_path / "none")) == DEFAULT_LAST_LEVEL_CACHE
