@@ -33,8 +33,9 @@ images in chunks whose buffers (padded input, tiles, transformed tiles and produ
 lowering engine's budget (``lowering_max_mb``, ``CCT_LOWERING_MAX_MB``: 32 MiB per layer call, split between
 the partitions), but hold at least ``MIN_CHUNK_TILES`` tiles (the channel GEMMs' rows).  The buffers are slots
 of the thread's workspace that the net's lowering engines share (:func:`cct.engines.lowering.shared_workspace`)
-— the lowering engine's own slot names, since every slot is scratch for the duration of one call —, so the
-engine adds memory only where it needs more than they do.
+— the lowering engine's own slot names, the partitions' weight-gradient accumulators included, since every
+slot is scratch for the duration of one call (only the output tiles' channels-innermost copy has a slot of its
+own) —, so the engine adds memory only where it needs more than they do.
 """
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ from cct.engines.cost_model import DEFAULT_RATES, gemm_seconds
 from cct.engines.gemm import matmul_accumulate
 from cct.engines.lowering import LoweringEngine, chunk_budget_bytes, shared_workspace, workspace_view
 from cct.errors import CctError
-from cct.runtime.partition import batch_ranges, partitions_for, run_partitions
+from cct.runtime.partition import batch_ranges, partitions_for, run_batch, run_partitions
 from cct.runtime.threads import blas_threads
 
 # F(m, 3): (Bᵀ, G, Aᵀ) for interpolation points 0, ±1 (m = 2) and 0, ±1, ±2 (m = 4), plus the point at infinity
@@ -332,8 +333,8 @@ class WinogradEngine(ConvEngine):
         3x3 kernel from each tile's m x m gradient and its (m+2)² input cells, the roles of F(m x m, 3 x 3)'s
         transforms exchanged), the sums over tiles and images as a² GEMMs (Og x tiles)·(tiles x Cg) per group —
         2.25x (m = 2) and 4x (m = 4) fewer multiplications than the direct sums.  Per batch partition its own
-        accumulator in chunks of images, summed in partition order, then the small kernel-side transform in
-        float64."""
+        accumulator in chunks of images, summed in partition order (over output channel ranges in the partitions:
+        16 of CaffeNet's conv3 accumulators are 100 MiB), then the small kernel-side transform in float64."""
         g = self._geom()
         a = self.tile + 2
         G = g.group
@@ -341,15 +342,20 @@ class WinogradEngine(ConvEngine):
         accs: dict[int, Any] = {}
 
         def chunk(part: int, c0: int, c1: int, first: bool) -> None:
-            if first:  # the partition's accumulator: a slot of its workspace, for this call
-                accs[part] = self._buffer(part, "wgrad", (G, a * a, og, cg), dw)
+            if first:  # the partition's accumulator: the lowering engine's slot for its own, for this call
+                accs[part] = self._buffer(part, "dw_acc", (G, a * a, og, cg), dw)
             self._weight_products(part, x[c0:c1], dy[c0:c1], accs[part], first)
 
         self._in_chunks(x.shape[0], _image_bytes(self.tile, x.shape[1], dy.shape[1], dy.shape[2:], x.itemsize),
                         chunk)
-        total = accs[0].astype(np.float64)
-        for part in range(1, len(accs)):
-            total += accs[part]
+        total = np.empty(accs[0].shape, np.float64)
+
+        def add(_part: int, o0: int, o1: int) -> None:  # these output channels' sums, in partition order
+            into = total[:, :, o0:o1]
+            np.copyto(into, accs[0][:, :, o0:o1])
+            for part in range(1, len(accs)):
+                into += accs[part][:, :, o0:o1]
+        run_batch(og, add, work=float(len(accs) * G * a * a * cg))
         with blas_threads(1):  # (9, a²) · (a², G·Og·Cg): small; OpenBLAS's threads would spin into what follows
             k = self._gg.T @ total.transpose(1, 0, 2, 3).reshape(a * a, -1)
         dw += k.reshape(3, 3, G, og, cg).transpose(2, 3, 4, 0, 1).reshape(dw.shape).astype(dw.dtype)

@@ -91,6 +91,39 @@ def test_chunks_and_partitions_give_the_same_result(monkeypatch, min_tiles, chun
         np.testing.assert_allclose(a, c, rtol=1e-12, atol=1e-12)
 
 
+def test_partitions_weight_gradients_are_summed_by_output_channel_ranges_in_partition_order(monkeypatch):
+    """The partitions' accumulators are summed over output channel ranges in the partitions themselves, each
+    value's additions in partition order: bit for bit the sum one thread makes; they take the lowering engine's
+    accumulator slot of the shared workspace."""
+    g, x, w, b, dy = _operands(6, 12, 6, 2, 9, 9, 1, np.float32, seed=5)  # 3 output, 6 input channels a group
+    monkeypatch.setattr(winograd, "MIN_CHUNK_TILES", 1)
+    ranges = []
+
+    def one_thread(n, body, work=0.0):
+        body(0, 0, n)
+        return 1
+
+    def three_ranges(n, body, work=0.0):
+        for r0, r1 in winograd.batch_ranges(n, 3):
+            ranges.append((r0, r1))
+            body(0, r0, r1)
+        return 3
+
+    def dw_with(run):
+        monkeypatch.setattr(winograd, "run_batch", run)
+        eng = WinogradEngine(2)
+        eng.configure(g, np.float32)
+        dw = np.full_like(w, 0.25)
+        with settings.override(partitions=3):
+            eng._weight_grad(x, dy, dw)
+        assert set(eng._workspace.part(0)) >= {"dw_acc"} and "wgrad" not in eng._workspace.part(0)
+        return dw
+
+    split = dw_with(three_ranges)  # first: a sum left out would not find the whole sum's values in freed memory
+    np.testing.assert_array_equal(split.view(np.uint32), dw_with(one_thread).view(np.uint32))
+    assert len(ranges) == 3 and ranges[0][0] == 0 and ranges[-1][1] == 3  # 3 output channels per group
+
+
 def test_the_padding_border_is_rewritten_after_another_user_of_the_workspace():
     """The zero border lives in the thread's shared workspace, which other engines overwrite."""
     g, x, w, b, dy = _operands(2, 3, 4, 1, 6, 6, 1, np.float32, seed=4)
