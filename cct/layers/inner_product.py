@@ -118,13 +118,15 @@ class InnerProductLayer(Layer):
         def direct(j0: int, j1: int) -> None:
             xp.matmul(a, b[:, j0:j1], out=out[:, j0:j1])
 
-        def swapped(j0: int, j1: int) -> None:
-            scratch = self._scratch.get(which)
-            if scratch is None or scratch.shape != (cols, rows) or scratch.dtype != out.dtype:
-                scratch = self._scratch[which] = xp.empty((cols, rows), dtype=out.dtype)
+        def swapped(j0: int, j1: int) -> None:  # (made before the partitions run it)
+            scratch = self._scratch[which]
             xp.matmul(b[:, j0:j1].T, a.T, out=scratch[j0:j1])
             out[:, j0:j1] = scratch[j0:j1].T
 
+        if xp is np and flops >= ORIENTATION_MIN_FLOPS:  # where the swapped way may run (_fastest)
+            scratch = self._scratch.get(which)
+            if scratch is None or scratch.shape != (cols, rows) or scratch.dtype != out.dtype:
+                self._scratch[which] = xp.empty((cols, rows), dtype=out.dtype)
         self._fastest(which, f"m{rows}-k{inner}-n{cols}", flops, out, cols, {"direct": direct, "swapped": swapped})
 
     def _fastest(self, which: str, shape: str, flops: float, out: Any, n: int, bodies: dict[str, Any],
