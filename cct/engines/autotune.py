@@ -38,6 +38,7 @@ from cct.engines.measured import (
     _threads_key,
     _write_cache,
 )
+from cct.runtime.memory import release_freed_memory
 
 # of calibrate()'s probes (4: lowering with the images innermost on small outputs; 5: type 1's 2-D lowering
 # by the compiled kernel; 6: and its col2im): rates cached by another version are measured again
@@ -135,6 +136,8 @@ def measuring_session() -> Iterator[Ledger]:
         yield ledger
     finally:
         _ledger.reset(token)
+        if ledger.measured:  # the candidates' buffers are garbage now: back to the kernel, not kept in the heap
+            release_freed_memory()
 
 
 def net_ledger() -> Ledger | None:
@@ -480,7 +483,7 @@ def _measure_conv_engines(g: ConvGeometry, dtype: Any, strategy: int, predicted:
             layouts = [est["choice"]]  # a clear call: only the predicted layout
         engines.update({f"fft {k}": FFTEngine(lift=k == "lifted") for k in layouts})
     if winograd:
-        engines.update({f"winograd {m}": WinogradEngine(m) for m in TILES})
+        engines.update({f"winograd {m}": WinogradEngine(m, workspace=Workspace()) for m in TILES})
     best = _measure_engines(engines, replace(g, num=n), dtype, effort.engine_rounds, settle=ENGINE_SETTLE_SECONDS)
     scaled = {name: t * g.num / n for name, t in best.items()}
     close = _fastest_within(scaled, FULL_BATCH_SECONDS / (effort.engine_rounds + SETTLE_STEPS))

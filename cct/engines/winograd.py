@@ -80,7 +80,9 @@ class WinogradEngine(ConvEngine):
 
     name = "winograd"
 
-    def __init__(self, tile: int = 4) -> None:
+    def __init__(self, tile: int = 4, workspace: Any = None) -> None:
+        """``workspace``: private buffers (a :class:`~cct.engines.lowering.Workspace`: the autotune's
+        candidates, whose buffers must not stay in the net's shared workspace), default the thread's shared one."""
         super().__init__()
         if tile not in _TRANSFORMS:
             raise ValueError(f"winograd tile must be one of {TILES} (got {tile!r})")
@@ -91,7 +93,8 @@ class WinogradEngine(ConvEngine):
         self._gg = np.kron(gm, gm)   # (a², 9): kernel -> transformed kernel
         self.dtype: Any = np.dtype(np.float32)
         self._consts: dict[Any, tuple[Any, Any]] = {}
-        self._workspace: Any = None  # the thread's workspace shared with the lowering engines (configure)
+        self._private = workspace
+        self._workspace: Any = None  # the thread's workspace shared with the lowering engines, or the private one
         self._weights_engine: Any = None
         self._wgrad_method: str | None = None
 
@@ -162,7 +165,7 @@ class WinogradEngine(ConvEngine):
         if geometry == self.geometry and dtype == self.dtype:
             return False
         self.geometry, self.dtype = geometry, dtype
-        self._workspace = shared_workspace(dtype)
+        self._workspace = self._private if self._private is not None else shared_workspace(dtype)
         self._weights_engine = None
         self._wgrad_method = None
         return True
@@ -190,7 +193,8 @@ class WinogradEngine(ConvEngine):
         if self._weights_engine is None:
             g = self._geom()
             best = min(LoweringEngine.estimates(g, self.dtype), key=lambda e: e.backward_seconds)
-            eng = LoweringEngine(int(best.variant.split()[-1]), source="winograd's weight gradient")
+            eng = LoweringEngine(int(best.variant.split()[-1]), source="winograd's weight gradient",
+                                 workspace=self._private)
             eng.configure(g, self.dtype)
             self._weights_engine = eng
         return self._weights_engine
