@@ -41,3 +41,23 @@ def select_body(request, monkeypatch) -> str:
     elif native.kernels() is None:
         pytest.skip("compiled kernels not built (no C compiler at install)")
     return request.param
+
+
+def run_batch_in_one_range(n: int, body, work: float = 0.0) -> int:
+    """A stand-in for :func:`cct.runtime.partition.run_batch`: the whole range in one call, as one thread runs it."""
+    body(0, 0, n)
+    return 1
+
+
+def run_batch_in_ranges(parts: int, seen: list):
+    """A stand-in for :func:`cct.runtime.partition.run_batch`: ``parts`` ranges one after the other, each
+    recorded in ``seen``."""
+    from cct.runtime.partition import batch_ranges
+
+    def run(n: int, body, work: float = 0.0) -> int:
+        ranges = batch_ranges(n, parts)
+        for r0, r1 in ranges:
+            seen.append((r0, r1))
+            body(0, r0, r1)
+        return len(ranges)
+    return run

@@ -13,6 +13,7 @@ from cct.config import settings
 from cct.engines import ConvGeometry, lowering
 from cct.engines.lowering import LoweringEngine, Workspace, strategy_fallback
 from tests.engines import reference as ref
+from tests.helpers import run_batch_in_one_range, run_batch_in_ranges
 
 # (geometry, expected effective strategy for requested 1, 2, 3)
 CASES = [
@@ -444,17 +445,8 @@ def test_partitions_weight_gradients_are_summed_by_channel_ranges_in_partition_o
             eng.backward(x, dy, w, None, dw)
         return dw
 
-    def one_thread(n, body, work=0.0):
-        body(0, 0, n)
-        return 1
-
-    def three_ranges(n, body, work=0.0):
-        for r0, r1 in lowering.batch_ranges(n, 3):
-            rows.append((r0, r1))
-            body(0, r0, r1)
-        return 3
-
-    np.testing.assert_array_equal(dw_with(one_thread).view(np.uint32), dw_with(three_ranges).view(np.uint32))
+    np.testing.assert_array_equal(dw_with(run_batch_in_one_range).view(np.uint32),
+                                  dw_with(run_batch_in_ranges(3, rows)).view(np.uint32))
     assert len(rows) == 3 and rows[0][0] == 0 and rows[-1][1] > rows[0][1]
 
 @pytest.mark.parametrize("g,expected", CASES, ids=IDS)

@@ -15,7 +15,7 @@ from cct.engines.lowering import LoweringEngine, Workspace, shared_workspace
 from cct.engines.winograd import TILES, WinogradEngine
 from cct.errors import CctError
 from cct.gradient_check import check_gradient, setup_layer
-from tests.helpers import use_flags
+from tests.helpers import run_batch_in_one_range, run_batch_in_ranges, use_flags
 
 GEOMETRIES = [  # N, C, O, group, H, W, pad
     (3, 4, 6, 1, 7, 9, 1),     # output 7x9: partial tiles on both axes
@@ -99,16 +99,6 @@ def test_partitions_weight_gradients_are_summed_by_output_channel_ranges_in_part
     monkeypatch.setattr(winograd, "MIN_CHUNK_TILES", 1)
     ranges = []
 
-    def one_thread(n, body, work=0.0):
-        body(0, 0, n)
-        return 1
-
-    def three_ranges(n, body, work=0.0):
-        for r0, r1 in winograd.batch_ranges(n, 3):
-            ranges.append((r0, r1))
-            body(0, r0, r1)
-        return 3
-
     def dw_with(run):
         monkeypatch.setattr(winograd, "run_batch", run)
         eng = WinogradEngine(2)
@@ -119,8 +109,8 @@ def test_partitions_weight_gradients_are_summed_by_output_channel_ranges_in_part
         assert set(eng._workspace.part(0)) >= {"dw_acc"} and "wgrad" not in eng._workspace.part(0)
         return dw
 
-    split = dw_with(three_ranges)  # first: a sum left out would not find the whole sum's values in freed memory
-    np.testing.assert_array_equal(split.view(np.uint32), dw_with(one_thread).view(np.uint32))
+    split = dw_with(run_batch_in_ranges(3, ranges))  # first: a sum left out would not find the whole sum's values
+    np.testing.assert_array_equal(split.view(np.uint32), dw_with(run_batch_in_one_range).view(np.uint32))
     assert len(ranges) == 3 and ranges[0][0] == 0 and ranges[-1][1] == 3  # 3 output channels per group
 
 
