@@ -104,15 +104,11 @@ def measured_choice(kind: str, key: str, candidates: dict[str, Callable[[], Any]
     spent): the cached name, else the first candidate.  The candidates' last runs are the timed ones: the caller
     runs the chosen one again when its result must be that one's."""
     names = list(candidates)
+    known = known_choice(kind, key, candidates)
+    if known is not None:
+        return known
     full_key = f"{key}-{_threads_key()}"
     memo_key = (str(cache_path()), kind, full_key)
-    memo = _choice_memo.get(memo_key)
-    if memo is not None:
-        return memo
-    cached = _read_cache().get(kind, {}).get(full_key)
-    if cached in candidates:
-        _choice_memo[memo_key] = cached
-        return cached
     if settings.get("autotune") is False or not _may_measure():
         return names[0]
     with _charged():
@@ -135,6 +131,21 @@ def measured_choice(kind: str, key: str, candidates: dict[str, Callable[[], Any]
 
 
 _choice_memo: dict[tuple[str, str, str], str] = {}  # (cache file, kind, key): read once per process
+
+
+def known_choice(kind: str, key: str, candidates: Any) -> str | None:
+    """What :func:`measured_choice` found for ``key`` on this machine and thread setting before (in this process
+    or in the cache), where that is one of ``candidates``; None where it would measure."""
+    full_key = f"{key}-{_threads_key()}"
+    memo_key = (str(cache_path()), kind, full_key)
+    memo = _choice_memo.get(memo_key)
+    if memo is not None and memo in candidates:
+        return memo
+    cached = _read_cache().get(kind, {}).get(full_key)
+    if cached in candidates:
+        _choice_memo[memo_key] = cached
+        return cached
+    return None
 
 
 def cache_evictor() -> Callable[[], None]:

@@ -271,6 +271,30 @@ def test_measured_choice_keeps_the_faster_way_per_machine(monkeypatch):
     assert runs == counted
 
 
+def test_a_cached_way_runs_on_a_gradient_that_holds_values(monkeypatch):
+    """A choice measured by an earlier run (the cache) is taken as it is: the gradient is neither scanned nor
+    measured on, whatever it holds."""
+    from cct.engines import measured
+    from cct.layers import inner_product
+
+    monkeypatch.setattr(inner_product, "ORIENTATION_MIN_FLOPS", 0)
+    monkeypatch.setattr(inner_product, "blas_workers_sleep", lambda: True)
+    key = f"weights-m4-k6-n5-n-float64-2ways-{measured._threads_key()}"
+    measured._write_cache({"inner_product_gemm": {key: "split, one call"}})
+    one_calls = []
+    real = inner_product._one_call
+    monkeypatch.setattr(inner_product, "_one_call", lambda *a: one_calls.append(1) or real(*a))
+    monkeypatch.setattr(measured, "measured_choice", lambda *a, **k: pytest.fail("measured again"))
+    x = RNG.standard_normal((4, 6))
+    run = setup_layer(ip(), [x], dtype=np.float64)
+    run.top[0].diff[...] = dy = RNG.standard_normal((4, 5))
+    held = RNG.standard_normal(run.layer.blobs[0].diff.shape)
+    run.layer.blobs[0].diff[...] = held
+    run.layer.backward(run.top, [False], run.bottom)
+    assert one_calls == [1]
+    np.testing.assert_allclose(run.layer.blobs[0].diff, held + dy.T @ x, rtol=1e-12)
+
+
 def test_measured_choice_runs_between_before_every_run(monkeypatch):
     """``between`` (a cache eviction) runs untimed before each of the candidates' runs, warm-up included."""
     from cct.engines import measured
