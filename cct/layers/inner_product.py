@@ -141,10 +141,11 @@ class InnerProductLayer(Layer):
         ``out`` (``accumulates``: the weight gradient) are measured only while it holds zeros, as a solver
         leaves it before each pass, and leave it that way for the chosen one's run; until then the first runs."""
         xp = get_array_module(out)
-        ways = {name: functools.partial(split_gemm, n, flops, xp, body) for name, body in bodies.items()}
-        if xp is not np or flops < ORIENTATION_MIN_FLOPS:
-            next(iter(ways.values()))()
+        first = next(iter(bodies.values()))
+        if xp is not np or flops < ORIENTATION_MIN_FLOPS:  # (every small product of a small net: nothing built)
+            split_gemm(n, flops, xp, first)
             return
+        ways = {name: functools.partial(split_gemm, n, flops, xp, body) for name, body in bodies.items()}
         if blas_workers_sleep():
             for name, body in bodies.items():
                 ways[f"{name}, one call"] = functools.partial(_one_call, n, flops, xp, body)
@@ -156,7 +157,7 @@ class InnerProductLayer(Layer):
             choice = known_choice("inner_product_gemm", key, ways)
             if choice is None:
                 if accumulates and out.any():
-                    next(iter(ways.values()))()
+                    split_gemm(n, flops, xp, first)
                     return
                 choice = measured_choice("inner_product_gemm", key, ways, between=cache_evictor())
                 if accumulates:

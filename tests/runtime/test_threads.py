@@ -158,31 +158,34 @@ def test_each_real_library_knob_reads_and_sets_what_threadpoolctl_sees():
         assert lib.get_num_threads() == before
 
 
-def _spin_after_import(env_value: str | None, numpy_first: bool) -> tuple[str, str]:
-    """(OPENBLAS_THREAD_TIMEOUT, blas_worker_spin()) in a fresh interpreter that imports cct."""
+def _spin_after_import(env_value: str | None, numpy_first: bool) -> tuple[str, str, bool]:
+    """(OPENBLAS_THREAD_TIMEOUT, blas_worker_spin(), blas_workers_sleep()) in a fresh interpreter that imports
+    cct."""
     env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
     if env_value is not None:
         env["OPENBLAS_THREAD_TIMEOUT"] = env_value
     code = ("import numpy\n" if numpy_first else "") + (
-        "import os, cct\nfrom cct.runtime.threads import blas_worker_spin\n"
-        "print(os.environ['OPENBLAS_THREAD_TIMEOUT']); print(blas_worker_spin())")
+        "import os, cct\nfrom cct.runtime.threads import blas_worker_spin, blas_workers_sleep\n"
+        "print(os.environ['OPENBLAS_THREAD_TIMEOUT']); print(blas_worker_spin()); print(blas_workers_sleep())")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[2])
-    value, state = out.stdout.splitlines()
-    return value, state
+    value, state, sleep = out.stdout.splitlines()
+    return value, state, sleep == "True"
 
 
 def test_importing_cct_first_puts_openblas_workers_to_sleep():
-    value, state = _spin_after_import(None, numpy_first=False)
-    assert value == BLAS_WORKER_SPIN and "set by cct" in state
+    value, state, sleep = _spin_after_import(None, numpy_first=False)
+    assert value == BLAS_WORKER_SPIN and "set by cct" in state and sleep
 
 
-def test_the_environments_spin_setting_wins():
-    value, state = _spin_after_import("12", numpy_first=False)
-    assert value == "12" and "the environment's" in state
+@pytest.mark.parametrize("value,sleep", [("12", True), ("16", True), ("28", False), ("x", False)])
+def test_the_environments_spin_setting_wins(value, sleep):
+    """The environment's value is kept; workers count as asleep up to 2^16 cycles of spin."""
+    got, state, asleep = _spin_after_import(value, numpy_first=False)
+    assert got == value and "the environment's" in state and asleep == sleep
 
 
 def test_numpy_loaded_first_is_reported():
-    value, state = _spin_after_import(None, numpy_first=True)
+    value, state, sleep = _spin_after_import(None, numpy_first=True)
     assert value == BLAS_WORKER_SPIN  # still set: scipy's OpenBLAS and child processes read it
-    assert "numpy was loaded before cct" in state and "OPENBLAS_THREAD_TIMEOUT=4" in state
+    assert "numpy was loaded before cct" in state and "OPENBLAS_THREAD_TIMEOUT=4" in state and not sleep
