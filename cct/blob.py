@@ -28,6 +28,8 @@ _default_dtype: Any = DTYPE
 # workers of the task-graph executor writing the channel blocks of one top) must get the same buffer, not
 # one each with the writes to the other lost.
 _ALLOC_LOCK = threading.Lock()
+# Taken when a tracked buffer (one with a device copy: _Buffer) is accessed or written on a device
+_SYNC_LOCK = threading.RLock()
 
 
 @contextlib.contextmanager
@@ -45,12 +47,43 @@ def default_dtype(dtype: Any) -> Iterator[None]:
 
 
 class _Buffer:
-    """A flat array that several blobs may reference (Caffe's SyncedMemory)."""
+    """A flat array that several blobs may reference (Caffe's SyncedMemory).
 
-    __slots__ = ("array",)
+    ``array`` is where the blobs' ``data``/``diff`` views live.  An executor may keep a copy of it on a device
+    (the device split's GPU copy of a net blob: :mod:`cct.exec.device_split`) and let layers write that copy
+    without copying it back after each layer.  Such a buffer is ``tracked``: every access of a view through
+    ``Blob.data``/``Blob.diff`` counts as a write of ``array`` (a view is mutable: pycaffe's accessors are)
+    and bumps ``version``, so a device copy taken at an older version is known stale; a device copy newer
+    than ``array`` is ``pending``, and the first such access copies it in (:meth:`host_access`)."""
+
+    __slots__ = ("array", "version", "pending", "tracked")
 
     def __init__(self, xp: ModuleType, capacity: int, dtype: Any):
         self.array = xp.zeros(max(capacity, 1), dtype=dtype)
+        self.version = 0
+        self.pending: Any = None  # a callable that copies the newer device copy into ``array``, with ``.owner``
+        self.tracked = False
+
+    def host_access(self) -> None:
+        """``array`` is about to be read or written here: bring in a pending device copy; count the access."""
+        with _SYNC_LOCK:
+            pending, self.pending = self.pending, None
+            if pending is not None:
+                pending()
+            self.version += 1
+
+    def device_wrote(self, pending: Any) -> int:
+        """A device copy (``pending.owner``) now holds newer values than ``array``; ``pending()`` copies them
+        in.  Another copy's pending values are brought in first (blobs that share memory).  Returns the new
+        version, at which the writer's copy is current."""
+        with _SYNC_LOCK:
+            earlier = self.pending
+            if earlier is not None and earlier.owner != pending.owner:
+                earlier()
+            self.tracked = True
+            self.pending = pending
+            self.version += 1
+            return self.version
 
 
 class Blob:
@@ -158,6 +191,8 @@ class Blob:
                 if self._data_buf is None:
                     self._data_buf = _Buffer(self.xp, self._count, self.dtype)
                 data = self._data = self._data_buf.array[: self._count].reshape(self._shape)
+        if self._data_buf.tracked:  # type: ignore[union-attr]
+            self._data_buf.host_access()  # type: ignore[union-attr]
         return data
 
     @property
@@ -169,22 +204,35 @@ class Blob:
                 if self._diff_buf is None:
                     self._diff_buf = _Buffer(self.xp, self._count, self.dtype)
                 diff = self._diff = self._diff_buf.array[: self._count].reshape(self._shape)
+        if self._diff_buf.tracked:  # type: ignore[union-attr]
+            self._diff_buf.host_access()  # type: ignore[union-attr]
         return diff
+
+    def buffer(self, what: str = "data") -> _Buffer:
+        """The buffer behind ``data`` or ``diff`` (allocated if need be), without counting as an access of it
+        (for executors that keep a device copy of it: :class:`_Buffer`)."""
+        attr = "_data_buf" if what == "data" else "_diff_buf"
+        buf = getattr(self, attr)
+        if buf is None:
+            with _ALLOC_LOCK:
+                buf = getattr(self, attr)
+                if buf is None:
+                    buf = _Buffer(self.xp, self._count, self.dtype)
+                    setattr(self, attr, buf)
+        return buf
 
     def share_data(self, other: Blob) -> None:
         """Use ``other``'s data memory (counts must match)."""
         if other.count != self._count:
             raise CctError(f"cannot share data: count {other.count} != {self._count}")
-        other.data  # noqa: B018 - make sure the buffer exists
-        self._data_buf = other._data_buf
+        self._data_buf = other.buffer("data")
         self._data = None
 
     def share_diff(self, other: Blob) -> None:
         """Use ``other``'s diff memory (counts must match)."""
         if other.count != self._count:
             raise CctError(f"cannot share diff: count {other.count} != {self._count}")
-        other.diff  # noqa: B018
-        self._diff_buf = other._diff_buf
+        self._diff_buf = other.buffer("diff")
         self._diff = None
 
     def shares_data_with(self, other: Blob) -> bool:

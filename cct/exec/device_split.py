@@ -21,11 +21,18 @@ by peak FLOPS``.
 clone of the layer on its rows, all devices concurrently (one thread each, the first in the caller; BLAS
 threads set once to the CPU devices' count, since OpenBLAS's setting is process wide).  Rows are views of
 the net's blobs (:meth:`Blob.view_rows`, no copy) on a device that holds the net's memory, and mirrors
-elsewhere (a GPU: inputs copied in before, outputs copied out after, with ``cupy`` transfers).  A clone
-is created once per layer and device, with the layer's parameter blobs given to it before its setup (so
-no filler runs and no random number is drawn): on the CPU the same memory, on a GPU a device copy that is
-refreshed before every forward of the layer (once per forward pass, i.e. once per iteration after the
-update; on the CPU the refresh only re-points at the layer's memory if it was swapped, as a test net's is).
+elsewhere (a GPU, with ``cupy`` transfers): a share of several devices' split is copied in before each layer
+and out after it.  A device alone (Caffe's GPU mode) keeps its copies, one per net blob for all layers,
+as Caffe's SyncedMemory does: a blob its layers write stays there for the next layer, and comes back to
+the host only when host code touches it — a layer that runs on the host (data, loss, Dropout's draws),
+pycaffe reading or writing it, ``debug_info`` — while a blob touched on the host is copied in again before
+a device layer reads it (:class:`_Part`; :class:`cct.blob._Buffer` counts the touches).  As in Caffe, an
+array taken from ``blob.data`` earlier and written after a pass is not seen by the device: take it again.
+A clone is created once per layer and device, with the layer's parameter blobs given to it before its
+setup (so no filler runs and no random number is drawn): on the CPU the same memory, on a GPU a device copy
+that is refreshed before a forward of the layer whenever the host's weights were touched since (once per
+iteration after the update; on the CPU the refresh only re-points at the layer's memory if it was
+swapped, as a test net's is).
 In backward every clone accumulates its parameter gradients into its own zeroed buffer; when all devices
 are done those are added to the layer's parameter diffs in device order (deterministic for a split).  The
 first device, where it holds the net's memory and has at least two items, accumulates straight into the
@@ -176,8 +183,9 @@ def gpu_mode_device(device_id: int) -> Device:
 
 def runner_from_settings() -> LayerRunner:
     """The layer runner the current settings ask for: the device split of the device setting, else of
-    Caffe's GPU mode (every batch-separable layer on that GPU; the net's blobs stay on the host, each layer's
-    inputs copied in and its outputs out; losses and data layers on the host), else the plain runner."""
+    Caffe's GPU mode (every batch-separable layer on that GPU, each blob kept there between layers and
+    brought to the host when host code touches it; losses and data layers on the host), else the plain
+    runner."""
     setting = device_setting()
     if setting is None and mode.mode() == mode.GPU:
         setting = DeviceSetting((gpu_mode_device(mode.device()),), (1.0,), "GPU mode", "GPU mode")
@@ -198,7 +206,15 @@ def split_executor(devices: Sequence[Device], split: str | Sequence[float] | Non
 
 @dataclass
 class _Part:
-    """One device's rows ``[start, stop)`` of one layer: the clone, its parameter blobs and sub-batch blobs."""
+    """One device's rows ``[start, stop)`` of one layer: the clone, its parameter blobs and sub-batch blobs.
+
+    ``mirrors``: the part is the whole batch on a device that does not hold the net's memory (Caffe's GPU
+    mode): its blobs are the device copies of the net's, kept between layers.  A copy the part wrote is
+    not copied back to the net's blob at once but left pending there (:class:`cct.blob._Buffer`): it comes
+    back when host code first touches the blob — a layer running on the host, pycaffe, the solver — and a
+    copy the part holds is copied in again only after such a touch (``current``: per device buffer, the net
+    blob's buffer, version and count it was current at).  Otherwise every layer copies its inputs in and its outputs
+    out."""
 
     device: Device
     start: int
@@ -208,18 +224,56 @@ class _Part:
     parents: dict[int, tuple[Blob, Blob]] = field(default_factory=dict)  # id(net blob) → (net blob, ours)
     clone: Any = None
     direct: bool = False  # accumulates parameter gradients straight into the layer's own diffs
+    mirrors: bool = False
+    current: dict[int, tuple[Any, Any, int, int]] = field(default_factory=dict)
 
     def stage_in(self, net_blobs: Sequence[Blob], what: str) -> None:
         for p in _unique(net_blobs):
             ours = self.parents[id(p)][1]
             if not isinstance(ours, RowView):
-                copy_into(getattr(ours, what), getattr(p, what)[self.start:self.stop])
+                self.copy_in(p, ours, what)
 
     def stage_out(self, net_blobs: Sequence[Blob], what: str) -> None:
         for p in _unique(net_blobs):
             ours = self.parents[id(p)][1]
-            if not isinstance(ours, RowView):
+            if isinstance(ours, RowView):
+                continue
+            if not self.mirrors:
                 copy_into(getattr(p, what)[self.start:self.stop], getattr(ours, what))
+                continue
+            buf, dev = p.buffer(what), ours.buffer(what)
+            self.current[id(dev)] = (dev, buf, buf.device_wrote(_CopyBack(buf, dev, p.count)), p.count)
+
+    def copy_in(self, p: Blob, ours: Blob, what: str, rows: bool = True) -> None:
+        """``ours`` made equal to net blob ``p``'s ``what``: this part's rows of it (``rows``), or all of it (a
+        parameter).  Where the part keeps its copies (:attr:`mirrors`; parameters always) only if ``p`` was
+        touched on the host since ``ours`` was last made equal to it or written here.  Copies are known by
+        their memory: the copies of net blobs that share memory (a Split's tops, a Reshape's) share theirs."""
+        if rows and not self.mirrors:
+            copy_into(getattr(ours, what), getattr(p, what)[self.start:self.stop])
+            return
+        buf, dev = p.buffer(what), ours.buffer(what)
+        known = self.current.get(id(dev))
+        if known is not None and known[0] is dev and known[1] is buf and known[2] == buf.version \
+                and known[3] == p.count:
+            return
+        copy_into(getattr(ours, what), getattr(p, what))  # (the access brings a pending copy back first)
+        buf.tracked = True
+        self.current[id(dev)] = (dev, buf, buf.version, p.count)
+
+
+class _CopyBack:
+    """Copies the front of a device buffer into the front of a net blob's host buffer (a pending copy:
+    :class:`cct.blob._Buffer`); ``owner`` names the device memory."""
+
+    __slots__ = ("buf", "dev", "count", "owner")
+
+    def __init__(self, buf: Any, dev: Any, count: int):
+        self.buf, self.dev, self.count = buf, dev, count
+        self.owner = id(dev)
+
+    def __call__(self) -> None:
+        copy_into(self.buf.array[:self.count], self.dev.array[:self.count])
 
 
 @dataclass
@@ -246,6 +300,10 @@ class DeviceSplitRunner(LayerRunner):
             self._detail = ""
         self._splits: dict[int, _Split] = {}
         self._clones: dict[tuple[int, int], Any] = {}
+        # one device alone (GPU mode): its copy of each net blob, shared by all layers, and when each copy was
+        # current (_Part.mirrors)
+        self._mirror_blobs: dict[int, tuple[Blob, Blob]] = {}
+        self._current: dict[int, tuple[Any, Any, int, int]] = {}
         self._split_at_forward: dict[int, _Split | None] = {}
         self._shares: dict[int, list[int]] = {}
         self._whole_logged: dict[int, int] = {}
@@ -316,7 +374,7 @@ class DeviceSplitRunner(LayerRunner):
         layer, bottom, top = net.layers[i], net.bottom_vecs[i], net.top_vecs[i]
         if not getattr(layer, "batch_separable", False) or not bottom or not top:
             return None
-        if len(self.devices) == 1 and self.devices[0].holds(bottom[0].data):
+        if len(self.devices) == 1 and self.devices[0].holds(_memory(bottom[0])):
             return None  # one device where the net lives: nothing to split or move
         if bottom[0].num_axes == 0:
             return None
@@ -352,7 +410,8 @@ class DeviceSplitRunner(LayerRunner):
             # (no buffer, zeroing or sum): the order stays "layer's diff, then device 1, 2, ...".  Not with a
             # one-item share: there Scale's Caffe quirk (outer == 1) overwrites its diff instead of adding.
             part = _Part(device, start, start + b, [], [], direct=k == 0 and b >= 2 and all(
-                device.holds(p.data) for p in layer.blobs))
+                device.holds(_memory(p)) for p in layer.blobs), mirrors=len(self.devices) == 1,
+                current=self._current)
             with device.thread_context():
                 part.bottoms = [self._rows(part, p) for p in bottom]
                 part.tops = [self._rows(part, p) for p in top]
@@ -365,16 +424,18 @@ class DeviceSplitRunner(LayerRunner):
         split = self._splits[i] = _Split(batch, parts)
         return split
 
-    @staticmethod
-    def _rows(part: _Part, p: Blob) -> Blob:
-        """Our blob for rows [start, stop) of net blob ``p`` (one per net blob: in-place tops reuse it)."""
+    def _rows(self, part: _Part, p: Blob) -> Blob:
+        """Our blob for rows [start, stop) of net blob ``p`` (one per net blob: in-place tops reuse it; where
+        the part keeps its copies, one for all layers)."""
         known = part.parents.get(id(p))
         if known is not None:
             return known[1]
         shape = (part.stop - part.start,) + p.shape[1:]
         ours: Blob
-        if part.device.holds(p.data):
+        if part.device.holds(_memory(p)):
             ours = Blob.view_rows(p, part.start, part.stop)
+        elif part.mirrors:
+            ours = self._mirror_blobs.setdefault(id(p), (p, Blob(shape, xp=part.device.xp, dtype=p.dtype)))[1]
         else:
             ours = Blob(shape, xp=part.device.xp, dtype=p.dtype)
         part.parents[id(p)] = (p, ours)
@@ -399,7 +460,7 @@ class DeviceSplitRunner(LayerRunner):
 
     @staticmethod
     def _param_for(device: Device, p: Blob) -> Blob:
-        if device.holds(p.data):
+        if device.holds(_memory(p)):
             b = Blob(p.shape, xp=p.xp, dtype=p.dtype)
             b.share_data(p)  # the same weights; the diff is this device's own buffer (or see _refresh_params)
             return b
@@ -414,10 +475,10 @@ class DeviceSplitRunner(LayerRunner):
         blobs = part.clone.blobs
         for j, p in enumerate(layer.blobs):
             b = blobs[j]
-            if not part.device.holds(p.data):
+            if not part.device.holds(_memory(p)):
                 if b.shape != p.shape:
                     b.reshape(p.shape)
-                copy_into(b.data, p.data)
+                part.copy_in(p, b, "data", rows=False)
             elif part.direct:
                 if not (b.shares_data_with(p) and b.shares_diff_with(p)):
                     b.reshape(p.shape)
@@ -448,7 +509,7 @@ class DeviceSplitRunner(LayerRunner):
         layer.reshape(bottom, top)  # the whole batch's top shapes (no arithmetic)
         split = self._split_for(net, i, batch)
         for p in _unique(bottom + top):
-            p.data  # noqa: B018 - allocate in this thread, before the devices write into rows of it
+            p.buffer("data")  # allocated in this thread, before the devices write into rows of it
         for part in split.parts:
             with part.device.thread_context():
                 for p in bottom:
@@ -485,8 +546,8 @@ class DeviceSplitRunner(LayerRunner):
             return
         ppd = list(layer.param_propagate_down)
         for p in _unique(bottom + top):
-            p.data  # noqa: B018 - allocate in this thread
-            p.diff  # noqa: B018
+            p.buffer("data")  # allocated in this thread
+            p.buffer("diff")
 
         def backward(part: _Part) -> None:
             clone = part.clone
@@ -508,6 +569,12 @@ class DeviceSplitRunner(LayerRunner):
             for part in split.parts:  # fixed order: device 1, 2, ...
                 if not part.direct:
                     _add_into(p.diff, part.clone.blobs[j].diff)
+
+
+def _memory(p: Blob) -> Any:
+    """An array in ``p``'s memory, for :meth:`Device.holds` (not an access of its values: see
+    :meth:`Blob.buffer`)."""
+    return p.data if isinstance(p, RowView) else p.buffer().array
 
 
 def _unique(blobs: Sequence[Blob]) -> list[Blob]:

@@ -182,7 +182,7 @@ def _random_run(tmp_path, batch: int = 6) -> dict[str, np.ndarray]:
     return out
 
 
-@pytest.mark.parametrize("setting", ["cpu:1,cpu:1 0.6,0.4", "cpu:1,elsewhere 0.5,0.5"])
+@pytest.mark.parametrize("setting", ["cpu:1,cpu:1 0.6,0.4", "cpu:1,elsewhere 0.5,0.5", "elsewhere alone"])
 def test_random_draws_shared_and_accumulated_gradients_and_a_new_batch_size(setting, tmp_path, monkeypatch):
     monkeypatch.setattr(devices, "SPLIT_MIN_WEIGHT_REUSE", 0)  # the InnerProduct too
     plain = _random_run(tmp_path, batch=5)
@@ -190,7 +190,8 @@ def test_random_draws_shared_and_accumulated_gradients_and_a_new_batch_size(sett
     _assert_same(_random_run(tmp_path, batch=5), plain, setting)
 
 
-def test_weights_changed_between_passes_reach_every_device(tmp_path):
+@pytest.mark.parametrize("setting", ["cpu:1,elsewhere 0.5,0.5", "elsewhere alone"])
+def test_weights_changed_between_passes_reach_every_device(setting, tmp_path):
     """A test net's layers get the train net's weight memory swapped in (share_trained_layers_with), and a
     mirrored device's copy must be refreshed after an update: both before the next forward."""
     def run():
@@ -211,7 +212,7 @@ def test_weights_changed_between_passes_reach_every_device(tmp_path):
 
     plain = run()
     assert not np.allclose(plain[0], plain[1]) and not np.allclose(plain[1], plain[2])
-    cct.set_devices(*SETTINGS["cpu:1,elsewhere 0.5,0.5"])
+    cct.set_devices(*SETTINGS[setting])
     for a, b in zip(run(), plain):
         assert_close(a, b, "loss")
 
@@ -293,3 +294,99 @@ def test_cpu_devices_of_several_blas_threads_are_told_their_products_take_turns(
     with captured_log() as log:
         cct.Net(str(path), cct.TEST).forward()
     assert ("OpenBLAS runs one multi-threaded matrix product at a time" in log.getvalue()) == warned
+
+
+# ---- one device that does not hold the net's memory (GPU mode) keeps its copies between layers ---------------
+def _copies(monkeypatch) -> list[tuple[Any, str]]:
+    """Records every copy between the host and the stand-in device: (the host buffer, "data in", "diff in" or
+    "back")."""
+    seen: list[tuple[Any, str]] = []
+    copy_in, copy_back = devices._Part.copy_in, devices._CopyBack.__call__
+
+    def counted_in(part, p, ours, what, rows=True):
+        key = id(ours.buffer(what))
+        known = part.current.get(key)
+        copy_in(part, p, ours, what, rows)
+        if part.current.get(key) is not known:
+            seen.append((p.buffer(what), f"{what} in"))
+
+    def counted_back(back):
+        seen.append((back.buf, "back"))
+        copy_back(back)
+
+    monkeypatch.setattr(devices._Part, "copy_in", counted_in)
+    monkeypatch.setattr(devices._CopyBack, "__call__", counted_back)
+    return seen
+
+
+def test_gpu_mode_keeps_each_blob_on_its_device_between_layers(tmp_path, monkeypatch):
+    """A blob one device layer writes and the next reads stays on the device: what crosses is what the host's
+    layers touch (Dropout's blob, both ways, data and gradient; the loss layer's input and its gradient) and
+    each weight once after the solver changed it — with the plain run's numbers.  (A host layer's read counts
+    as a write: a blob's arrays are mutable views, as pycaffe's are.)"""
+    monkeypatch.setattr(devices, "SPLIT_MIN_WEIGHT_REUSE", 0)  # the InnerProduct too (the stand-in is a CPU)
+    path = tmp_path / "net.prototxt"
+    path.write_text(RANDOM_NET.replace("STOCHASTIC", "MAX"))  # (a stochastic pooling draws on the host)
+    solver = tmp_path / "solver.prototxt"
+    solver.write_text(f'net: "{path}" base_lr: 0.01 momentum: 0.9 lr_policy: "fixed" max_iter: 100 '
+                      f'display: 0 random_seed: 5\n')
+
+    def train(steps: int) -> Any:
+        cct.set_random_seed(5)
+        s = cct.get_solver(str(solver))
+        rng = np.random.default_rng(2)
+        s.net.blobs["data"].data[...] = rng.standard_normal(s.net.blobs["data"].shape)
+        s.net.blobs["label"].data[...] = rng.integers(0, 3, 6)
+        s.step(steps)
+        return s
+
+    plain = _snapshot(train(3).net)
+    cct.set_devices(*SETTINGS["elsewhere alone"])
+    s = train(2)
+    seen = _copies(monkeypatch)
+    s.step(1)
+    net = s.net
+    assert sorted(n for n in net._layer_names if n not in _split_layers(net)) == ["data", "drop", "loss"]
+    names = {}
+    for name, b in net.blobs.items():
+        names[id(b.buffer("data"))], names[id(b.buffer("diff"))] = name, name
+    params = {id(p.buffer("data")) for p in net.learnable_params}
+    copied = sorted(("param" if id(buf) in params else names[id(buf)], how) for buf, how in seen)
+    assert copied == sorted([("sum", "back"), ("sum", "data in"),  # Dropout, in place, forward
+                             ("ip", "back"),  # the loss layer's input
+                             ("ip", "diff in"), ("ip", "data in"),  # its gradient; the input it touched
+                             ("sum", "back"), ("sum", "diff in")]  # Dropout's backward
+                            + [("param", "data in")] * sum(len(layer.blobs) for layer in net.layers))
+    # (each layer's clone has its copy of the weights, conv3's of the ones it shares with conv2 too; the input
+    # data never changed)
+    _assert_same(_snapshot(net), plain, "3 steps")
+
+
+def test_gpu_mode_sees_what_a_script_writes_between_passes(tmp_path, monkeypatch):
+    """pycaffe code that reads a blob after a pass gets the device's values, and what it writes into a blob
+    between two partial passes is what the next layers on the device read."""
+    monkeypatch.setattr(devices, "SPLIT_MIN_WEIGHT_REUSE", 0)
+    path = tmp_path / "net.prototxt"
+    path.write_text(RANDOM_NET.replace("STOCHASTIC", "MAX").replace('layer { name: "drop"', '# layer { name: "drop"'))
+
+    def run() -> list[np.ndarray]:
+        cct.set_random_seed(4)
+        net = cct.Net(str(path), cct.TRAIN)
+        net.blobs["data"].data[...] = np.random.default_rng(3).standard_normal(net.blobs["data"].shape)
+        net.forward()
+        seen = [net.blobs["sum"].data.copy(), net.blobs["ip"].data.copy()]
+        net.blobs["sum"].data[...] *= -2  # between passes, on the host
+        net.forward(start="pool")
+        seen.append(net.blobs["ip"].data.copy())
+        net.backward()
+        seen.append(net.blobs["sum"].diff.copy())
+        net.blobs["pool"].diff[...] *= 3
+        net.backward(start="pool")
+        seen.append(net.blobs["sum"].diff.copy())
+        return seen
+
+    plain = run()
+    assert not np.allclose(plain[1], plain[2]) and not np.allclose(plain[3], plain[4])
+    cct.set_devices(*SETTINGS["elsewhere alone"])
+    for k, (ours, theirs) in enumerate(zip(run(), plain)):
+        assert_close(ours, theirs, f"read {k}")
