@@ -56,7 +56,7 @@ class _Buffer:
     and bumps ``version``, so a device copy taken at an older version is known stale; a device copy newer
     than ``array`` is ``pending``, and the first such access copies it in (:meth:`host_access`)."""
 
-    __slots__ = ("array", "version", "pending", "tracked")
+    __slots__ = ("array", "version", "pending", "tracked", "__weakref__")
 
     def __init__(self, xp: ModuleType, capacity: int, dtype: Any):
         self.array = xp.zeros(max(capacity, 1), dtype=dtype)

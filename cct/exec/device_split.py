@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -212,9 +213,9 @@ class _Part:
     mode): its blobs are the device copies of the net's, kept between layers.  A copy the part wrote is
     not copied back to the net's blob at once but left pending there (:class:`cct.blob._Buffer`): it comes
     back when host code first touches the blob — a layer running on the host, pycaffe, the solver — and a
-    copy the part holds is copied in again only after such a touch (``current``: per device buffer, the net
-    blob's buffer, version and count it was current at).  Otherwise every layer copies its inputs in and its outputs
-    out."""
+    copy the part holds is copied in again only after such a touch (``current``: per device buffer, the
+    net blob's buffer, version and count it was current at; shared by all parts of the runner).
+    Otherwise every layer copies its inputs in and its outputs out."""
 
     device: Device
     start: int
@@ -225,7 +226,7 @@ class _Part:
     clone: Any = None
     direct: bool = False  # accumulates parameter gradients straight into the layer's own diffs
     mirrors: bool = False
-    current: dict[int, tuple[Any, Any, int, int]] = field(default_factory=dict)
+    current: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
 
     def stage_in(self, net_blobs: Sequence[Blob], what: str) -> None:
         for p in _unique(net_blobs):
@@ -242,7 +243,7 @@ class _Part:
                 copy_into(getattr(p, what)[self.start:self.stop], getattr(ours, what))
                 continue
             buf, dev = p.buffer(what), ours.buffer(what)
-            self.current[id(dev)] = (dev, buf, buf.device_wrote(_CopyBack(buf, dev, p.count)), p.count)
+            self.current[dev] = (buf, buf.device_wrote(_CopyBack(buf, dev, p.count)), p.count)
 
     def copy_in(self, p: Blob, ours: Blob, what: str, rows: bool = True) -> None:
         """``ours`` made equal to net blob ``p``'s ``what``: this part's rows of it (``rows``), or all of it (a
@@ -253,13 +254,11 @@ class _Part:
             copy_into(getattr(ours, what), getattr(p, what)[self.start:self.stop])
             return
         buf, dev = p.buffer(what), ours.buffer(what)
-        known = self.current.get(id(dev))
-        if known is not None and known[0] is dev and known[1] is buf and known[2] == buf.version \
-                and known[3] == p.count:
+        if self.current.get(dev) == (buf, buf.version, p.count):
             return
         copy_into(getattr(ours, what), getattr(p, what))  # (the access brings a pending copy back first)
         buf.tracked = True
-        self.current[id(dev)] = (dev, buf, buf.version, p.count)
+        self.current[dev] = (buf, buf.version, p.count)
 
 
 class _CopyBack:
@@ -303,7 +302,7 @@ class DeviceSplitRunner(LayerRunner):
         # one device alone (GPU mode): its copy of each net blob, shared by all layers, and when each copy was
         # current (_Part.mirrors)
         self._mirror_blobs: dict[int, tuple[Blob, Blob]] = {}
-        self._current: dict[int, tuple[Any, Any, int, int]] = {}
+        self._current: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # device buffer -> when
         self._split_at_forward: dict[int, _Split | None] = {}
         self._shares: dict[int, list[int]] = {}
         self._whole_logged: dict[int, int] = {}
@@ -435,7 +434,9 @@ class DeviceSplitRunner(LayerRunner):
         if part.device.holds(_memory(p)):
             ours = Blob.view_rows(p, part.start, part.stop)
         elif part.mirrors:
-            ours = self._mirror_blobs.setdefault(id(p), (p, Blob(shape, xp=part.device.xp, dtype=p.dtype)))[1]
+            if id(p) not in self._mirror_blobs:
+                self._mirror_blobs[id(p)] = (p, Blob(shape, xp=part.device.xp, dtype=p.dtype))
+            ours = self._mirror_blobs[id(p)][1]
         else:
             ours = Blob(shape, xp=part.device.xp, dtype=p.dtype)
         part.parents[id(p)] = (p, ours)

@@ -304,7 +304,7 @@ def _copies(monkeypatch) -> list[tuple[Any, str]]:
     copy_in, copy_back = devices._Part.copy_in, devices._CopyBack.__call__
 
     def counted_in(part, p, ours, what, rows=True):
-        key = id(ours.buffer(what))
+        key = ours.buffer(what)
         known = part.current.get(key)
         copy_in(part, p, ours, what, rows)
         if part.current.get(key) is not known:
