@@ -56,7 +56,10 @@ class _CblasGemm:
     and data gradients: 128 ms alternating the two libraries, 64 ms in numpy's alone, 2 cores).  The symbol is
     looked up from numpy's own extension module, so the dynamic linker answers with the library numpy is
     linked against; the integer width follows the symbol's name (OpenBLAS's ILP64 builds append ``64_``).
-    One small product is checked against numpy before the function is trusted."""
+    With the compiled kernels (:mod:`cct.native`) the call goes through their ``gemm_accumulate``, one C call
+    with the operands' checks and the GIL released (the ctypes call and its checks in Python held the GIL
+    ~4 us longer: a lowering's per-offset GEMMs make ~1600 such calls a CaffeNet iteration).  One small
+    product is checked against numpy, through the path used, before the function is trusted."""
 
     _SYMBOLS = (("scipy_cblas_{t}gemm64_", ctypes.c_int64), ("cblas_{t}gemm64_", ctypes.c_int64),
                 ("scipy_cblas_{t}gemm", ctypes.c_int), ("cblas_{t}gemm", ctypes.c_int))
@@ -64,11 +67,15 @@ class _CblasGemm:
 
     def __init__(self) -> None:
         self.functions: dict[Any, Any] = {}
+        self.compiled: Any = None  # cct.native's kernels, once given the functions
         try:
             core = getattr(np, "_core", None) or np.core
             lib = ctypes.CDLL(core._multiarray_umath.__file__)
         except (AttributeError, OSError):
             return
+        from cct import native
+
+        compiled = self.compiled = native.kernels()
         for dtype, t, scalar in ((np.float32, "s", ctypes.c_float), (np.float64, "d", ctypes.c_double)):
             for name, integer in self._SYMBOLS:
                 fn = getattr(lib, name.format(t=t), None)
@@ -79,8 +86,13 @@ class _CblasGemm:
                                ctypes.c_void_p, integer, ctypes.c_void_p, integer, scalar, ctypes.c_void_p,
                                integer]
                 self.functions[np.dtype(dtype)] = fn
+                if compiled is not None:
+                    compiled.set_gemm(np.dtype(dtype).itemsize, ctypes.cast(fn, ctypes.c_void_p).value,
+                                      integer is ctypes.c_int64)
                 if not self._agrees(dtype):
                     del self.functions[np.dtype(dtype)]
+                    if compiled is not None:
+                        compiled.set_gemm(np.dtype(dtype).itemsize, 0, False)
                 break
 
     def _agrees(self, dtype: Any) -> bool:
@@ -107,14 +119,18 @@ class _CblasGemm:
 
     def __call__(self, out: Any, a: Any, b: Any) -> bool:
         """``out += a @ b`` if this BLAS can take the operands as they lie; False (nothing done) otherwise."""
+        if self.compiled is not None:
+            return bool(self.compiled.gemm_accumulate(out, a, b))
         fn = self.functions.get(out.dtype)
         if fn is None or a.dtype != out.dtype or b.dtype != out.dtype or out.ndim != 2 or a.ndim != 2 \
                 or b.ndim != 2:
             return False
+        (m, k), n = a.shape, b.shape[1]
+        if b.shape[0] != k or out.shape != (m, n):
+            return False
         oa, ob, oc = self._operand(a), self._operand(b), self._operand(out)
         if oa is None or ob is None or oc is None or oc[0] != self._NO_TRANS:
             return False
-        (m, k), n = a.shape, b.shape[1]
         if m and n and k:
             fn(self._ROW_MAJOR, oa[0], ob[0], m, n, k, 1.0, a.ctypes.data, oa[1], b.ctypes.data, ob[1], 1.0,
                out.ctypes.data, oc[1])

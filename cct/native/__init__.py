@@ -11,6 +11,9 @@ a -0.0); the layers, the lowering and the SGD solver call them through :func:`ke
 they support (:func:`takes`) and keep their array-module bodies for everything else (cupy, other dtypes, N-D
 or images-last lowering, LRN within a channel or with other powers, leaky ReLUs, the other update rules).
 
+They also make :func:`cct.engines.gemm.matmul_accumulate`'s call into numpy's BLAS (``out += a @ b``, beta 1)
+in one C call with the GIL released, where a ctypes call checked its operands in Python.
+
 Without a compiler the package installs without them and every layer runs its numpy body;
 ``cct device_query`` says which.  ``CCT_NATIVE=0`` in the environment turns them off (for A/B timing).
 """
@@ -24,7 +27,7 @@ import numpy as np
 from cct.config import settings
 
 # the kernels' API version this package calls (CCT_KERNELS_API in _kernels.c)
-API_VERSION = 3
+API_VERSION = 4
 
 try:
     from cct.native import _kernels as _built
@@ -59,4 +62,4 @@ def describe() -> str:
     if kernels() is None:
         return "numpy bodies (compiled kernels off: CCT_NATIVE=0)"
     return ("compiled (MAX pooling of up to 8 spatial axes; LRN across channels, beta 0.75; 2-D lowering; ReLU "
-            "backward; SGD update), numpy bodies elsewhere")
+            "backward; SGD update; accumulating GEMM calls), numpy bodies elsewhere")

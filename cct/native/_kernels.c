@@ -1,11 +1,11 @@
 /* Compiled kernels for the steps whose numpy form is bound by many short passes over memory (see
  * cct/native/__init__.py): MAX pooling (forward and backward, 1 to 8 spatial axes), LRN across channels with
  * beta = 3/4 (forward and backward), the 2-D lowering of CcT's types 1 and 2 (im2col) and its adjoint
- * (col2im), ReLU's backward and the SGD solver's update step.  Each kernel works on C-contiguous buffers
- * (float32 or float64, chosen by the buffer's item size), walks one channel plane (or image, or tile of channels,
- * or value) at a time while it sits in the core's cache, and releases the GIL, so the batch partitions' threads
- * run it side by side.  Arguments are checked before any memory is touched: a geometry that does not fit its
- * buffers is a ValueError.
+ * (col2im), ReLU's backward and the SGD solver's update step (and a beta = 1 GEMM call into numpy's BLAS, at
+ * the end).  Each kernel works on C-contiguous buffers (float32 or float64, chosen by the buffer's item size),
+ * walks one channel plane (or image, or tile of channels, or value) at a time while it sits in the core's cache,
+ * and releases the GIL, so the batch partitions' threads run it side by side.  Arguments are checked before any
+ * memory is touched: a geometry that does not fit its buffers is a ValueError.
  *
  * MAX pooling (Caffe's scan): a window's maximum starts at -FLT_MAX and is replaced by each cell strictly
  * greater, kernel offsets in row-major order, so the winner is the first cell equal to the maximum and NaN
@@ -800,6 +800,105 @@ static PyObject *sgd_update(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* ---- out += a @ b through numpy's own BLAS --------------------------------------------------------------
+ * cct.engines.gemm finds the cblas ?gemm numpy is linked against and gives its address here once (set_gemm);
+ * gemm_accumulate then makes the call numpy has no form for (beta = 1) from 2-D views as they lie — unit-strided
+ * along rows or along columns, as the BLAS takes them transposed or not — with the GIL released, in one C call
+ * (the ctypes call with its argument checks in Python held the GIL ~4 us longer, a partition thread's turn). */
+enum { CBLAS_ROW_MAJOR = 101, CBLAS_NO_TRANS = 111, CBLAS_TRANS = 112 };
+typedef void (*sgemm32_t)(int, int, int, int32_t, int32_t, int32_t, float, const float *, int32_t, const float *,
+                          int32_t, float, float *, int32_t);
+typedef void (*sgemm64_t)(int, int, int, int64_t, int64_t, int64_t, float, const float *, int64_t, const float *,
+                          int64_t, float, float *, int64_t);
+typedef void (*dgemm32_t)(int, int, int, int32_t, int32_t, int32_t, double, const double *, int32_t,
+                          const double *, int32_t, double, double *, int32_t);
+typedef void (*dgemm64_t)(int, int, int, int64_t, int64_t, int64_t, double, const double *, int64_t,
+                          const double *, int64_t, double, double *, int64_t);
+static void *gemm_fn[2];   /* float32, float64 */
+static int gemm_ilp64[2];  /* the BLAS's integers are 64-bit */
+
+static PyObject *set_gemm(PyObject *self, PyObject *args) {
+    unsigned long long address;
+    int item, ilp64;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "iKp", &item, &address, &ilp64)) return NULL;
+    if (item != 4 && item != 8) {
+        PyErr_SetString(PyExc_ValueError, "set_gemm: item size must be 4 or 8");
+        return NULL;
+    }
+    gemm_fn[item == 8] = (void *)(uintptr_t)address;
+    gemm_ilp64[item == 8] = ilp64;
+    Py_RETURN_NONE;
+}
+
+/* (transpose flag, leading dimension) of a 2-D view unit-strided along its rows or its columns; 0 if neither. */
+static int gemm_operand(const Py_buffer *v, int *trans, Py_ssize_t *ld) {
+    const Py_ssize_t rows = v->shape[0], cols = v->shape[1], s0 = v->strides[0], s1 = v->strides[1];
+    const Py_ssize_t item = v->itemsize;
+    if ((s1 == item || cols == 1) && s0 > 0 && s0 % item == 0 && s0 / item >= (cols > 1 ? cols : 1)) {
+        *trans = CBLAS_NO_TRANS;
+        *ld = s0 / item;
+        return 1;
+    }
+    if ((s0 == item || rows == 1) && s1 > 0 && s1 % item == 0 && s1 / item >= (rows > 1 ? rows : 1)) {
+        *trans = CBLAS_TRANS;
+        *ld = s1 / item;
+        return 1;
+    }
+    return 0;
+}
+
+static PyObject *gemm_accumulate(PyObject *self, PyObject *args) {
+    PyObject *o[3];
+    Py_buffer v[3];
+    int held = 0, done = 0, trans[3] = {0, 0, 0};
+    Py_ssize_t ld[3] = {0, 0, 0};
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOO", &o[0], &o[1], &o[2])) return NULL;  /* out, a, b */
+    for (; held < 3; held++)
+        if (PyObject_GetBuffer(o[held], &v[held], PyBUF_STRIDES | PyBUF_FORMAT | (held ? 0 : PyBUF_WRITABLE)) < 0)
+            goto out;
+    const Py_ssize_t item = v[0].itemsize;
+    void *fn = (item == 4 || item == 8) ? gemm_fn[item == 8] : NULL;
+    int same = fn != NULL;
+    for (int i = 0; i < 3 && same; i++)  /* native float32 or float64, all three alike */
+        same = v[i].ndim == 2 && v[i].itemsize == item && v[i].format &&
+               strcmp(v[i].format, item == 4 ? "f" : "d") == 0 && gemm_operand(&v[i], &trans[i], &ld[i]);
+    if (!same || trans[0] != CBLAS_NO_TRANS || v[1].shape[1] != v[2].shape[0] || v[0].shape[0] != v[1].shape[0] ||
+        v[0].shape[1] != v[2].shape[1]) {
+        done = 0;
+        goto out;
+    }
+    const Py_ssize_t m = v[1].shape[0], k = v[1].shape[1], n = v[2].shape[1];
+    const int ilp64 = gemm_ilp64[item == 8];
+    if (!ilp64 && (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX || ld[0] > INT32_MAX || ld[1] > INT32_MAX ||
+                   ld[2] > INT32_MAX)) {
+        done = 0;
+        goto out;
+    }
+    done = 1;
+    if (m && n && k) {
+        Py_BEGIN_ALLOW_THREADS
+        if (item == 4 && ilp64)
+            ((sgemm64_t)fn)(CBLAS_ROW_MAJOR, trans[1], trans[2], m, n, k, 1.0f, v[1].buf, ld[1], v[2].buf, ld[2], 1.0f,
+                            v[0].buf, ld[0]);
+        else if (item == 4)
+            ((sgemm32_t)fn)(CBLAS_ROW_MAJOR, trans[1], trans[2], (int32_t)m, (int32_t)n, (int32_t)k, 1.0f, v[1].buf,
+                            (int32_t)ld[1], v[2].buf, (int32_t)ld[2], 1.0f, v[0].buf, (int32_t)ld[0]);
+        else if (ilp64)
+            ((dgemm64_t)fn)(CBLAS_ROW_MAJOR, trans[1], trans[2], m, n, k, 1.0, v[1].buf, ld[1], v[2].buf, ld[2], 1.0,
+                            v[0].buf, ld[0]);
+        else
+            ((dgemm32_t)fn)(CBLAS_ROW_MAJOR, trans[1], trans[2], (int32_t)m, (int32_t)n, (int32_t)k, 1.0, v[1].buf,
+                            (int32_t)ld[1], v[2].buf, (int32_t)ld[2], 1.0, v[0].buf, (int32_t)ld[0]);
+        Py_END_ALLOW_THREADS
+    }
+out:
+    for (int i = 0; i < held; i++) PyBuffer_Release(&v[i]);
+    if (held < 3) return NULL;
+    return PyBool_FromLong(done);
+}
+
 static PyMethodDef methods[] = {
     {"max_pool_forward", max_pool_forward, METH_VARARGS,
      "max_pool_forward(geometry, x, ymax, y, winners, codes): N-D MAX pooling of C-contiguous planes; y and "
@@ -817,6 +916,11 @@ static PyMethodDef methods[] = {
      "lrn_backward(x, y, dy, scale, dx, n, c, hw, size, gain): its gradient, gain = -2*coeff*beta"},
     {"relu_backward", relu_backward, METH_VARARGS,
      "relu_backward(x, dy, dx): dx = dy * (x > 0); dx may be dy"},
+    {"set_gemm", set_gemm, METH_VARARGS,
+     "set_gemm(itemsize, address, ilp64): the cblas ?gemm gemm_accumulate calls for items of that size"},
+    {"gemm_accumulate", gemm_accumulate, METH_VARARGS,
+     "gemm_accumulate(out, a, b): out += a @ b by one BLAS call (beta = 1) on 2-D views as they lie; False "
+     "(nothing done) where the BLAS cannot take them or set_gemm was not called for their type"},
     {"sgd_update", sgd_update, METH_VARARGS,
      "sgd_update(w, g, h, normalize, norm, decay, l1, rate, momentum): Caffe's SGD step on w, g (the update "
      "left in it) and history h, in place"},
@@ -827,7 +931,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels", NULL, -1,
 
 /* The version of the functions' arguments and meaning: cct.native ignores a module of another version (a copy
  * left in a checkout by an older build). */
-#define CCT_KERNELS_API 3
+#define CCT_KERNELS_API 4
 
 PyMODINIT_FUNC PyInit__kernels(void) {
     PyObject *m = PyModule_Create(&module);

@@ -13,7 +13,7 @@ from cct.config import settings
 from cct.engines import ConvGeometry, lowering
 from cct.engines.lowering import LoweringEngine, Workspace, strategy_fallback
 from tests.engines import reference as ref
-from tests.helpers import run_batch_in_one_range, run_batch_in_ranges
+from tests.helpers import BODIES, run_batch_in_one_range, run_batch_in_ranges, select_body
 
 # (geometry, expected effective strategy for requested 1, 2, 3)
 CASES = [
@@ -304,13 +304,21 @@ def test_matmul_accumulate_takes_every_layout(dtype) -> None:
             np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.fixture(params=BODIES)
+def gemm_call(request, monkeypatch) -> str:
+    """The call into numpy's BLAS through the compiled kernels' ``gemm_accumulate``, or through ctypes."""
+    return select_body(request, monkeypatch)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_numpy_blas_gemm_takes_strided_and_transposed_operands(dtype) -> None:
-    """The beta = 1 gemm of numpy's own BLAS (what ``matmul_accumulate`` runs) on the layouts it accepts, and
-    a refusal, leaving ``out`` alone, on those it cannot take."""
+def test_numpy_blas_gemm_takes_strided_and_transposed_operands(dtype, gemm_call) -> None:
+    """The beta = 1 gemm of numpy's own BLAS (what ``matmul_accumulate`` runs), called through the compiled
+    kernels or through ctypes, on the layouts it accepts, and a refusal, leaving ``out`` alone, on those it
+    cannot take."""
     from cct.engines.gemm import _CblasGemm
 
     gemm = _CblasGemm()
+    assert (gemm.compiled is not None) == (gemm_call == "compiled")
     if np.dtype(dtype) not in gemm.functions:
         pytest.skip("numpy's BLAS exports no cblas gemm here")
     rng = np.random.default_rng(7)
@@ -324,9 +332,15 @@ def test_numpy_blas_gemm_takes_strided_and_transposed_operands(dtype) -> None:
         expected = out.astype(np.float64) + a.astype(np.float64) @ b.astype(np.float64)
         assert gemm(out, a, b)
         np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+    other = np.float64 if dtype == np.float32 else np.float32
     refused = [(big[:5, ::2][:, :4], big[:4, :3], np.zeros((5, 3), dtype)),
                (big[:5, :4], big[:4, :3], np.zeros((3, 5), dtype).T),
-               (big[:5, :4].astype(np.float16), big[:4, :3], np.zeros((5, 3), dtype))]
+               (big[:5, :4].astype(np.float16), big[:4, :3], np.zeros((5, 3), dtype)),
+               (big[:5, :4].astype(other), big[:4, :3], np.zeros((5, 3), dtype)),
+               (big[:5, :4], big[:4, :3].astype(np.dtype(dtype).newbyteorder()), np.zeros((5, 3), dtype)),
+               (big[:5, :4, None], big[:4, :3], np.zeros((5, 3), dtype)),
+               (big[:5, :4], big[:3, :3], np.zeros((5, 3), dtype)),  # shapes that do not chain
+               (big[:5, :4], big[:4, :3], np.zeros((5, 2), dtype))]
     for a, b, out in refused:
         assert not gemm(out, a, b)
         assert not out.any()
