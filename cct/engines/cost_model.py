@@ -23,16 +23,10 @@ calibrated per machine like the rates.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 from cct.engines.base import ConvGeometry
-
-
-def _prod(values: tuple[int, ...]) -> int:
-    n = 1
-    for v in values:
-        n *= v
-    return n
 
 
 @dataclass(frozen=True)
@@ -92,9 +86,9 @@ def layer_costs(g: ConvGeometry, strategy: int, itemsize: int = 4, per_image_lif
     nd = g.num_spatial_axes
     f = {1: 0, 2: min(1, nd), 3: nd}[strategy]
     B, C, O = g.num, g.in_channels, g.out_channels
-    kF, kL = _prod(g.kernel[:f]), _prod(g.kernel[f:])
-    cols = _prod(g.in_shape[:f]) * _prod(g.out_shape[f:])
-    p_in, p_out = _prod(g.in_shape), g.out_count
+    kF, kL = math.prod(g.kernel[:f]), math.prod(g.kernel[f:])
+    cols = math.prod(g.in_shape[:f]) * math.prod(g.out_shape[f:])
+    p_in, p_out = math.prod(g.in_shape), g.out_count
     M, K, N = O // g.group * kF, C // g.group * kL, cols * B
     gemm = 3 * 2.0 * (O * kF) * (C // g.group * kL) * cols * B
     lowered = 2.0 * C * kL * cols * B if f < nd else 2.0 * C * p_in * B  # forward + weight gradient

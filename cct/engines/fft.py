@@ -147,7 +147,7 @@ def _batched_matmul(a: Any, b: Any) -> Any:
     40→40 layer instead of 0.4 s."""
     lead = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     out = np.empty(lead + (a.shape[-2], b.shape[-1]), dtype=np.result_type(a, b))
-    per_frequency = 8.0 * _prod(lead[1:]) * a.shape[-2] * a.shape[-1] * b.shape[-1]
+    per_frequency = 8.0 * math.prod(lead[1:]) * a.shape[-2] * a.shape[-1] * b.shape[-1]
     ranges = batch_ranges(lead[0], partitions_for(lead[0], per_frequency))
 
     def body(_part: int, f0: int, f1: int) -> None:
@@ -171,7 +171,7 @@ def _spatial_first(a: Any) -> Any:
     if a.size < MOVE_PER_IMAGE_MIN:
         return np.ascontiguousarray(np.moveaxis(a, (0, 1), (a.ndim - 2, a.ndim - 1)))
     b0, b1 = a.shape[:2]
-    S = _prod(a.shape[2:])
+    S = math.prod(a.shape[2:])
     out = np.empty(a.shape[2:] + (b0, b1), dtype=a.dtype)
     src, dst = a.reshape(b0, b1, S), out.reshape(S, b0, b1)
 
@@ -183,17 +183,13 @@ def _spatial_first(a: Any) -> Any:
     return out
 
 
-def _prod(values: Any) -> int:
-    return math.prod(int(v) for v in values)
-
-
 def _transform_flops(size: tuple[int, ...], block: tuple[int, ...]) -> float:
     """5·n·log2(n) per line of the pruned transform of a ``block`` in ``size`` (real axis at half cost)."""
     nd = len(size)
     spec = size[:-1] + (size[-1] // 2 + 1,)
     total = 0.0
     for a in reversed(range(nd)):  # along axis a: axes < a at block extent, axes > a in the spectrum
-        lines = _prod(block[:a]) * _prod(spec[a + 1:])
+        lines = math.prod(block[:a]) * math.prod(spec[a + 1:])
         total += lines * 5 * size[a] * math.log2(max(size[a], 2)) * (0.5 if a == nd - 1 else 1.0)
     return total
 
@@ -292,7 +288,7 @@ class FFTEngine(ConvEngine):
             rows_x = (g.in_shape[0] + 2 * g.pad[0]) if lifted else 1
             rows_y = g.out_shape[0] if lifted else 1
             taps = g.kernel[0] if lifted else 1
-            F = _prod(size[:-1]) * (size[-1] // 2 + 1)
+            F = math.prod(size[:-1]) * (size[-1] // 2 + 1)
             forward = (n * c * rows_x * _transform_flops(size, g.in_shape[rest])
                        + o * cg * taps * _transform_flops(size, g.extent[rest])
                        + n * o * rows_y * _transform_flops(size, g.out_shape[rest]))
@@ -540,7 +536,7 @@ class FFTEngine(ConvEngine):
 
             def add(_part: int, n0: int, n1: int) -> None:
                 y[n0:n1] += bias
-            run_batch(y.shape[0], add, work=float(_prod(y.shape[1:])))
+            run_batch(y.shape[0], add, work=float(math.prod(y.shape[1:])))
         return y
 
     def backward(self, x: Any, dy: Any, w: Any, dx: Any | None, dw: Any | None) -> None:
@@ -625,7 +621,7 @@ class FFTEngine(ConvEngine):
         if signal.size < MOVE_PER_IMAGE_MIN:
             out.reshape(src.shape)[...] = src
             return
-        S, (G, N, C) = _prod(spatial), signal.shape[nd:]
+        S, (G, N, C) = math.prod(spatial), signal.shape[nd:]
         dst = out.reshape(N, G, C, S)
 
         def body(_part: int, n0: int, n1: int) -> None:

@@ -71,10 +71,6 @@ def transform_size(n: int, real: bool = False) -> int:
     return int(sfft.next_fast_len(int(n), real=real))
 
 
-def _prod(values: Sequence[int]) -> int:
-    return math.prod(int(v) for v in values)
-
-
 @dataclass(frozen=True)
 class FFTPlan:
     """Transforms of size ``size`` (one entry per spatial axis) over the leading axes of an array.
@@ -96,7 +92,7 @@ class FFTPlan:
 
     @property
     def num_frequencies(self) -> int:
-        return _prod(self.spectrum_shape)
+        return math.prod(self.spectrum_shape)
 
     # ---- forward -------------------------------------------------------------------------------
     def forward(self, block: Any, step: Sequence[int] | None = None, workers: int = 1, first: int = 0) -> Any:
@@ -190,11 +186,11 @@ class FFTPlan:
         nd, dtype = self.nd, block.dtype
         if batch_first:
             batch, spatial = block.shape[:-nd], block.shape[-nd:]
-            x = np.ascontiguousarray(block).reshape((_prod(batch),) + spatial)
+            x = np.ascontiguousarray(block).reshape((math.prod(batch),) + spatial)
         else:
             spatial, batch = block.shape[:nd], block.shape[nd:]
-            x = np.ascontiguousarray(block).reshape(spatial + (_prod(batch),))
-        rows = _prod(batch)
+            x = np.ascontiguousarray(block).reshape(spatial + (math.prod(batch),))
+        rows = math.prod(batch)
         n, k = self.size[-1], self.size[-1] // 2 + 1
         real = _dft_split(n, np.arange(k), np.arange(spatial[-1]) * step[-1], -1, dtype)
         real = real.reshape(2 * k, spatial[-1])  # rows (part, frequency)
@@ -241,13 +237,13 @@ class FFTPlan:
         nd = self.nd
         dtype = spectrum.real.dtype
         batch = spectrum.shape[nd:]
-        rows = _prod(batch)
+        rows = math.prod(batch)
         k, n = self.size[-1] // 2 + 1, self.size[-1]
         wanted = [np.arange(size)[p] if isinstance(p, slice) else np.asarray(p) for p, size in zip(where, self.size)]
         # irfft: the bins between 0 and the Nyquist one count twice (their mirror images); the imaginary parts
         # of bin 0 and of the Nyquist bin are ignored — their sines are 0 at every position
         twice = np.where((np.arange(k) == 0) | (2 * np.arange(k) == n), 1.0, 2.0)
-        last = _dft_split(n, wanted[-1], np.arange(k), 1, np.float64) * twice / _prod(self.size)
+        last = _dft_split(n, wanted[-1], np.arange(k), 1, np.float64) * twice / math.prod(self.size)
         last[1] *= -1  # out = Σ Re(A)·Re(Y) - Im(A)·Im(Y)
         last = np.ascontiguousarray(last.transpose(1, 0, 2).reshape(len(wanted[-1]), 2 * k), dtype=dtype)
         narrow = self._narrow(len(wanted[0]))
@@ -270,7 +266,7 @@ class FFTPlan:
             while c < c1:
                 i0 = c % inner
                 stop = min(c1, c - i0 + inner)
-                dst = into[np.unravel_index(c // inner, batch[:-1]) + (slice(i0, i0 + stop - c),)]
+                dst = into[_unravel(c // inner, batch[:-1]) + (slice(i0, i0 + stop - c),)]
                 src = planes[..., c - c0:stop - c0]
                 if nd == 2:  # (positions, columns, last positions)
                     np.matmul(src.transpose(0, 2, 1), last_t, out=dst.transpose(1, 0, 2))
@@ -354,15 +350,24 @@ def _by_columns(columns: int, values_per_column: int, flops_per_column: float, d
 
         def scratch(name: str, shape: tuple[int, ...]) -> Any:
             if name not in places:
-                places[name] = (sum(size for _, size in places.values()), _prod(shape))
+                places[name] = (sum(size for _, size in places.values()), math.prod(shape))
             start = places[name][0]
-            return arena[start:start + _prod(shape)].reshape(shape)
+            return arena[start:start + math.prod(shape)].reshape(shape)
 
         with blas_threads(1):
             for c0 in range(j0, j1, width):
                 run(scratch, c0, min(j1, c0 + width))
 
     run_partitions(ranges, body)
+
+
+def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """``np.unravel_index(flat, shape)`` for one index, in Python ints (a tenth of numpy's per-call cost)."""
+    index = []
+    for size in reversed(shape):
+        flat, i = divmod(flat, size)
+        index.append(i)
+    return tuple(reversed(index))
 
 
 def _dft_split(n: int, rows: Any, cols: Any, sign: int, dtype: Any) -> Any:

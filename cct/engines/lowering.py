@@ -49,6 +49,7 @@ The shared workspace lives as long as an engine that used it (weak registry); an
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 import weakref
 from typing import Any
@@ -103,13 +104,6 @@ def images_first_copy(dst: Any, src: Any, bias: Any | None = None) -> None:
         xp.copyto(dst, moved)
     else:
         xp.add(moved, bias.reshape((len(bias),) + (1,) * (dst.ndim - 2)), out=dst)
-
-
-def _prod(values: tuple[int, ...]) -> int:
-    n = 1
-    for v in values:
-        n *= v
-    return n
 
 
 def lifted_axes(strategy: int, num_spatial: int) -> int:
@@ -176,7 +170,7 @@ def workspace_view(ws: dict[str, Any], name: str, shape: tuple[int, ...], like: 
     """A ``shape`` view of the flat buffer ``name`` of one partition's buffers ``ws`` (``Workspace.part(i)``),
     grown when too small, of ``like``'s dtype and array module; its contents are whatever the last user
     left."""
-    count = _prod(shape)
+    count = math.prod(shape)
     buf = ws.get(name)
     xp = get_array_module(like)
     if buf is None or buf.size < count or buf.dtype != like.dtype or get_array_module(buf) is not xp:
@@ -252,12 +246,12 @@ class _Layout:
         self.G, self.C, self.O = g.group, g.in_channels, g.out_channels
         self.Cg, self.Og = self.C // self.G, self.O // self.G
         self.kF, self.kL = g.kernel[:f], g.kernel[f:]
-        self.KF, self.KL = _prod(self.kF), _prod(self.kL)
+        self.KF, self.KL = math.prod(self.kF), math.prod(self.kL)
         self.inF, self.outF, self.outL = g.in_shape[:f], g.out_shape[:f], g.out_shape[f:]
         self.out_count = g.out_count
         self.padL = g.pad[f:]
         # lowered column count per image: F axes at input resolution, L axes at output resolution
-        self.cols = _prod(self.inF) * _prod(self.outL)
+        self.cols = math.prod(self.inF) * math.prod(self.outL)
         self.K = self.Cg * self.KL
         self.M = self.KF * self.Og
         self.lift = self._lift_plan(g) if f else []
@@ -747,10 +741,10 @@ class LoweringEngine(ConvEngine):
         the same order, each cell gaining exact zeros besides."""
         L = self._lay()
         padded = target.shape[2 + L.f:]
-        plane, lead = _prod(padded), _prod(target.shape[1:2 + L.f])
-        mult = [_prod(padded[a + 1:]) for a in range(len(padded))]
+        plane, lead = math.prod(padded), math.prod(target.shape[1:2 + L.f])
+        mult = [math.prod(padded[a + 1:]) for a in range(len(padded))]
         span = sum((o - 1) * m for o, m in zip(L.outL, mult)) + 1
-        kernel = _prod(L.kL)
+        kernel = math.prod(L.kL)
         spread = self._view(ws, "col_flat", (L.C, kernel, lead, plane), col)
         spread.fill(0)
         spread.reshape((L.C, kernel, lead) + padded)[(Ellipsis,) + tuple(slice(0, o) for o in L.outL)] = \
@@ -850,7 +844,7 @@ class LoweringEngine(ConvEngine):
             return
         if self._lifts_by_gemms(y.dtype, xp):
             yt = self._view(ws, "yT", L.yt_shape(n, g.out_shape), y).reshape(L.G, L.Og, -1)
-            self._lift_by_gemms(col, wm, [(gi, 0, yt[gi]) for gi in range(L.G)], _prod(L.outL) * n, assign=True)
+            self._lift_by_gemms(col, wm, [(gi, 0, yt[gi]) for gi in range(L.G)], math.prod(L.outL) * n, assign=True)
             images_first_copy(y, yt.reshape((L.O,) + g.out_shape + (n,)), b)
             return
         z = self._view(ws, "z", (L.G, L.M, n * L.cols), y)
@@ -907,7 +901,7 @@ class LoweringEngine(ConvEngine):
         ``dW_m[g, offset] += dyt[g, its output rows] · col[g, the input rows they read]ᵀ`` (in ``acc``'s layout)."""
         L = self._lay()
         n = x.shape[0]
-        plane = _prod(L.outL) * n
+        plane = math.prod(L.outL) * n
         if col is None:
             col = self._lower(ws, x).reshape(L.G, L.K, n * L.cols)
         dy2 = dyt.reshape(L.G, L.Og, -1)
@@ -929,11 +923,11 @@ class LoweringEngine(ConvEngine):
         per group and offset over the whole chunk, else one per image too (the rows of one image are a column
         range).  The offset that reads every input row, if one does, assigns (else zeros first)."""
         L = self._lay()
-        plane = _prod(L.outL)
+        plane = math.prod(L.outL)
         if L.images_last:  # one block: the chunk's images are inside every row
             plane, blocks = plane * n, [(0, 0)]
         else:
-            blocks = [(i * L.cols, i * _prod(L.outF) * plane) for i in range(n)]
+            blocks = [(i * L.cols, i * math.prod(L.outF) * plane) for i in range(n)]
         dy2 = dyt.reshape(L.G, L.Og, -1)
         rows = L.inF[0]
         plan = sorted(L.lift, key=lambda e: (e[2][0].start, -e[2][0].stop))  # one reading every row first
@@ -962,7 +956,7 @@ class LoweringEngine(ConvEngine):
             np.copyto(y, b.reshape((1, L.O) + (1,) * g.num_spatial_axes))
         out = y.reshape(n, L.G, L.Og, -1)
         self._lift_by_gemms(col, wm, [(gi, i * L.cols, out[i, gi]) for i in range(n) for gi in range(L.G)],
-                            _prod(L.outL), assign=False)
+                            math.prod(L.outL), assign=False)
 
     def _grad_z(self, ws: dict[str, Any], dy: Any) -> Any:
         """dZ (G, KF·Og, n·cols): ``dy`` channel-first (in the "z" slot for type 1, else "yT"), unlifted

@@ -21,6 +21,7 @@ Training FLOPs of a part of extent ``(n, c, h, w)`` (forward + backward): convol
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -49,13 +50,6 @@ def as4(shape: Sequence[int]) -> tuple[int, int, int, int]:
         raise CctError(f"blob shape {tuple(shape)} has {len(shape)} axes; the planner handles up to 4 "
                        "(N, C, H, W)")
     return tuple(shape) + (1,) * (4 - len(shape))  # type: ignore[return-value]
-
-
-def _prod(values: Sequence[int]) -> int:
-    n = 1
-    for v in values:
-        n *= int(v)
-    return n
 
 
 def _window(lo: np.ndarray, hi: np.ndarray, size: int, kernel: int, stride: int, pad: int, dilation: int = 1
@@ -103,7 +97,7 @@ class LayerModel:
 
     def flops(self, part: Sequence[int]) -> float:
         """Forward + backward FLOPs of one output part of extent ``part`` (n, c, h, w)."""
-        return self.flops_per_element * _prod(part)
+        return self.flops_per_element * math.prod(part)
 
     def params(self) -> int:
         """Learnable parameters (weights and biases; BatchNorm's statistics are not learned)."""
@@ -202,10 +196,10 @@ class ConvolutionModel(LayerModel):
         return new_lo, new_hi
 
     def flops(self, part: Sequence[int]) -> float:
-        return 6.0 * (self.in_channels // self.group) * _prod(self.kernel) * _prod(part)
+        return 6.0 * (self.in_channels // self.group) * math.prod(self.kernel) * math.prod(part)
 
     def params(self) -> int:
-        return self.out_channels * (self.in_channels // self.group) * _prod(self.kernel) + \
+        return self.out_channels * (self.in_channels // self.group) * math.prod(self.kernel) + \
             (self.out_channels if self.bias else 0)
 
     def conv_geometry(self, part: Sequence[int]) -> ConvGeometry:
@@ -228,7 +222,7 @@ class InnerProductModel(LayerModel):
 
     def __init__(self, lp: pb.LayerParameter, bottoms: Sequence[Shape], tops: Sequence[Shape]):
         super().__init__(lp, bottoms, tops)
-        self.inputs = _prod(self.bottoms[0][1:])
+        self.inputs = math.prod(self.bottoms[0][1:])
         self.outputs = int(lp.inner_product_param.num_output)
 
     @classmethod
@@ -286,7 +280,7 @@ class PoolingModel(LayerModel):
         return new_lo, new_hi
 
     def flops(self, part: Sequence[int]) -> float:
-        return 2.0 * _prod(self.kernel) * _prod(part)
+        return 2.0 * math.prod(self.kernel) * math.prod(part)
 
 
 class LRNModel(LayerModel):
@@ -310,7 +304,7 @@ class LRNModel(LayerModel):
         return new_lo, new_hi
 
     def flops(self, part: Sequence[int]) -> float:
-        return 2.0 * (int(self.lp.lrn_param.local_size) + 4) * _prod(part)
+        return 2.0 * (int(self.lp.lrn_param.local_size) + 4) * math.prod(part)
 
 
 class ConcatModel(LayerModel):
@@ -359,7 +353,7 @@ class EltwiseModel(LayerModel):
         return lo, hi
 
     def flops(self, part: Sequence[int]) -> float:
-        return 2.0 * len(self.bottoms) * _prod(part)
+        return 2.0 * len(self.bottoms) * math.prod(part)
 
 
 class LossModel(LayerModel):
@@ -370,7 +364,7 @@ class LossModel(LayerModel):
         return [()] if len(lp.top) <= 1 else None
 
     def flops(self, part: Sequence[int]) -> float:
-        return 10.0 * part[0] * _prod(self.bottoms[0][1:])
+        return 10.0 * part[0] * math.prod(self.bottoms[0][1:])
 
 
 class ViewModel(LayerModel):
@@ -385,7 +379,7 @@ class ViewModel(LayerModel):
         b, p = bottoms[0], lp.flatten_param
         start = p.axis + len(b) if p.axis < 0 else p.axis
         end = p.end_axis + len(b) if p.end_axis < 0 else p.end_axis
-        return [tuple(b[:start]) + (_prod(b[start:end + 1]),) + tuple(b[end + 1:])]
+        return [tuple(b[:start]) + (math.prod(b[start:end + 1]),) + tuple(b[end + 1:])]
 
 
 MODELS: dict[str, type[LayerModel]] = {
