@@ -221,6 +221,16 @@ class Blob:
                     setattr(self, attr, buf)
         return buf
 
+    def set_buffer(self, what: str, buf: _Buffer) -> None:
+        """Use ``buf`` (another blob's :meth:`buffer`, or an executor's device copy of one) for ``data`` or
+        ``diff``; it must hold the blob's count."""
+        if buf.array.size < self._count:
+            raise CctError(f"cannot use a buffer of {buf.array.size} values for a blob of {self._count}")
+        if what == "data":
+            self._data_buf, self._data = buf, None
+        else:
+            self._diff_buf, self._diff = buf, None
+
     def share_data(self, other: Blob) -> None:
         """Use ``other``'s data memory (counts must match)."""
         if other.count != self._count:

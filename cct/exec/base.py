@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from cct.runtime import partition
@@ -37,8 +37,19 @@ class Executor(ABC):
 
     def clear_param_diffs(self, net: NetCore) -> None:
         """Zero the diffs of all learnable parameters (shared copies share the memory)."""
-        for p in net.learnable_params:
-            partition.zero(p.diff)
+        zero_param_diffs(net.learnable_params)
+
+    def update_on_device(self, items: Sequence[tuple[Any, str]], update: Callable[[list[Any]], None]) -> bool:
+        """Where the passes keep a parameter on a device (Caffe's GPU mode): ``update(arrays)`` on the device's
+        copies of ``items`` — (blob, ``"data"`` or ``"diff"``) pairs, the parameter's first, then the solver's
+        history —, which then are the newest (the host's come back when touched), and True.  False, nothing
+        done, where they live on the host (by default)."""
+        return False
+
+    def newest(self, blob: Any, what: str) -> Any:
+        """``blob``'s ``data`` or ``diff`` to read, not write: where the passes keep a newer copy on a device,
+        that copy, left there (a check of every gradient need not bring them all back); else the blob's own."""
+        return getattr(blob, what)
 
     def close(self) -> None:
         """Release threads and buffers (the executor may not be used afterwards)."""
@@ -50,3 +61,9 @@ class Executor(ABC):
 
 
 ExecutorFactory = Callable[[], Executor]
+
+
+def zero_param_diffs(params: Sequence[Any]) -> None:
+    """Zero the diffs of ``params`` (blobs) on the host, large ones over the batch partitions."""
+    for p in params:
+        partition.zero(p.diff)

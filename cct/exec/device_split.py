@@ -30,13 +30,19 @@ a device layer reads it (:class:`_Part`; :class:`cct.blob._Buffer` counts the to
 array taken from ``blob.data`` earlier and written after a pass is not seen by the device: take it again.
 A clone is created once per layer and device, with the layer's parameter blobs given to it before its
 setup (so no filler runs and no random number is drawn): on the CPU the same memory, on a GPU a device copy
-that is refreshed before a forward of the layer whenever the host's weights were touched since (once per
-iteration after the update; on the CPU the refresh only re-points at the layer's memory if it was
-swapped, as a test net's is).
+that is refreshed before a forward of the layer whenever the host's weights were touched since (on the
+CPU the refresh only re-points at the layer's memory if it was swapped, as a test net's is).
 In backward every clone accumulates its parameter gradients into its own zeroed buffer; when all devices
 are done those are added to the layer's parameter diffs in device order (deterministic for a split).  The
 first device, where it holds the net's memory and has at least two items, accumulates straight into the
 layer's diffs instead (the same order of additions, one buffer, zeroing and sum fewer).
+
+**Parameters on a device alone** (GPU mode), as Caffe keeps them: one device copy per parameter buffer (layers
+sharing a weight share it) of the weights and of their gradients, which the clones add into; the executor's
+``clear_param_diffs`` zeroes the gradients' copies there, the solver's update runs there on them and on its
+history's copies (:meth:`DeviceSplitRunner.update_on_device`), and the divergence check reads the gradients
+there (:meth:`DeviceSplitRunner.newest`).  A training step moves only what the host's layers touch; weights,
+gradients and history come back when host code reads them (a snapshot, pycaffe's ``net.params``).
 
 **Weight-heavy layers on CPUs.**  When every device is a CPU, a layer with parameters whose shares would use
 each weight fewer than ``SPLIT_MIN_WEIGHT_REUSE`` times (fully-connected layers below a few hundred items:
@@ -63,12 +69,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from cct import log, mode
 from cct.blob import Blob, BlobVec, RowView
 from cct.config import settings
 from cct.device import backend
 from cct.device.device import Device, copy_into, parse_devices
 from cct.errors import CctError
+from cct.exec.base import zero_param_diffs
 from cct.exec.serial import LayerRunner
 from cct.proto import caffe_pb2 as pb
 from cct.runtime import partition
@@ -242,8 +251,13 @@ class _Part:
             if not self.mirrors:
                 copy_into(getattr(p, what)[self.start:self.stop], getattr(ours, what))
                 continue
-            buf, dev = p.buffer(what), ours.buffer(what)
-            self.current[dev] = (buf, buf.device_wrote(_CopyBack(buf, dev, p.count)), p.count)
+            self.wrote(p, ours, what)
+
+    def wrote(self, p: Blob, ours: Blob, what: str) -> None:
+        """``ours`` (this device's copy of net blob or parameter ``p``) was written here: the newest values,
+        which come back to ``p`` when host code touches it."""
+        buf, dev = p.buffer(what), ours.buffer(what)
+        self.current[dev] = (buf, buf.device_wrote(_CopyBack(buf, dev, p.count)), p.count)
 
     def copy_in(self, p: Blob, ours: Blob, what: str, rows: bool = True) -> None:
         """``ours`` made equal to net blob ``p``'s ``what``: this part's rows of it (``rows``), or all of it (a
@@ -301,8 +315,11 @@ class DeviceSplitRunner(LayerRunner):
         self._clones: dict[tuple[int, int], Any] = {}
         # one device alone (GPU mode): its copy of each net blob, shared by all layers, and when each copy was
         # current (_Part.mirrors)
+        self._keeps_copies = len(self.devices) == 1 and not self.devices[0].holds(np.empty(0))
         self._mirror_blobs: dict[int, tuple[Blob, Blob]] = {}
         self._current: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # device buffer -> when
+        # and its copy of each parameter buffer (weights, their gradients, the solver's history), by host buffer
+        self._param_copies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._split_at_forward: dict[int, _Split | None] = {}
         self._shares: dict[int, list[int]] = {}
         self._whole_logged: dict[int, int] = {}
@@ -408,9 +425,10 @@ class DeviceSplitRunner(LayerRunner):
             # The first device, where it holds the net's memory, adds its gradients to the layer's own diffs
             # (no buffer, zeroing or sum): the order stays "layer's diff, then device 1, 2, ...".  Not with a
             # one-item share: there Scale's Caffe quirk (outer == 1) overwrites its diff instead of adding.
-            part = _Part(device, start, start + b, [], [], direct=k == 0 and b >= 2 and all(
-                device.holds(_memory(p)) for p in layer.blobs), mirrors=len(self.devices) == 1,
-                current=self._current)
+            # A device alone keeps its copies of the parameters and adds into their gradients' copies.
+            mirrors = self._keeps_copies
+            part = _Part(device, start, start + b, [], [], direct=mirrors or k == 0 and b >= 2 and all(
+                device.holds(_memory(p)) for p in layer.blobs), mirrors=mirrors, current=self._current)
             with device.thread_context():
                 part.bottoms = [self._rows(part, p) for p in bottom]
                 part.tops = [self._rows(part, p) for p in top]
@@ -450,7 +468,7 @@ class DeviceSplitRunner(LayerRunner):
         lp = pb.LayerParameter()
         lp.CopyFrom(layer.layer_param)
         clone = create_layer(lp)
-        clone.blobs = BlobVec(self._param_for(part.device, p) for p in layer.blobs)
+        clone.blobs = BlobVec(self._param_for(part, p) for p in layer.blobs)
         try:
             clone.setup_layer(part.bottoms, part.tops)
         except CctError as e:
@@ -459,25 +477,48 @@ class DeviceSplitRunner(LayerRunner):
         clone.param_propagate_down = list(layer.param_propagate_down)
         return clone
 
-    @staticmethod
-    def _param_for(device: Device, p: Blob) -> Blob:
+    def _param_for(self, part: _Part, p: Blob) -> Blob:
+        """The clone's blob for parameter ``p``: on a device that holds it, its data (the diff the device's
+        own); on a device alone, blob for the device's copies of its data and diff; else a device copy."""
+        device = part.device
         if device.holds(_memory(p)):
             b = Blob(p.shape, xp=p.xp, dtype=p.dtype)
             b.share_data(p)  # the same weights; the diff is this device's own buffer (or see _refresh_params)
             return b
         b = Blob(p.shape, xp=device.xp, dtype=p.dtype)
-        copy_into(b.data, p.data)
+        if part.mirrors:
+            self._use_param_copies(part, p, b)
+        else:
+            copy_into(b.data, p.data)
         return b
 
-    @staticmethod
-    def _refresh_params(layer: Any, part: _Part) -> None:
+    def _param_copy(self, device: Device, p: Blob, what: str) -> Any:
+        """The device's copy (a :class:`cct.blob._Buffer`) of parameter buffer ``p.buffer(what)`` — one per
+        host buffer, so layers sharing a weight share its copy —, made on first use (not yet current)."""
+        host = p.buffer(what)
+        dev = self._param_copies.get(host)
+        if dev is None or dev.array.size < p.count:
+            with device.thread_context():
+                dev = self._param_copies[host] = Blob((p.count,), xp=device.xp, dtype=p.dtype).buffer("data")
+        return dev
+
+    def _use_param_copies(self, part: _Part, p: Blob, b: Blob) -> None:
+        """Point clone parameter blob ``b`` at the device's copies of ``p``'s data and diff."""
+        if b.shape != p.shape:
+            b.reshape(p.shape)
+        for what in ("data", "diff"):
+            b.set_buffer(what, self._param_copy(part.device, p, what))
+
+    def _refresh_params(self, layer: Any, part: _Part) -> None:
         """Before a forward: the clone sees the layer's current weights (the same memory, re-pointed if the
         layer's was swapped; or a fresh device copy) and, if ``part.direct``, the layer's diff memory."""
         blobs = part.clone.blobs
         for j, p in enumerate(layer.blobs):
             b = blobs[j]
             if not part.device.holds(_memory(p)):
-                if b.shape != p.shape:
+                if part.mirrors:
+                    self._use_param_copies(part, p, b)
+                elif b.shape != p.shape:
                     b.reshape(p.shape)
                 part.copy_in(p, b, "data", rows=False)
             elif part.direct:
@@ -486,7 +527,7 @@ class DeviceSplitRunner(LayerRunner):
                     b.share_data(p)
                     b.share_diff(p)
             elif b.shares_diff_with(p) or b.shape != p.shape or not b.shares_data_with(p):
-                blobs[j] = DeviceSplitRunner._param_for(part.device, p)
+                blobs[j] = self._param_for(part, p)
 
     # ---- running -------------------------------------------------------------------------------
     def _concurrently(self, parts: list[_Part], body: Callable[[_Part], None]) -> None:
@@ -553,15 +594,20 @@ class DeviceSplitRunner(LayerRunner):
         def backward(part: _Part) -> None:
             clone = part.clone
             clone.param_propagate_down = list(ppd)
-            if not part.direct:
-                for j, b in enumerate(clone.blobs):
-                    if j >= len(ppd) or ppd[j]:
-                        b.diff[...] = 0
+            learned = [(p, b) for j, (p, b) in enumerate(zip(layer.blobs, clone.blobs)) if j >= len(ppd) or ppd[j]]
+            for p, b in learned:
+                if part.mirrors:  # the device's copy of the gradient, added into
+                    part.copy_in(p, b, "diff", rows=False)
+                elif not part.direct:
+                    b.diff[...] = 0
             part.stage_in(bottom, "data")
             part.stage_in(top, "data")
             part.stage_in(top, "diff")
             clone.backward(part.tops, need, part.bottoms)
             part.stage_out([b for b, n in zip(bottom, need) if n], "diff")
+            if part.mirrors:
+                for p, b in learned:
+                    part.wrote(p, b, "diff")
 
         self._concurrently(split.parts, backward)
         for j, p in enumerate(layer.blobs):
@@ -570,6 +616,55 @@ class DeviceSplitRunner(LayerRunner):
             for part in split.parts:  # fixed order: device 1, 2, ...
                 if not part.direct:
                     _add_into(p.diff, part.clone.blobs[j].diff)
+
+
+    # ---- parameters kept on a device alone (GPU mode) ----------------------------------------------
+    def clear_param_diffs(self, net: NetCore) -> None:
+        """Zero the learnable parameters' gradients: on a device alone, its copies (where it has one; the
+        host's come back as zeros when touched), else the host's."""
+        host = []
+        for p in net.learnable_params:
+            dev = self._param_copies.get(p.buffer("diff")) if self._keeps_copies else None
+            if dev is None:
+                host.append(p)
+                continue
+            with self.devices[0].thread_context():
+                dev.array[:p.count].fill(0)
+            buf = p.buffer("diff")
+            self._current[dev] = (buf, buf.device_wrote(_CopyBack(buf, dev, p.count)), p.count)
+        zero_param_diffs(host)
+
+    def update_on_device(self, items: Sequence[tuple[Blob, str]], update: Callable[[list[Any]], None]) -> bool:
+        """``update(arrays)`` on a device alone's copies of ``items`` ((blob, "data" or "diff"): a parameter
+        and its solver's history, the first a parameter its layers keep there), made current first and the
+        newest afterwards; False, nothing done, where the first item has no copy on a device."""
+        if not self._keeps_copies or not items or items[0][0].buffer(items[0][1]) not in self._param_copies:
+            return False
+        device = self.devices[0]
+        copies = [self._param_copy(device, blob, what) for blob, what in items]
+        with device.thread_context():
+            for (blob, what), dev in zip(items, copies):
+                buf = blob.buffer(what)
+                if self._current.get(dev) != (buf, buf.version, blob.count):
+                    copy_into(dev.array[:blob.count], getattr(blob, what).reshape(-1))
+                    self._current[dev] = (buf, buf.version, blob.count)
+            update([dev.array[:blob.count].reshape(blob.shape) for (blob, _), dev in zip(items, copies)])
+        for (blob, what), dev in zip(items, copies):
+            buf = blob.buffer(what)
+            self._current[dev] = (buf, buf.device_wrote(_CopyBack(buf, dev, blob.count)), blob.count)
+        return True
+
+
+    def newest(self, blob: Blob, what: str) -> Any:
+        """``blob``'s ``data`` or ``diff`` to read: this device's copy where it is newer than the host's (left
+        there), else the host's values (read without counting as a touch: nothing is written)."""
+        if isinstance(blob, RowView):
+            return getattr(blob, what)
+        buf = blob.buffer(what)
+        pending = buf.pending
+        if isinstance(pending, _CopyBack) and self._current.get(pending.dev, (None,))[0] is buf:
+            return pending.dev.array[:blob.count].reshape(blob.shape)
+        return buf.array[:blob.count].reshape(blob.shape)
 
 
 def _memory(p: Blob) -> Any:

@@ -4,9 +4,9 @@ plain runner, an in-place ReLU and the MAX pooling after it run as one step back
 the same numbers, one pass less)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from cct.exec.base import Executor
+from cct.exec.base import Executor, zero_param_diffs
 from cct.exec.fusion import backward_pairs
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -29,6 +29,18 @@ class LayerRunner:
     def backward_rectified(self, net: NetCore, i: int) -> None:
         """Layer ``i`` (a MAX Pooling) and the in-place ReLU below it, as one step."""
         net.layers[i].backward_rectified(net.top_vecs[i], net.bottom_need_backward[i], net.bottom_vecs[i])
+
+    def clear_param_diffs(self, net: NetCore) -> None:
+        """Zero the learnable parameters' gradients where the layers add into them."""
+        zero_param_diffs(net.learnable_params)
+
+    def update_on_device(self, items: Any, update: Any) -> bool:
+        """See :meth:`cct.exec.base.Executor.update_on_device`: the plain runner keeps nothing on a device."""
+        return False
+
+    def newest(self, blob: Any, what: str) -> Any:
+        """See :meth:`cct.exec.base.Executor.newest`."""
+        return getattr(blob, what)
 
     def describe(self) -> str:
         return "whole batch"
@@ -94,6 +106,15 @@ class SerialExecutor(Executor):
             for cb in after:
                 cb(i)
             i -= 1
+
+    def clear_param_diffs(self, net: NetCore) -> None:
+        self.runner.clear_param_diffs(net)
+
+    def update_on_device(self, items: Any, update: Any) -> bool:
+        return self.runner.update_on_device(items, update)
+
+    def newest(self, blob: Any, what: str) -> Any:
+        return self.runner.newest(blob, what)
 
     def describe(self) -> str:
         return f"layer by layer ({self.runner.describe()})"

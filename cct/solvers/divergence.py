@@ -25,9 +25,11 @@ def _finite(a: Any) -> bool:
 
 
 def gradients_finite(net: Any) -> bool:
-    """True when every learnable parameter's gradient is finite."""
+    """True when every learnable parameter's gradient is finite (read where the passes left it: in GPU mode
+    on the device, :meth:`cct.exec.base.Executor.newest`)."""
+    newest = net.executor.newest
     with np.errstate(over="ignore", invalid="ignore"):
-        return all(p.diff is None or _finite(p.diff) for p in net.learnable_params)
+        return all(_finite(newest(p, "diff")) for p in net.learnable_params)
 
 
 def _first_bad(a: Any) -> str:

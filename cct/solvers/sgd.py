@@ -84,12 +84,14 @@ class SGDSolver(Solver):
         self._temp: dict[tuple[int, int], Any] = {}
         self._chunk_temp: dict[tuple[int, int], Any] = {}
 
-    def _scratch(self, i: int, k: int = 0) -> Any:
-        """Work array ``k`` shaped like learnable parameter ``i`` (Caffe's ``temp_``/``update_``)."""
+    def _scratch(self, i: int, k: int = 0, like: Any = None) -> Any:
+        """Work array ``k`` shaped like learnable parameter ``i`` (Caffe's ``temp_``/``update_``), where ``like``
+        (an array the update works on) lives: the parameter's own place by default."""
         p = self.net.learnable_params[i]
+        xp = p.xp if like is None else _xp(like)
         t = self._temp.get((i, k))
-        if t is None or t.shape != p.shape:
-            t = self._temp[i, k] = p.xp.empty(p.shape, dtype=p.dtype)
+        if t is None or t.shape != p.shape or _xp(t) is not xp:
+            t = self._temp[i, k] = xp.empty(p.shape, dtype=p.dtype)
         return t
 
     # ---- rate --------------------------------------------------------------------------------
@@ -144,7 +146,16 @@ class SGDSolver(Solver):
         more) chunk by chunk, the chunks split over the batch partitions when ``parallel``."""
         p = self.net.learnable_params[i]
         n = len(self.net.learnable_params)
-        history = [self.history[k * n + i].data for k in range(self.history_sets)]
+        kept = [self.history[k * n + i] for k in range(self.history_sets)]
+
+        def on_device(arrays: list[Any]) -> None:
+            w, g, hs = arrays[0], arrays[1], tuple(arrays[2:])
+            self._step(i, rate, _Slab(w, g, hs, lambda k: self._scratch(i, k, w)))
+
+        # where the passes keep the parameter on a device (GPU mode), the update runs there
+        if self.net.executor.update_on_device([(p, "data"), (p, "diff")] + [(h, "data") for h in kept], on_device):
+            return
+        history = [h.data for h in kept]
         fused = self._fused_step(i, rate, p.data, p.diff, history)
         if fused is not None:
             if parallel:

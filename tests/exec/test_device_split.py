@@ -320,10 +320,11 @@ def _copies(monkeypatch) -> list[tuple[Any, str]]:
 
 
 def test_gpu_mode_keeps_each_blob_on_its_device_between_layers(tmp_path, monkeypatch):
-    """A blob one device layer writes and the next reads stays on the device: what crosses is what the host's
-    layers touch (Dropout's blob, both ways, data and gradient; the loss layer's input and its gradient) and
-    each weight once after the solver changed it — with the plain run's numbers.  (A host layer's read counts
-    as a write: a blob's arrays are mutable views, as pycaffe's are.)"""
+    """A blob one device layer writes and the next reads stays on the device: what crosses in a training step
+    is what the host's layers touch (Dropout's blob, both ways, data and gradient; the loss layer's input and
+    its gradient); the weights, their gradients and the solver's history stay there until the host reads them
+    — with the plain run's numbers.  (A host layer's read counts as a write: a blob's arrays are mutable views,
+    as pycaffe's are.)"""
     monkeypatch.setattr(devices, "SPLIT_MIN_WEIGHT_REUSE", 0)  # the InnerProduct too (the stand-in is a CPU)
     path = tmp_path / "net.prototxt"
     path.write_text(RANDOM_NET.replace("STOCHASTIC", "MAX"))  # (a stochastic pooling draws on the host)
@@ -350,16 +351,26 @@ def test_gpu_mode_keeps_each_blob_on_its_device_between_layers(tmp_path, monkeyp
     names = {}
     for name, b in net.blobs.items():
         names[id(b.buffer("data"))], names[id(b.buffer("diff"))] = name, name
-    params = {id(p.buffer("data")) for p in net.learnable_params}
-    copied = sorted(("param" if id(buf) in params else names[id(buf)], how) for buf, how in seen)
+    for p in net.learnable_params:
+        names[id(p.buffer("data"))], names[id(p.buffer("diff"))] = "param", "param diff"
+    for h in s.history:
+        names[id(h.buffer("data"))] = "history"
+    copied = sorted((names[id(buf)], how) for buf, how in seen)
     assert copied == sorted([("sum", "back"), ("sum", "data in"),  # Dropout, in place, forward
                              ("ip", "back"),  # the loss layer's input
                              ("ip", "diff in"), ("ip", "data in"),  # its gradient; the input it touched
-                             ("sum", "back"), ("sum", "diff in")]  # Dropout's backward
-                            + [("param", "data in")] * sum(len(layer.blobs) for layer in net.layers))
-    # (each layer's clone has its copy of the weights, conv3's of the ones it shares with conv2 too; the input
-    # data never changed)
-    _assert_same(_snapshot(net), plain, "3 steps")
+                             ("sum", "back"), ("sum", "diff in")])  # Dropout's backward
+    # (the input data never changed; weights, gradients and history stay on the device: the gradients cleared
+    # there, the divergence check reads them there, the update runs there)
+    seen.clear()
+    snapshot = _snapshot(net)  # reading them on the host brings them back, once each
+    history = [h.data.copy() for h in s.history]
+    back = sorted(names[id(buf)] for buf, how in seen if how == "back" and names[id(buf)] in ("param", "param diff",
+                                                                                               "history"))
+    n = len(net.learnable_params)
+    assert back == ["history"] * n + ["param"] * n + ["param diff"] * n
+    _assert_same(snapshot, plain, "3 steps")
+    assert any(h.any() for h in history)
 
 
 def test_gpu_mode_sees_what_a_script_writes_between_passes(tmp_path, monkeypatch):
@@ -390,3 +401,69 @@ def test_gpu_mode_sees_what_a_script_writes_between_passes(tmp_path, monkeypatch
     cct.set_devices(*SETTINGS["elsewhere alone"])
     for k, (ours, theirs) in enumerate(zip(run(), plain)):
         assert_close(ours, theirs, f"read {k}")
+
+
+SOLVER_CASES = {
+    "SGD, iter_size 2, L1": 'type: "SGD" momentum: 0.9 iter_size: 2 weight_decay: 0.01 regularization_type: "L1"',
+    "Nesterov, clipped": 'type: "Nesterov" momentum: 0.9 clip_gradients: 0.05 weight_decay: 0.001',
+    "AdaGrad": 'type: "AdaGrad" weight_decay: 0.001',
+    "RMSProp": 'type: "RMSProp" rms_decay: 0.9 momentum: 0.0',
+    "AdaDelta": 'type: "AdaDelta" momentum: 0.95 delta: 1e-6 base_lr: 1.0',
+    "Adam": 'type: "Adam" momentum: 0.9 momentum2: 0.999 delta: 1e-8',
+}
+
+
+@pytest.mark.parametrize("case", list(SOLVER_CASES))
+def test_gpu_mode_updates_on_its_device_as_the_host_does(case, tmp_path, monkeypatch):
+    """Every update rule (two history sets for AdaDelta and Adam), iter_size's accumulation, L1 decay and
+    gradient clipping (which reads every gradient on the host) give the plain run's weights and history in
+    GPU mode, where the update runs on the device's copies; a snapshot taken there and resumed in a fresh
+    solver goes on as the uninterrupted run."""
+    monkeypatch.setattr(devices, "SPLIT_MIN_WEIGHT_REUSE", 0)
+    path = tmp_path / "net.prototxt"
+    path.write_text(RANDOM_NET.replace("STOCHASTIC", "MAX"))
+    fields = SOLVER_CASES[case]
+    lr = "" if "base_lr" in fields else "base_lr: 0.01 "
+    solver = tmp_path / "solver.prototxt"
+    solver.write_text(f'net: "{path}" {lr}{fields} lr_policy: "fixed" max_iter: 100 display: 0 random_seed: 5 '
+                      f'snapshot_prefix: "{tmp_path}/snap"\n')
+
+    def train(steps: int, resume: str | None = None) -> dict:
+        cct.set_random_seed(5)
+        s = cct.get_solver(str(solver))
+        rng = np.random.default_rng(2)
+        s.net.blobs["data"].data[...] = rng.standard_normal(s.net.blobs["data"].shape)
+        s.net.blobs["label"].data[...] = rng.integers(0, 3, 6)
+        if resume:
+            s.restore(resume)
+        s.step(steps)
+        if resume is None and steps == 2:
+            s.snapshot()
+        out = _snapshot(s.net)
+        out.update({f"history/{k}": h.data.copy() for k, h in enumerate(s.history)})
+        return out
+
+    plain = train(4)
+    cct.set_devices(*SETTINGS["elsewhere alone"])
+    _assert_same(train(4), plain, f"{case}, 4 steps")
+    train(2)
+    state = next(tmp_path.glob("snap_iter_2.solverstate*"))
+    _assert_same(train(2, resume=str(state)), plain, f"{case}, 2 steps resumed after 2")
+
+
+def test_gpu_mode_checks_the_gradients_for_divergence_on_its_device(tmp_path, monkeypatch):
+    """The per-iteration check of every gradient reads the device's copies: a run that diverges is reported
+    once, naming the iteration, as on the host."""
+    from tests.solvers.helpers import captured_log
+
+    path = tmp_path / "net.prototxt"
+    path.write_text(RANDOM_NET.replace("STOCHASTIC", "MAX"))
+    solver = tmp_path / "solver.prototxt"
+    solver.write_text(f'net: "{path}" base_lr: 1e30 lr_policy: "fixed" max_iter: 100 display: 0 random_seed: 5\n')
+    cct.set_devices(*SETTINGS["elsewhere alone"])
+    s = cct.get_solver(str(solver))
+    s.net.blobs["data"].data[...] = np.random.default_rng(2).standard_normal(s.net.blobs["data"].shape)
+    with captured_log() as log, np.errstate(all="ignore"):
+        s.step(4)
+    lines = [line for line in log.getvalue().splitlines() if "the first non-finite value" in line]
+    assert len(lines) == 1 and "Iteration " in lines[0], log.getvalue()[-2000:]
