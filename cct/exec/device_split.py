@@ -214,65 +214,37 @@ def split_executor(devices: Sequence[Device], split: str | Sequence[float] | Non
 # The executor
 # ------------------------------------------------------------------------------------------------
 
-@dataclass
-class _Part:
-    """One device's rows ``[start, stop)`` of one layer: the clone, its parameter blobs and sub-batch blobs.
+class _Copies:
+    """Which device buffers hold which host buffer's values, as of which version (Caffe's SyncedMemory heads,
+    seen from the device): a copy is current while the host buffer was not touched since it was copied in or
+    written on the device; a copy written on the device is left pending on the host buffer
+    (:class:`cct.blob._Buffer`), to come back when host code first touches it.  Copies are known by their
+    memory: the copies of blobs that share memory (a Split's tops, a Reshape's) share theirs."""
 
-    ``mirrors``: the part is the whole batch on a device that does not hold the net's memory (Caffe's GPU
-    mode): its blobs are the device copies of the net's, kept between layers.  A copy the part wrote is
-    not copied back to the net's blob at once but left pending there (:class:`cct.blob._Buffer`): it comes
-    back when host code first touches the blob — a layer running on the host, pycaffe, the solver — and a
-    copy the part holds is copied in again only after such a touch (``current``: per device buffer, the
-    net blob's buffer, version and count it was current at; shared by all parts of the runner).
-    Otherwise every layer copies its inputs in and its outputs out."""
+    def __init__(self) -> None:
+        self._when: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # device buffer -> (host, version, n)
 
-    device: Device
-    start: int
-    stop: int
-    bottoms: list[Blob]
-    tops: list[Blob]
-    parents: dict[int, tuple[Blob, Blob]] = field(default_factory=dict)  # id(net blob) → (net blob, ours)
-    clone: Any = None
-    direct: bool = False  # accumulates parameter gradients straight into the layer's own diffs
-    mirrors: bool = False
-    current: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
-
-    def stage_in(self, net_blobs: Sequence[Blob], what: str) -> None:
-        for p in _unique(net_blobs):
-            ours = self.parents[id(p)][1]
-            if not isinstance(ours, RowView):
-                self.copy_in(p, ours, what)
-
-    def stage_out(self, net_blobs: Sequence[Blob], what: str) -> None:
-        for p in _unique(net_blobs):
-            ours = self.parents[id(p)][1]
-            if isinstance(ours, RowView):
-                continue
-            if not self.mirrors:
-                copy_into(getattr(p, what)[self.start:self.stop], getattr(ours, what))
-                continue
-            self.wrote(p, ours, what)
-
-    def wrote(self, p: Blob, ours: Blob, what: str) -> None:
-        """``ours`` (this device's copy of net blob or parameter ``p``) was written here: the newest values,
-        which come back to ``p`` when host code touches it."""
-        buf, dev = p.buffer(what), ours.buffer(what)
-        self.current[dev] = (buf, buf.device_wrote(_CopyBack(buf, dev, p.count)), p.count)
-
-    def copy_in(self, p: Blob, ours: Blob, what: str, rows: bool = True) -> None:
-        """``ours`` made equal to net blob ``p``'s ``what``: this part's rows of it (``rows``), or all of it (a
-        parameter).  Where the part keeps its copies (:attr:`mirrors`; parameters always) only if ``p`` was
-        touched on the host since ``ours`` was last made equal to it or written here.  Copies are known by
-        their memory: the copies of net blobs that share memory (a Split's tops, a Reshape's) share theirs."""
-        if rows and not self.mirrors:
-            copy_into(getattr(ours, what), getattr(p, what)[self.start:self.stop])
+    def bring_in(self, p: Blob, what: str, dev: Any) -> None:
+        """Device buffer ``dev`` made equal to ``p``'s ``what`` (all of it), unless it already is."""
+        buf = p.buffer(what)
+        if self._when.get(dev) == (buf, buf.version, p.count):
             return
-        buf, dev = p.buffer(what), ours.buffer(what)
-        if self.current.get(dev) == (buf, buf.version, p.count):
-            return
-        copy_into(getattr(ours, what), getattr(p, what))  # (the access brings a pending copy back first)
+        copy_into(dev.array[:p.count].reshape(p.shape), getattr(p, what))  # (brings a pending copy back first)
         buf.tracked = True
-        self.current[dev] = (buf, buf.version, p.count)
+        self._when[dev] = (buf, buf.version, p.count)
+
+    def wrote(self, p: Blob, what: str, dev: Any) -> None:
+        """``dev`` was written on the device: the newest values of ``p``'s ``what``."""
+        buf = p.buffer(what)
+        self._when[dev] = (buf, buf.device_wrote(_CopyBack(buf, dev, p.count)), p.count)
+
+    def newest(self, p: Blob, what: str) -> Any:
+        """The device buffer holding newer values of ``p``'s ``what`` than the host's, else None."""
+        buf = p.buffer(what)
+        pending = buf.pending
+        if isinstance(pending, _CopyBack) and self._when.get(pending.dev, (None,))[0] is buf:
+            return pending.dev
+        return None
 
 
 class _CopyBack:
@@ -287,6 +259,51 @@ class _CopyBack:
 
     def __call__(self) -> None:
         copy_into(self.buf.array[:self.count], self.dev.array[:self.count])
+
+
+@dataclass
+class _Part:
+    """One device's rows ``[start, stop)`` of one layer: the clone, its parameter blobs and sub-batch blobs.
+
+    ``mirrors``: the part is the whole batch on a device that does not hold the net's memory (Caffe's GPU
+    mode): its blobs are the device copies of the net's, kept between layers (``copies``, the runner's).
+    Otherwise every layer copies its inputs in and its outputs out."""
+
+    device: Device
+    start: int
+    stop: int
+    bottoms: list[Blob]
+    tops: list[Blob]
+    parents: dict[int, tuple[Blob, Blob]] = field(default_factory=dict)  # id(net blob) → (net blob, ours)
+    clone: Any = None
+    direct: bool = False  # accumulates parameter gradients straight into the layer's own diffs
+    mirrors: bool = False
+    copies: _Copies = field(default_factory=_Copies)
+
+    def stage_in(self, net_blobs: Sequence[Blob], what: str) -> None:
+        for p in _unique(net_blobs):
+            ours = self.parents[id(p)][1]
+            if not isinstance(ours, RowView):
+                self.copy_in(p, ours, what)
+
+    def stage_out(self, net_blobs: Sequence[Blob], what: str) -> None:
+        for p in _unique(net_blobs):
+            ours = self.parents[id(p)][1]
+            if isinstance(ours, RowView):
+                continue
+            if self.mirrors:
+                self.copies.wrote(p, what, ours.buffer(what))
+            else:
+                copy_into(getattr(p, what)[self.start:self.stop], getattr(ours, what))
+
+    def copy_in(self, p: Blob, ours: Blob, what: str, rows: bool = True) -> None:
+        """``ours`` made equal to net blob ``p``'s ``what``: this part's rows of it (``rows``), or all of it (a
+        parameter) — where the part keeps its copies (:attr:`mirrors`; parameters always) only if it is not
+        already (:meth:`_Copies.bring_in`)."""
+        if rows and not self.mirrors:
+            copy_into(getattr(ours, what), getattr(p, what)[self.start:self.stop])
+        else:
+            self.copies.bring_in(p, what, ours.buffer(what))
 
 
 @dataclass
@@ -313,11 +330,11 @@ class DeviceSplitRunner(LayerRunner):
             self._detail = ""
         self._splits: dict[int, _Split] = {}
         self._clones: dict[tuple[int, int], Any] = {}
-        # one device alone (GPU mode): its copy of each net blob, shared by all layers, and when each copy was
-        # current (_Part.mirrors)
+        # one device alone (GPU mode): its copy of each net blob, shared by all layers, and what each device
+        # buffer is current with (_Part.mirrors)
         self._keeps_copies = len(self.devices) == 1 and not self.devices[0].holds(np.empty(0))
         self._mirror_blobs: dict[int, tuple[Blob, Blob]] = {}
-        self._current: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # device buffer -> when
+        self._copies = _Copies()
         # and its copy of each parameter buffer (weights, their gradients, the solver's history), by host buffer
         self._param_copies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._split_at_forward: dict[int, _Split | None] = {}
@@ -428,7 +445,7 @@ class DeviceSplitRunner(LayerRunner):
             # A device alone keeps its copies of the parameters and adds into their gradients' copies.
             mirrors = self._keeps_copies
             part = _Part(device, start, start + b, [], [], direct=mirrors or k == 0 and b >= 2 and all(
-                device.holds(_memory(p)) for p in layer.blobs), mirrors=mirrors, current=self._current)
+                device.holds(_memory(p)) for p in layer.blobs), mirrors=mirrors, copies=self._copies)
             with device.thread_context():
                 part.bottoms = [self._rows(part, p) for p in bottom]
                 part.tops = [self._rows(part, p) for p in top]
@@ -607,7 +624,7 @@ class DeviceSplitRunner(LayerRunner):
             part.stage_out([b for b, n in zip(bottom, need) if n], "diff")
             if part.mirrors:
                 for p, b in learned:
-                    part.wrote(p, b, "diff")
+                    part.copies.wrote(p, "diff", b.buffer("diff"))
 
         self._concurrently(split.parts, backward)
         for j, p in enumerate(layer.blobs):
@@ -616,7 +633,6 @@ class DeviceSplitRunner(LayerRunner):
             for part in split.parts:  # fixed order: device 1, 2, ...
                 if not part.direct:
                     _add_into(p.diff, part.clone.blobs[j].diff)
-
 
     # ---- parameters kept on a device alone (GPU mode) ----------------------------------------------
     def clear_param_diffs(self, net: NetCore) -> None:
@@ -630,8 +646,7 @@ class DeviceSplitRunner(LayerRunner):
                 continue
             with self.devices[0].thread_context():
                 dev.array[:p.count].fill(0)
-            buf = p.buffer("diff")
-            self._current[dev] = (buf, buf.device_wrote(_CopyBack(buf, dev, p.count)), p.count)
+            self._copies.wrote(p, "diff", dev)
         zero_param_diffs(host)
 
     def update_on_device(self, items: Sequence[tuple[Blob, str]], update: Callable[[list[Any]], None]) -> bool:
@@ -644,27 +659,19 @@ class DeviceSplitRunner(LayerRunner):
         copies = [self._param_copy(device, blob, what) for blob, what in items]
         with device.thread_context():
             for (blob, what), dev in zip(items, copies):
-                buf = blob.buffer(what)
-                if self._current.get(dev) != (buf, buf.version, blob.count):
-                    copy_into(dev.array[:blob.count], getattr(blob, what).reshape(-1))
-                    self._current[dev] = (buf, buf.version, blob.count)
+                self._copies.bring_in(blob, what, dev)
             update([dev.array[:blob.count].reshape(blob.shape) for (blob, _), dev in zip(items, copies)])
         for (blob, what), dev in zip(items, copies):
-            buf = blob.buffer(what)
-            self._current[dev] = (buf, buf.device_wrote(_CopyBack(buf, dev, blob.count)), blob.count)
+            self._copies.wrote(blob, what, dev)
         return True
-
 
     def newest(self, blob: Blob, what: str) -> Any:
         """``blob``'s ``data`` or ``diff`` to read: this device's copy where it is newer than the host's (left
         there), else the host's values (read without counting as a touch: nothing is written)."""
         if isinstance(blob, RowView):
             return getattr(blob, what)
-        buf = blob.buffer(what)
-        pending = buf.pending
-        if isinstance(pending, _CopyBack) and self._current.get(pending.dev, (None,))[0] is buf:
-            return pending.dev.array[:blob.count].reshape(blob.shape)
-        return buf.array[:blob.count].reshape(blob.shape)
+        dev = self._copies.newest(blob, what)
+        return (dev if dev is not None else blob.buffer(what)).array[:blob.count].reshape(blob.shape)
 
 
 def _memory(p: Blob) -> Any:

@@ -301,20 +301,19 @@ def _copies(monkeypatch) -> list[tuple[Any, str]]:
     """Records every copy between the host and the stand-in device: (the host buffer, "data in", "diff in" or
     "back")."""
     seen: list[tuple[Any, str]] = []
-    copy_in, copy_back = devices._Part.copy_in, devices._CopyBack.__call__
+    bring_in, copy_back = devices._Copies.bring_in, devices._CopyBack.__call__
 
-    def counted_in(part, p, ours, what, rows=True):
-        key = ours.buffer(what)
-        known = part.current.get(key)
-        copy_in(part, p, ours, what, rows)
-        if part.current.get(key) is not known:
+    def counted_in(copies, p, what, dev):
+        known = copies._when.get(dev)
+        bring_in(copies, p, what, dev)
+        if copies._when.get(dev) is not known:
             seen.append((p.buffer(what), f"{what} in"))
 
     def counted_back(back):
         seen.append((back.buf, "back"))
         copy_back(back)
 
-    monkeypatch.setattr(devices._Part, "copy_in", counted_in)
+    monkeypatch.setattr(devices._Copies, "bring_in", counted_in)
     monkeypatch.setattr(devices._CopyBack, "__call__", counted_back)
     return seen
 
