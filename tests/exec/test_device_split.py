@@ -25,6 +25,7 @@ from cct.layers.base import Layer
 from cct.layers.registry import register
 from cct.runtime import partition
 from tests.reference import REFERENCE, reference_dir
+from tests.solvers import test_reference_cases as solver_cases
 
 NETS = sorted(p.name for p in (REFERENCE / "nets").iterdir()) if (REFERENCE / "nets").exists() else []
 TOL = 1e-5
@@ -466,3 +467,17 @@ def test_gpu_mode_checks_the_gradients_for_divergence_on_its_device(tmp_path, mo
         s.step(4)
     lines = [line for line in log.getvalue().splitlines() if "the first non-finite value" in line]
     assert len(lines) == 1 and "Iteration " in lines[0], log.getvalue()[-2000:]
+
+
+@pytest.mark.parametrize("case", solver_cases.CASES)
+def test_gpu_mode_training_on_a_stand_in_reproduces_caffe(case, tmp_path, monkeypatch):
+    """``cct train`` on Caffe's reference solver cases with every batch on one device that does not hold host
+    memory, as GPU mode runs (blobs, weights, gradients and history kept there, the update run there): Caffe's
+    log lines and iteration-12 snapshot (the same check the GPU runs)."""
+    monkeypatch.setattr(devices, "SPLIT_MIN_WEIGHT_REUSE", 0)
+    kept = []
+    bring_in = devices._Copies.bring_in
+    monkeypatch.setattr(devices._Copies, "bring_in", lambda self, *a: (kept.append(a), bring_in(self, *a))[1])
+    cct.set_devices(*SETTINGS["elsewhere alone"])
+    solver_cases.check_train_reproduces_caffe(case, tmp_path, monkeypatch)
+    assert kept  # (the stand-in device ran the layers)
