@@ -8,6 +8,8 @@ fresh blob at once share one buffer.  Two blobs can share data or diff memory
 (Split tops, Flatten/Reshape, weight sharing, in-place layers use the very same Blob object).
 A :class:`RowView` (``Blob.view_rows(parent, start, stop)``) is a sub-batch: rows of a parent blob along
 axis 0, in the parent's memory (the device split of :mod:`cct.exec.device_split` runs layers on them).
+A buffer may have a device copy that an executor keeps (GPU mode): then an access of ``data``/``diff`` first
+brings back newer values written on the device (:class:`_Buffer`).
 """
 from __future__ import annotations
 
