@@ -2,6 +2,10 @@
 
 Run:   pip install torch==2.13.0          (the CPU wheel; torch is imported only by this script's worker)
        python benchmarks/caffenet_vs_pytorch.py [--batch 64] [--iters 5] [--threads 2] [--no-update]
+       [--gpu N]   (Caffe's GPU mode, ``cct train -gpu N``, against PyTorch on cuda:N: needs cupy and a CUDA
+                    build of torch; the ``net`` variant only; each iteration ends with the device synchronized,
+                    % of peak is of a 4096³ cupy matmul, and the device memory column is what each framework's
+                    memory pool holds)
        (``env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python ...`` lets numpy's OpenBLAS use its own kernel
        choice, e.g. AVX-512, where the environment pins it; the script prints the values it ran with.)
 Each framework runs in its own worker process (so each one's peak RSS is its own); the parent alternates
@@ -60,15 +64,42 @@ def _inputs(batch: int) -> tuple[np.ndarray, np.ndarray]:
             rng.integers(0, 1000, batch).astype(np.float32))
 
 
-def cct_worker(conn, batch: int, threads: int, weights: str, variants: tuple[str, ...], update: bool) -> None:
+def _gpu_sgemm_peak(index: int) -> float:
+    """FLOP/s of the best of five 4096³ float32 cupy matrix products on device ``index``."""
+    import cupy
+
+    n = 4096
+    with cupy.cuda.Device(index):
+        a = cupy.random.standard_normal((n, n), dtype=cupy.float32)
+        c = cupy.empty_like(a)
+        best = 0.0
+        for _ in range(6):
+            cupy.cuda.Device(index).synchronize()
+            t = time.perf_counter()
+            cupy.matmul(a, a, out=c)
+            cupy.cuda.Device(index).synchronize()
+            best = max(best, 2.0 * n ** 3 / (time.perf_counter() - t))
+    return best
+
+
+def cct_worker(conn, batch: int, threads: int, weights: str, variants: tuple[str, ...], update: bool,
+               gpu: int | None = None) -> None:
     sys.path.insert(0, str(ROOT))
     os.environ.setdefault("GLOG_minloglevel", "1")
+    import cct
     from cct.bench.flops import count_net, sgemm_peak
     from cct.engines.choice import SelectedEngine
     from cct.engines.lowering import LoweringEngine, shared_workspace_bytes
     from cct.proto import caffe_pb2 as pb
     from cct.solvers.solver import create_solver
 
+    synchronize = lambda: None  # noqa: E731
+    if gpu is not None:  # Caffe's GPU mode: the nets built from here on run there
+        import cupy
+
+        cct.set_device(gpu)
+        cct.set_mode_gpu()
+        synchronize = cupy.cuda.Device(gpu).synchronize
     param = pb.SolverParameter(net=str(MODEL), base_lr=0.01, lr_policy="fixed", momentum=0.9, weight_decay=5e-4,
                                max_iter=1 << 30, snapshot_after_train=False)
     solver = create_solver(param)
@@ -93,12 +124,13 @@ def cct_worker(conn, batch: int, threads: int, weights: str, variants: tuple[str
             eng.configure(layer.engine.geometry, np.float32)
             engines[(name, variant)] = eng
     # the GEMM arithmetic of one forward + backward (no data gradient below the first layer) and the sgemm rate
-    flops, peak = count_net(net).products(), sgemm_peak()
+    flops, peak = count_net(net).products(), sgemm_peak() if gpu is None else _gpu_sgemm_peak(gpu)
     conn.send(("ready", ({v: [engines[(n, v)].describe() for n in CONVS] for v in variants}, flops, peak)))
     while True:
         msg = conn.recv()
         if msg[0] == "stop":
-            conn.send(("rss", (_peak_rss_mib(), shared_workspace_bytes() / 2**20)))
+            held = None if gpu is None else cupy.get_default_memory_pool().total_bytes() / 2**20
+            conn.send(("rss", (_peak_rss_mib(), shared_workspace_bytes() / 2**20, held)))
             return
         variant = msg[1]
         for name in CONVS:
@@ -109,14 +141,22 @@ def cct_worker(conn, batch: int, threads: int, weights: str, variants: tuple[str
         net.backward()
         if update:
             solver.apply_update()
+        synchronize()
         conn.send(("time", time.perf_counter() - t))
 
 
-def torch_worker(conn, batch: int, threads: int, weights: str, variants: tuple[str, ...], update: bool) -> None:
+def torch_worker(conn, batch: int, threads: int, weights: str, variants: tuple[str, ...], update: bool,
+                 gpu: int | None = None) -> None:
     import torch
     from torch import nn
 
     torch.set_num_threads(threads)
+    if gpu is not None and not torch.cuda.is_available():
+        conn.send(("error", f"torch {torch.__version__} has no CUDA device: --gpu compares against PyTorch on "
+                            "cuda (install a CUDA build of torch)"))
+        return
+    device = torch.device("cpu" if gpu is None else f"cuda:{gpu}")
+    synchronize = (lambda: None) if gpu is None else (lambda: torch.cuda.synchronize(device))
     w = np.load(weights)
 
     def conv(name, cin, cout, k, stride=1, pad=0, groups=1):
@@ -143,15 +183,17 @@ def torch_worker(conn, batch: int, threads: int, weights: str, variants: tuple[s
         nn.Flatten(), fc("fc6", 9216, 4096), nn.ReLU(inplace=True), nn.Dropout(0.5),
         fc("fc7", 4096, 4096), nn.ReLU(inplace=True), nn.Dropout(0.5), fc("fc8", 4096, 1000))
     model.train()
+    model.to(device)
     x, label = _inputs(batch)
-    xt, lt = torch.from_numpy(x), torch.from_numpy(label.astype(np.int64))
+    xt, lt = torch.from_numpy(x).to(device), torch.from_numpy(label.astype(np.int64)).to(device)
     loss_fn = nn.CrossEntropyLoss()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
     conn.send(("ready", torch.__version__))
     while True:
         msg = conn.recv()
         if msg[0] == "stop":
-            conn.send(("rss", (_peak_rss_mib(), None)))
+            held = None if gpu is None else torch.cuda.max_memory_reserved(device) / 2**20
+            conn.send(("rss", (_peak_rss_mib(), None, held)))
             return
         t = time.perf_counter()
         model.zero_grad(set_to_none=False)
@@ -159,6 +201,7 @@ def torch_worker(conn, batch: int, threads: int, weights: str, variants: tuple[s
         loss.backward()
         if update:
             opt.step()
+        synchronize()
         conn.send(("time", time.perf_counter() - t))
 
 
@@ -173,11 +216,16 @@ def main() -> None:
     ap.add_argument("--no-update", action="store_true", help="time forward + backward only (no SGD update)")
     ap.add_argument("--torch-native", action="store_true",
                     help="let PyTorch use its own instruction set even where numpy's OpenBLAS is held to AVX2")
+    ap.add_argument("--gpu", type=int, default=None,
+                    help="Caffe's GPU mode on this device against PyTorch on cuda (the 'net' variant only)")
     args = ap.parse_args()
+    if args.gpu is not None and args.variants.replace(" ", "") != "net":
+        ap.error("--gpu runs the 'net' variant only (--variants net): the forced lowerings are the CPU's choices")
     print(f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')} "
           f"OPENBLAS_L2_SIZE={os.environ.get('OPENBLAS_L2_SIZE', '(unset)')} threads={args.threads} "
           f"batch={args.batch} update={'none' if args.no_update else 'SGD'} "
-          f"CCT_PARTITIONS={os.environ.get('CCT_PARTITIONS', 'auto')}")
+          f"CCT_PARTITIONS={os.environ.get('CCT_PARTITIONS', 'auto')}"
+          + ("" if args.gpu is None else f" GPU mode on device {args.gpu} (PyTorch on cuda:{args.gpu})"))
     from cct import native
     from cct.runtime.threads import blas_worker_spin
 
@@ -194,16 +242,19 @@ def main() -> None:
     workers = {}
     for name, target in (("cct", cct_worker), ("pytorch", torch_worker)):
         parent, child = ctx.Pipe()
-        proc = ctx.Process(target=target, args=(child, args.batch, args.threads, weights, chosen, not args.no_update),
-                           daemon=True)
+        proc = ctx.Process(target=target, args=(child, args.batch, args.threads, weights, chosen, not args.no_update,
+                                                args.gpu), daemon=True)
         proc.start()
         kind, info = parent.recv()
+        if kind == "error":
+            sys.exit(f"{name}: {info}")
         workers[name] = (proc, parent)
         if name == "cct":
             info, flops, sgemm_peak = info
-            print(f"GEMM arithmetic per iteration {flops / 1e9:.1f} GFLOP; sgemm peak (2048^3, {args.threads} "
-                  f"threads) {sgemm_peak / 1e9:.1f} GFLOP/s: the iteration cannot take less than "
-                  f"{flops / sgemm_peak * 1e3:.0f} ms")
+            where = f"2048^3, {args.threads} threads" if args.gpu is None else f"4096^3, device {args.gpu}"
+            print(f"GEMM arithmetic per iteration {flops / 1e9:.1f} GFLOP; sgemm peak ({where}) "
+                  f"{sgemm_peak / 1e9:.1f} GFLOP/s: the iteration cannot take less than "
+                  f"{flops / sgemm_peak * 1e3:.1f} ms")
             for v, desc in info.items():
                 print(f"cct {v:>4}: " + "; ".join(f"{c} {d}" for c, d in zip(CONVS, desc)))
         else:
@@ -223,15 +274,16 @@ def main() -> None:
         rss[name] = conn.recv()[1]
         proc.join()
     base = statistics.median(times[("pytorch", "")])
+    device = "" if args.gpu is None else f"{'device MiB':>12}"
     print(f"{'variant':<20}{'median ms':>10}{'min ms':>9}{'cct/pytorch':>13}{'% of peak':>11}{'peak RSS MiB':>14}"
-          f"{'conv workspace MiB':>20}")
+          f"{'conv workspace MiB':>20}{device}")
     for who, variant in variants:
         med = statistics.median(times[(who, variant)])
         label = "pytorch" if who != "cct" else "cct net" if variant == "net" else f"cct lowering {variant}"
-        peak, ws = rss[who]
-        print(f"{label:<20}{med * 1e3:10.0f}{min(times[(who, variant)]) * 1e3:9.0f}{med / base:13.2f}"
+        peak, ws, held = rss[who]
+        print(f"{label:<20}{med * 1e3:10.1f}{min(times[(who, variant)]) * 1e3:9.1f}{med / base:13.2f}"
               f"{100 * flops / med / sgemm_peak:10.0f}%"
-              f"{peak:14.0f}{'' if ws is None else f'{ws:.0f}':>20}")
+              f"{peak:14.0f}{'' if ws is None else f'{ws:.0f}':>20}{'' if held is None else f'{held:12.0f}'}")
     sys.path.insert(0, str(ROOT))  # only now: the PyTorch worker must not load cct
     from cct.bench.bench import load_average
     print(f"(median of {args.iters} alternated iterations after one warm-up; one cct worker ran all {len(chosen)} "
