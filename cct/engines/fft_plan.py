@@ -32,6 +32,7 @@ on these lengths).
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -113,16 +114,21 @@ class FFTPlan:
             out = sfft.fft(out, n=self.size[a], axis=axes[a], workers=workers, overwrite_x=True)
         return out
 
-    def forward_batch_first(self, block: Any, step: Sequence[int] | None = None, workers: int = 1) -> Any:
+    def forward_batch_first(self, block: Any, step: Sequence[int] | None = None, workers: int = 1,
+                            conjugate: bool = False) -> Any:
         """:meth:`forward` of a batch-first ``block`` ``(*batch, *spatial)``, as the spectrum ``(*spectrum,
-        *batch)``: the DFT matrix products read it as it lies; ``scipy.fft`` from a spatial-first copy."""
+        *batch)``: the DFT matrix products read it as it lies; ``scipy.fft`` from a spatial-first copy.  With
+        ``conjugate``, the spectrum's complex conjugate: by the DFT matrices with their sign flipped (the block
+        is real: the same values, zeros' signs aside, and no pass over the spectrum), or conjugated after
+        ``scipy.fft``."""
         nd = self.nd
         spread = self._spread(block.shape[-nd:], step)
         if self.by_matrices(block.dtype):
-            return self._forward_by_matrices(block, spread, batch_first=True)
+            return self._forward_by_matrices(block, spread, batch_first=True, sign=1 if conjugate else -1)
         lead = block.ndim - nd
         moved = np.moveaxis(block, tuple(range(lead, block.ndim)), tuple(range(nd)))
-        return self.forward(np.ascontiguousarray(moved), step, workers)
+        out = self.forward(np.ascontiguousarray(moved), step, workers)
+        return np.conjugate(out, out=out) if conjugate else out
 
     def _spread(self, spatial: Sequence[int], step: Sequence[int] | None) -> tuple[int, ...]:
         """``step`` per spatial axis (1 when None), checked: a block of ``spatial`` values that far apart fits
@@ -178,7 +184,8 @@ class FFTPlan:
         return (self.pruned and self.nd <= 2 and max(self.size) <= MATRIX_DFT_MAX
                 and np.dtype(dtype) in (np.float32, np.float64))
 
-    def _forward_by_matrices(self, block: Any, step: tuple[int, ...], batch_first: bool = False) -> Any:
+    def _forward_by_matrices(self, block: Any, step: tuple[int, ...], batch_first: bool = False,
+                             sign: int = -1) -> Any:
         """:meth:`forward` (``first`` 0, pruned) as DFT matrix products, run by run of batch columns: the real
         axis on split planes; then the first axis by the block matrix on them, interleaving the result — or,
         for a block of few rows (:meth:`_narrow`: a kernel), interleaving those rows and finishing with one
@@ -192,7 +199,7 @@ class FFTPlan:
             x = np.ascontiguousarray(block).reshape(spatial + (math.prod(batch),))
         rows = math.prod(batch)
         n, k = self.size[-1], self.size[-1] // 2 + 1
-        real = _dft_split(n, np.arange(k), np.arange(spatial[-1]) * step[-1], -1, dtype)
+        real = _dft_split(n, np.arange(k), np.arange(spatial[-1]) * step[-1], sign, dtype)
         real = real.reshape(2 * k, spatial[-1])  # rows (part, frequency)
         lead = spatial[:-1]  # 2-D: the block's rows, transformed next
         ctype = np.result_type(dtype, np.complex64)
@@ -200,7 +207,7 @@ class FFTPlan:
         narrow = self._narrow(spatial[0])
         if nd == 2:
             n0, l0 = self.size[0], spatial[0]
-            first = _dft_split(n0, np.arange(n0), np.arange(l0) * step[0], -1, dtype)
+            first = _dft_split(n0, np.arange(n0), np.arange(l0) * step[0], sign, dtype)
             if narrow:
                 first = (first[0] + 1j * first[1]).astype(ctype)
             else:
@@ -371,10 +378,24 @@ def _unravel(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def _dft_split(n: int, rows: Any, cols: Any, sign: int, dtype: Any) -> Any:
-    """The DFT matrix ``exp(sign·2πi·r·c/n)`` for frequencies or positions ``rows`` × ``cols`` as its real
-    and imaginary parts ``(2, len(rows), len(cols))`` in ``dtype`` (computed in float64)."""
-    angle = (sign * 2 * np.pi / n) * np.outer(np.asarray(rows) % n, np.asarray(cols) % n)
-    return np.stack([np.cos(angle), np.sin(angle)]).astype(dtype)
+    """The DFT matrix ``exp(sign·2πi·r·c/n)`` for frequencies or positions ``rows`` × ``cols`` (integers) as its
+    real and imaginary parts ``(2, len(rows), len(cols))`` in ``dtype`` (computed in float64).  Made once per
+    arguments and read-only: every pass of a layer asks for the same few (the cosines and sines took ~50 us a
+    call, a dozen calls a CaffeNet layer pass, outside the batch partitions)."""
+    return _dft_split_made(int(n), _integers(rows), _integers(cols), int(sign), np.dtype(dtype).str)
+
+
+def _integers(values: Any) -> tuple[int, ...]:
+    return tuple(np.asarray(values).ravel().tolist())
+
+
+@functools.lru_cache(maxsize=512)
+def _dft_split_made(n: int, rows: tuple[int, ...], cols: tuple[int, ...], sign: int, dtype: str) -> Any:
+    ints = np.int64
+    angle = (sign * 2 * np.pi / n) * np.outer(np.asarray(rows, dtype=ints) % n, np.asarray(cols, dtype=ints) % n)
+    out = np.stack([np.cos(angle), np.sin(angle)]).astype(dtype)
+    out.flags.writeable = False
+    return out
 
 
 def _complex_block(m: Any) -> Any:

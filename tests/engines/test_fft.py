@@ -418,6 +418,10 @@ def test_batch_first_transforms_equal_the_spatial_first_ones(size, block_shape):
     spatial_first = np.ascontiguousarray(np.moveaxis(block, (0, 1), (nd, nd + 1)))
     spec = plan.forward_batch_first(block)
     np.testing.assert_allclose(spec, plan.forward(spatial_first), rtol=1e-12, atol=1e-12)
+    for dtype in (np.float64, np.float32):  # the conjugate spectrum: exactly the conjugate (as values)
+        b = block.astype(dtype)
+        conj = plan.forward_batch_first(b, conjugate=True)
+        np.testing.assert_array_equal(conj.view(b.dtype), np.conjugate(plan.forward_batch_first(b)).view(b.dtype))
     where = [positions(1, n - 2, 1, n) for n in size]
     signal = plan.inverse(spec.copy(), where)
     into = np.full((3, 4) + signal.shape[:nd], np.nan).transpose((1, 0) + tuple(range(2, 2 + nd)))
