@@ -198,20 +198,14 @@ class FFTPlan:
             spatial, batch = block.shape[:nd], block.shape[nd:]
             x = np.ascontiguousarray(block).reshape(spatial + (math.prod(batch),))
         rows = math.prod(batch)
-        n, k = self.size[-1], self.size[-1] // 2 + 1
-        real = _dft_split(n, np.arange(k), np.arange(spatial[-1]) * step[-1], sign, dtype)
-        real = real.reshape(2 * k, spatial[-1])  # rows (part, frequency)
+        k = self.size[-1] // 2 + 1
+        narrow = self._narrow(spatial[0])
+        real, first = _forward_matrices(self.size, tuple(spatial), tuple(step), sign, np.dtype(dtype).str, narrow)
         lead = spatial[:-1]  # 2-D: the block's rows, transformed next
         ctype = np.result_type(dtype, np.complex64)
         out = np.empty(self.spectrum_shape + (rows,), dtype=ctype)
-        narrow = self._narrow(spatial[0])
         if nd == 2:
             n0, l0 = self.size[0], spatial[0]
-            first = _dft_split(n0, np.arange(n0), np.arange(l0) * step[0], sign, dtype)
-            if narrow:
-                first = (first[0] + 1j * first[1]).astype(ctype)
-            else:
-                first = _complex_block(first)
 
         def run(scratch: Any, c0: int, c1: int) -> None:
             cols = c1 - c0
@@ -245,19 +239,13 @@ class FFTPlan:
         dtype = spectrum.real.dtype
         batch = spectrum.shape[nd:]
         rows = math.prod(batch)
-        k, n = self.size[-1] // 2 + 1, self.size[-1]
-        wanted = [np.arange(size)[p] if isinstance(p, slice) else np.asarray(p) for p, size in zip(where, self.size)]
-        # irfft: the bins between 0 and the Nyquist one count twice (their mirror images); the imaginary parts
-        # of bin 0 and of the Nyquist bin are ignored — their sines are 0 at every position
-        twice = np.where((np.arange(k) == 0) | (2 * np.arange(k) == n), 1.0, 2.0)
-        last = _dft_split(n, wanted[-1], np.arange(k), 1, np.float64) * twice / math.prod(self.size)
-        last[1] *= -1  # out = Σ Re(A)·Re(Y) - Im(A)·Im(Y)
-        last = np.ascontiguousarray(last.transpose(1, 0, 2).reshape(len(wanted[-1]), 2 * k), dtype=dtype)
+        k = self.size[-1] // 2 + 1
+        wanted = tuple(_integers(np.arange(size)[p] if isinstance(p, slice) else p)
+                       for p, size in zip(where, self.size))
         narrow = self._narrow(len(wanted[0]))
+        last, first = _inverse_matrices(self.size, wanted, np.dtype(dtype).str, np.dtype(spectrum.dtype).str, narrow)
         if nd == 2:
             n0, p0 = self.size[0], len(wanted[0])
-            first = _dft_split(n0, wanted[0], np.arange(n0), 1, dtype)
-            first = (first[0] + 1j * first[1]).astype(spectrum.dtype) if narrow else _complex_block(first)
         z = spectrum.reshape(spectrum.shape[:nd] + (rows,))
         counts = tuple(len(w) for w in wanted)
         out = np.empty(counts + (rows,), dtype=dtype) if into is None else None
@@ -383,6 +371,47 @@ def _dft_split(n: int, rows: Any, cols: Any, sign: int, dtype: Any) -> Any:
     arguments and read-only: every pass of a layer asks for the same few (the cosines and sines took ~50 us a
     call, a dozen calls a CaffeNet layer pass, outside the batch partitions)."""
     return _dft_split_made(int(n), _integers(rows), _integers(cols), int(sign), np.dtype(dtype).str)
+
+
+@functools.lru_cache(maxsize=256)
+def _forward_matrices(size: tuple[int, ...], spatial: tuple[int, ...], step: tuple[int, ...], sign: int, dtype: str,
+                      narrow: bool) -> tuple[Any, Any]:
+    """:meth:`FFTPlan._forward_by_matrices`' matrices for a block of ``spatial`` values ``step`` apart: the real
+    axis' split DFT ``(2k, spatial[-1])``, and for two axes the first axis' — complex ``(n0, l0)`` for a
+    ``narrow`` block (:meth:`FFTPlan._narrow`), else its real block form ``(2·n0, 2·l0)`` — or None.  Made once
+    each, read-only."""
+    n, k = size[-1], size[-1] // 2 + 1
+    real = _dft_split(n, np.arange(k), np.arange(spatial[-1]) * step[-1], sign, dtype).reshape(2 * k, spatial[-1])
+    first = None
+    if len(size) == 2:
+        first = _dft_split(size[0], np.arange(size[0]), np.arange(spatial[0]) * step[0], sign, dtype)
+        first = (first[0] + 1j * first[1]).astype(np.result_type(np.dtype(dtype), np.complex64)) if narrow \
+            else _complex_block(first)
+        first.flags.writeable = False
+    return real, first
+
+
+@functools.lru_cache(maxsize=256)
+def _inverse_matrices(size: tuple[int, ...], wanted: tuple[tuple[int, ...], ...], dtype: str,
+                      complex_dtype: str, narrow: bool) -> tuple[Any, Any]:
+    """:meth:`FFTPlan._inverse_by_matrices`' matrices to the ``wanted`` positions per axis: the real axis'
+    ``(len(wanted[-1]), 2k)`` (irfft's weights folded in) and for two axes the first axis' — complex to
+    ``narrow`` positions (:meth:`FFTPlan._narrow`), else its real block form — or None.  Made once each,
+    read-only."""
+    k, n = size[-1] // 2 + 1, size[-1]
+    # irfft: the bins between 0 and the Nyquist one count twice (their mirror images); the imaginary parts
+    # of bin 0 and of the Nyquist bin are ignored — their sines are 0 at every position
+    twice = np.where((np.arange(k) == 0) | (2 * np.arange(k) == n), 1.0, 2.0)
+    last = _dft_split(n, wanted[-1], np.arange(k), 1, np.float64) * twice / math.prod(size)
+    last[1] *= -1  # out = Σ Re(A)·Re(Y) - Im(A)·Im(Y)
+    last = np.ascontiguousarray(last.transpose(1, 0, 2).reshape(len(wanted[-1]), 2 * k), dtype=dtype)
+    last.flags.writeable = False
+    first = None
+    if len(size) == 2:
+        first = _dft_split(size[0], wanted[0], np.arange(size[0]), 1, dtype)
+        first = (first[0] + 1j * first[1]).astype(complex_dtype) if narrow else _complex_block(first)
+        first.flags.writeable = False
+    return last, first
 
 
 def _integers(values: Any) -> tuple[int, ...]:
