@@ -55,7 +55,7 @@ class ConvGeometry:
 
     @property
     def is_pointwise(self) -> bool:
-        """1x1 kernel, stride 1, no padding: lowering is a pure transposition of the input."""
+        """1x1 kernel, stride 1, no padding: an image's lowered matrix is the image itself, (C, cells)."""
         return all(k == 1 and s == 1 and p == 0 for k, s, p in zip(self.kernel, self.stride, self.pad))
 
 

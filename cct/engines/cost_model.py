@@ -82,7 +82,8 @@ def layer_costs(g: ConvGeometry, strategy: int, itemsize: int = 4, per_image_lif
     :func:`cct.engines.lowering.lifts_per_image`): the forward and the data gradient are one GEMM per image,
     group and lifted kernel offset, each over the output cells that offset reaches (about the image's output;
     ``O/group`` rows, not ``O/group·k``), which sum the lifting themselves and write the output where it lies —
-    no forward lifting or transposing pass."""
+    no forward lifting or transposing pass.  Type 1 of a pointwise geometry (1x1 kernel, stride 1, no padding)
+    lowers and transposes nothing: its GEMMs run image by image on the blobs themselves."""
     nd = g.num_spatial_axes
     f = {1: 0, 2: min(1, nd), 3: nd}[strategy]
     B, C, O = g.num, g.in_channels, g.out_channels
@@ -97,6 +98,8 @@ def layer_costs(g: ConvGeometry, strategy: int, itemsize: int = 4, per_image_lif
     transpose = 2.0 * O * p_out * B
     traffic = itemsize * (2 * lowered + 3 * col2im + 3 * lifted + 2 * transpose)
     shapes = ((M, K, N), (K, M, N), (K, N, M))
+    if strategy == 1 and g.is_pointwise:  # the GEMMs read and write the blobs where they lie, image by image
+        return LoweringCost(strategy, 0.0, gemm, 0.0, 0.0, 0.0, 0.0, shapes, g.group, (B, B))
     if per_image_lifting and strategy == 2:  # backward's unlifting and transposition of dy remain
         lifted, transpose = lifted / 2, transpose / 2
         traffic = itemsize * (2 * lowered + 3 * col2im + 3 * lifted + 2 * transpose)

@@ -255,6 +255,9 @@ class _Layout:
         self.K = self.Cg * self.KL
         self.M = self.KF * self.Og
         self.lift = self._lift_plan(g) if f else []
+        # type 1 of a 1x1 kernel, stride 1, no padding: each image's lowered matrix is the image itself, so its
+        # GEMMs read x and write y where they lie (LoweringEngine._pointwise_forward), as Caffe's 1x1 case does
+        self.pointwise = not f and g.is_pointwise
         self.images_last = images_last_order(self)
 
     def col_shape(self, n: int) -> tuple[int, ...]:
@@ -342,7 +345,7 @@ class LoweringEngine(ConvEngine):
             if strategy_fallback(s, g) is not None:
                 continue
             lay = _Layout(g, s)
-            lowered, result = lay.C * lay.KL * lay.cols, lay.KF * lay.O * lay.cols
+            lowered, result = (0, 0) if lay.pointwise else (lay.C * lay.KL * lay.cols, lay.KF * lay.O * lay.cols)
             per_image = max(lowered, result) * itemsize
             images = max(1, min(-(-g.num // parts), budget // max(per_image, 1)))
             forward, backward = pass_seconds(layer_costs(g, s, itemsize, lifts_per_image(g, s, dtype, xp or np)),
@@ -864,6 +867,45 @@ class LoweringEngine(ConvEngine):
         else:
             xp.add(src, b.reshape((1, L.O) + (1,) * g.num_spatial_axes), out=y)
 
+    # ---- pointwise (1x1 kernel, stride 1, no padding): nothing to lower ------------------------------------
+    def _pointwise_forward(self, x: Any, wm: Any, b: Any | None, y: Any) -> None:
+        """``y`` (n, O, *out) = ``W_m[g] · x[i, g]`` for every image ``i`` and group ``g``, read and written where
+        they lie (one stacked GEMM call; ``y`` C-contiguous), then the bias: no lowered copy of the input and no
+        GEMM buffer to transpose from (GoogLeNet's 37 pointwise layers, 10 images, 2 cores: forward 1.3-4.2x, median
+        2.1x faster; with the gradients below, their forward + weight gradient 106 -> 61 ms, Caffe's 58-68 ms)."""
+        L = self._lay()
+        n, xp = x.shape[0], get_array_module(y)
+        xp.matmul(wm, x.reshape(n, L.G, L.K, L.cols), out=y.reshape(n, L.G, L.Og, L.cols))
+        if b is not None:
+            xp.add(y, b.reshape((1, L.O) + (1,) * (y.ndim - 2)), out=y)
+
+    def _pointwise_weight_grad(self, ws: dict[str, Any], x: Any, dy: Any, acc: Any, first: bool,
+                               by_rows: bool) -> None:
+        """``acc`` (:meth:`_weight_grad_chunk`'s) ``+= dy[i, g] · x[i, g]ᵀ`` summed over the images, on the host
+        one accumulating GEMM per image and group on the arrays where they lie (``first``: the first assigns);
+        elsewhere (one call per image would be one launch each) by the channel-first copies and one GEMM."""
+        L = self._lay()
+        n = x.shape[0]
+        if get_array_module(x) is not np:
+            self._weight_grad_chunk(ws, x, self._grad_z(ws, dy), acc, first, None, by_rows)
+            return
+        xv, dyv = x.reshape(n, L.G, L.K, L.cols), dy.reshape(n, L.G, L.Og, L.cols)
+        for i in range(n):
+            for gi in range(L.G):
+                a, b = (dyv[i, gi], xv[i, gi].T) if by_rows else (xv[i, gi], dyv[i, gi].T)
+                if first and i == 0:
+                    np.matmul(a, b, out=acc[gi])
+                else:
+                    matmul_accumulate(acc[gi], a, b)
+
+    def _pointwise_data_grad(self, wm: Any, dy: Any, dx: Any) -> None:
+        """``dx[i, g] = W_m[g]ᵀ · dy[i, g]`` for every image and group, straight into ``dx`` (C-contiguous):
+        the adjoint of :meth:`_pointwise_forward`, no col2im."""
+        L = self._lay()
+        n = dy.shape[0]
+        get_array_module(dy).matmul(wm.transpose(0, 2, 1), dy.reshape(n, L.G, L.Og, L.cols),
+                                    out=dx.reshape(n, L.G, L.K, L.cols))
+
     # ---- type 2 with the images innermost: the lifting sums done by the GEMMs ----------------------------
     def _lifts_by_gemms(self, dtype: Any, xp: Any) -> bool:
         """Whether type 2 with the images innermost runs its lifted kernel offsets as GEMMs over whole row
@@ -1031,22 +1073,30 @@ class LoweringEngine(ConvEngine):
     def forward(self, x: Any, w: Any, b: Any | None, y: Any) -> Any:
         wm = self._weight_matrix(w)
         L = self._lay()
+        chunks = self._chunks(x.shape[0], x.itemsize, get_array_module(x) is np)
+        if L.pointwise and y.flags.c_contiguous:
+            self._kept.clear()
+            self._run(self._space(x), chunks,
+                      lambda ws, part, n0, n1: self._pointwise_forward(x[n0:n1], wm, b, y[n0:n1]))
+            return y
         keep = self._trains and L.G * L.K * x.shape[0] * L.cols * x.itemsize <= KEEP_LOWERED_MAX_BYTES
         if not keep:
             self._kept.clear()
-        self._run(self._space(x), self._chunks(x.shape[0], x.itemsize, get_array_module(x) is np),
+        self._run(self._space(x), chunks,
                   lambda ws, part, n0, n1: self._forward_chunk(ws, x[n0:n1], wm, b, y[n0:n1],
                                                                (n0, n1) if keep else None))
         return y
 
-    def _weight_accumulators(self, space: Workspace, dw: Any | None, chunks: list[list[tuple[int, int]]]
-                             ) -> tuple[list[Any], bool]:
+    def _weight_accumulators(self, space: Workspace, dw: Any | None, chunks: list[list[tuple[int, int]]],
+                             images: int | None = None) -> tuple[list[Any], bool]:
         """Per partition, where it accumulates dW_m — a workspace buffer, (G, K, M) or (G, M, K) as
-        :meth:`_weight_grad_layout` has it — and whether it is the latter."""
+        :meth:`_weight_grad_layout` has it for GEMMs over ``images`` images (default: a chunk's) — and whether it
+        is the latter."""
         L = self._lay()
         if dw is None:
             return [], False
-        images = max(n1 - n0 for c in chunks for n0, n1 in c)
+        if images is None:
+            images = max(n1 - n0 for c in chunks for n0, n1 in c)
         by_rows = self._weight_grad_layout(images, dw.dtype, len(chunks), get_array_module(dw)) == "mxk"
         shape = (L.G, L.M, L.K) if by_rows else (L.G, L.K, L.M)
         return [self._view(space.part(p), "dw_acc", shape, dw) for p in range(len(chunks))], by_rows
@@ -1089,7 +1139,8 @@ class LoweringEngine(ConvEngine):
         n = dy.shape[0]
         space = self._space(dy)
         chunks = self._chunks(n, dy.itemsize, xp is np)
-        accs, by_rows = self._weight_accumulators(space, dw, chunks)
+        pointwise = L.pointwise and dy.flags.c_contiguous and (dx is None or dx.flags.c_contiguous)
+        accs, by_rows = self._weight_accumulators(space, dw, chunks, 1 if pointwise and xp is np else None)
         firsts = {c[0][0] for c in chunks}
         self._trains = self._trains or dw is not None
 
@@ -1098,6 +1149,12 @@ class LoweringEngine(ConvEngine):
         rows_per_image = _lifts_per_image(L, self._geom(), dy.dtype, xp)
 
         def body(ws: dict[str, Any], part: int, n0: int, n1: int) -> None:
+            if pointwise:
+                if dw is not None:
+                    self._pointwise_weight_grad(ws, x[n0:n1], dy[n0:n1], accs[part], n0 in firsts, by_rows)
+                if dx is not None:
+                    self._pointwise_data_grad(wm, dy[n0:n1], dx[n0:n1])
+                return
             dyt = self._grad_yt(ws, dy[n0:n1])
             if by_gemms:  # the gradient stays channel-first: its offsets' rows are column ranges of it
                 if dw is not None:
@@ -1126,7 +1183,7 @@ class LoweringEngine(ConvEngine):
 
     def forward_and_backward_weights(self, x: Any, w: Any, y: Any | None, dy: Any, dw: Any | None) -> None:
         """``y[...] = conv(x, w)`` and ``dw += corr(x, dy)``, lowering ``x`` once (Deconvolution backward)."""
-        if y is None or dw is None:
+        if y is None or dw is None or self._lay().pointwise:  # pointwise: nothing to lower, nothing to share
             super().forward_and_backward_weights(x, w, y, dy, dw)
             return
         L = self._lay()

@@ -37,7 +37,16 @@ CASES = [
     (ConvGeometry(2, 2, 3, 1, (6, 20, 17), (2, 5, 3), (1, 2, 3), (0, 1, 2), (1, 1, 1)), (1, 2, 1)),
     # images of >= DIRECT_MIN_COLS output cells: type 1 images first runs one GEMM per image into the output
     (ConvGeometry(2, 3, 2, 1, (12, 13), (3, 3), (1, 1), (1, 1), (1, 1)), (1, 2, 3)),
+    # pointwise (1x1 kernels, stride 1, no padding): the GEMMs read x and write y where they lie — groups, 3-D
+    # (dilation has no effect on a one-cell kernel), images of >= DIRECT_MIN_COLS cells; then two 1x1 kernels
+    # that are not pointwise (strided, padded): lowered as any other
+    (ConvGeometry(3, 4, 6, 2, (5, 6), (1, 1), (1, 1), (0, 0), (1, 1)), (1, 1, 1)),
+    (ConvGeometry(2, 3, 4, 1, (3, 4, 5), (1, 1, 1), (1, 1, 1), (0, 0, 0), (2, 1, 1)), (1, 1, 1)),
+    (ConvGeometry(2, 3, 4, 1, (12, 13), (1, 1), (1, 1), (0, 0), (1, 1)), (1, 1, 1)),
+    (ConvGeometry(2, 3, 4, 1, (7, 6), (1, 1), (2, 2), (0, 0), (1, 1)), (1, 1, 1)),
+    (ConvGeometry(2, 3, 4, 1, (4, 5), (1, 1), (1, 1), (1, 1), (1, 1)), (1, 1, 1)),
 ]
+POINTWISE = [c for c in CASES if c[0].is_pointwise]
 IDS = [f"case{i}" for i in range(len(CASES))]
 
 
@@ -84,6 +93,62 @@ def test_lowering_matches_direct_reference(g, expected, strategy, images_last, m
     eng.forward_and_backward_weights(x, w, y3, dy, dw3)
     np.testing.assert_allclose(y3, ref.conv_forward(g, x, w), rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(dw3, dw, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("layout", ["kxm", "mxk"])
+@pytest.mark.parametrize("parts,budget", [(1, 1 << 30), (2, 1 << 30), (3, 1)])
+@pytest.mark.parametrize("g", [c[0] for c in POINTWISE], ids=[f"pointwise{i}" for i in range(len(POINTWISE))])
+def test_pointwise_layers_read_and_write_the_blobs_where_they_lie(monkeypatch, g, parts, budget, layout):
+    """A 1x1 kernel of stride 1 without padding lowers nothing: the forward, both gradients (accumulating, in
+    either weight layout) and the fused Deconvolution step are the reference's, in partitions and chunks, without
+    a lowered copy of the input, a channel-first copy of the gradient or a col2im; an output that is not
+    contiguous takes the lowering, with the same values."""
+    from cct.engines import measured
+
+    monkeypatch.setattr(lowering, "WEIGHT_LAYOUT_MIN_FLOPS", 0)
+    monkeypatch.setattr(measured, "measured_choice", lambda kind, key, ways: layout)
+    x, w, b, dy = _data(g, 7)
+    expected = (ref.conv_forward(g, x, w, b), ref.conv_backward_data(g, dy, w), ref.conv_backward_weights(g, x, dy))
+    eng = LoweringEngine(1, max_lowered_bytes=budget, workspace=Workspace())
+    eng.configure(g, np.float64)
+    assert eng._lay().pointwise
+    lowered = []
+    for step in ("_lower", "_grad_yt", "_col2im"):
+        real = getattr(eng, step)
+        monkeypatch.setattr(eng, step, lambda *a, _real=real, _step=step, **k: lowered.append(_step) or _real(*a, **k))
+    with settings.override(partitions=parts):
+        assert len(eng._chunks(g.num, 8)) == min(parts, g.num)
+        for got, want in zip(_run_engine(eng, x, w, b, dy), expected):
+            np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
+        y, dw = np.empty_like(dy), np.zeros_like(w)
+        eng.forward_and_backward_weights(x, w, y, dy, dw)
+        np.testing.assert_allclose(y, ref.conv_forward(g, x, w), rtol=1e-10, atol=1e-10)
+        np.testing.assert_allclose(dw, expected[2], rtol=1e-10, atol=1e-10)
+        assert lowered == []
+        strided = np.full((g.num, 2 * g.out_channels) + g.out_shape, np.nan)[:, ::2]
+        eng.forward(x, w, b, strided)
+        np.testing.assert_allclose(strided, expected[0], rtol=1e-10, atol=1e-10)
+        assert "_lower" in lowered
+
+
+@pytest.mark.parametrize("g", [c[0] for c in POINTWISE], ids=[f"pointwise{i}" for i in range(len(POINTWISE))])
+def test_pointwise_layers_on_another_array_module(monkeypatch, g):
+    """The pointwise bodies on an array module other than numpy (a stand-in delegating to numpy, as cupy would
+    be seen): stacked GEMM calls forward and for the data gradient, the weight gradient by one GEMM over the
+    channel-first copies — the reference's values, in partitions and chunks."""
+    import types
+
+    other = types.ModuleType("other")
+    other.__dict__.update({k: getattr(np, k) for k in dir(np) if not k.startswith("__")})
+    monkeypatch.setattr(lowering, "get_array_module", lambda *a: other)
+    x, w, b, dy = _data(g, 8)
+    with settings.override(partitions=2):
+        eng = LoweringEngine(1, max_lowered_bytes=1, workspace=Workspace())
+        eng.configure(g, np.float64)
+        y, dx, dw = _run_engine(eng, x, w, b, dy)
+    np.testing.assert_allclose(y, ref.conv_forward(g, x, w, b), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(dx, ref.conv_backward_data(g, dy, w), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(dw, ref.conv_backward_weights(g, x, dy), rtol=1e-10, atol=1e-10)
 
 
 @pytest.mark.parametrize("g,expected", CASES, ids=IDS)
