@@ -7,12 +7,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from cct import native
 from cct.blob import Blob
 from cct.device import get_array_module
 from cct.errors import CctError, ParamError
 from cct.layers.base import Layer
 from cct.layers.registry import register
 from cct.proto import caffe_pb2 as pb
+from cct.runtime.partition import run_channel_blocks
 
 
 @register("BatchNorm")
@@ -72,10 +74,10 @@ class BatchNormLayer(Layer):
             raise CctError(f"BatchNorm: bottom {b.shape_string()} does not have the {self.channels} channels "
                            f"the layer was set up with")
         top[0].reshape(b.shape)
-        xp = get_array_module(b.data)
-        # y, kept for backward: a later in-place layer may overwrite the top.
-        self._x_norm = _buffer(getattr(self, "_x_norm", None), xp, b.shape, b.dtype)
-        self._tmp = _buffer(getattr(self, "_tmp", None), xp, b.shape, b.dtype)
+        # y, kept for the batch statistics' backward: a later in-place layer may overwrite the top (the global
+        # statistics' backward needs only the deviations)
+        self._x_norm = None if self.use_global_stats else \
+            _buffer(getattr(self, "_x_norm", None), get_array_module(b.data), b.shape, b.dtype)
 
     def _view(self, a: Any) -> Any:
         """``a`` as ``(N, C, spatial)``."""
@@ -85,19 +87,14 @@ class BatchNormLayer(Layer):
         b = bottom[0]
         xp = get_array_module(b.data)
         x = self._view(b.data)
-        xn = self._view(self._x_norm)
         y = self._view(top[0].data)
         if self.use_global_stats:
             s = self.blobs[2].data[0]
             factor = 0 if s == 0 else 1 / s
             mean = self.blobs[0].data * factor
             var = self.blobs[1].data * factor
-            xp.subtract(x, mean[:, None], out=xn)
         else:
-            mean = x.mean(axis=(0, 2))
-            xp.subtract(x, mean[:, None], out=xn)
-            xp.multiply(xn, xn, out=y)  # x has been consumed: the top is free scratch even in place
-            var = y.mean(axis=(0, 2))
+            mean, var = self._batch_statistics(x)
             self.blobs[2].data[...] *= self.maf
             self.blobs[2].data[...] += 1
             self.blobs[0].data[...] *= self.maf
@@ -106,9 +103,52 @@ class BatchNormLayer(Layer):
             correction = m / (m - 1) if m > 1 else 1.0
             self.blobs[1].data[...] *= self.maf
             self.blobs[1].data[...] += correction * var
-        self._std = xp.sqrt(var + self.eps)
-        xn /= self._std[:, None]
-        y[...] = xn
+        self._std = std = xp.sqrt(var + self.eps)
+        mean_c, std_c = mean[:, None], std[:, None]
+        xn = None if self._x_norm is None else self._view(self._x_norm)
+        compiled = native.kernels_for(x, y, mean, std, *(() if xn is None else (xn,)))
+
+        def normalize(_part: int, i: slice, c: slice) -> None:  # y = (x - μ) / σ, and the kept copy
+            if compiled is not None:
+                compiled.normalize_rows(x[i, c], mean[c], std[c], y[i, c], None if xn is None else xn[i, c], x.shape[2])
+                return
+            out = y[i, c] if xn is None else xn[i, c]
+            xp.subtract(x[i, c], mean_c[c], out=out)
+            out /= std_c[c]
+            if xn is not None:
+                xp.copyto(y[i, c], out)
+
+        run_channel_blocks(x, normalize)
+
+    def _batch_statistics(self, x: Any) -> tuple[Any, Any]:
+        """Per channel mean and biased variance of ``x`` (N, C, S), in x's dtype: each image's mean and sum of
+        squared deviations from it, taken block by block in the partitions (one read of x), then combined in
+        image order — ``Σ m2_i + S·Σ (μ_i - μ)²`` — so that every partition count gives the same numbers."""
+        xp = get_array_module(x)
+        n, c, s = x.shape
+        means, m2 = xp.empty((n, c), dtype=x.dtype), xp.empty((n, c), dtype=x.dtype)
+        ones = xp.ones(s, dtype=x.dtype)
+        scratch: dict[int, Any] = {}
+        compiled = native.kernels_for(x, means, m2)
+
+        def per_image(part: int, i: slice, ch: slice) -> None:
+            if compiled is not None:
+                compiled.row_moments(x[i, ch], means[i, ch], m2[i, ch], s)
+                return
+            rows = x[i, ch].reshape(-1, s)
+            mu = xp.matmul(rows, ones)
+            mu /= s
+            d = _scratch(scratch, part, rows)
+            xp.subtract(rows, mu[:, None], out=d)
+            shape = means[i, ch].shape
+            means[i, ch] = mu.reshape(shape)
+            m2[i, ch] = xp.einsum("rs,rs->r", d, d).reshape(shape)
+
+        run_channel_blocks(x, per_image)
+        means64 = means.astype(xp.float64)
+        mean = means64.mean(axis=0)
+        var = (m2.sum(axis=0, dtype=xp.float64) + s * ((means64 - mean) ** 2).sum(axis=0)) / (n * s)
+        return mean.astype(x.dtype), var.astype(x.dtype)
 
     def backward(self, top: list[Blob], propagate_down: Sequence[bool], bottom: list[Blob]) -> None:
         if not propagate_down[0]:
@@ -116,19 +156,51 @@ class BatchNormLayer(Layer):
         xp = get_array_module(top[0].diff)
         td = self._view(top[0].diff)
         bd = self._view(bottom[0].diff)  # may be td itself (in place): each step below is elementwise
-        std = self._std[:, None]
+        std = self._std
+        std_c = std[:, None]
+        n, c, s = td.shape
         if self.use_global_stats:
-            xp.divide(td, std, out=bd)
+            compiled = native.kernels_for(td, bd, std)
+
+            def scale(_part: int, i: slice, ch: slice) -> None:
+                if compiled is not None:
+                    compiled.normalize_rows(td[i, ch], None, std[ch], bd[i, ch], None, s)
+                else:
+                    xp.divide(td[i, ch], std_c[ch], out=bd[i, ch])
+
+            run_channel_blocks(td, scale)
             return
         y = self._view(self._x_norm)
-        m = td.shape[0] * td.shape[2]
-        mean_td = td.sum(axis=(0, 2)) / m
-        mean_tdy = xp.einsum("ncs,ncs->c", td, y) / m
-        tmp = self._view(self._tmp)
-        xp.multiply(y, mean_tdy[:, None], out=tmp)
-        tmp += mean_td[:, None]
-        xp.subtract(td, tmp, out=bd)
-        bd /= std
+        sums, dots = xp.empty((n, c), dtype=td.dtype), xp.empty((n, c), dtype=td.dtype)
+        ones = xp.ones(s, dtype=td.dtype)
+        compiled = native.kernels_for(td, bd, y, std, sums, dots)
+
+        def per_image(_part: int, i: slice, ch: slice) -> None:  # Σ td and Σ td·y per image and channel
+            if compiled is not None:
+                compiled.row_sums(td[i, ch], y[i, ch], sums[i, ch], dots[i, ch], s)
+                return
+            rows_td, rows_y = td[i, ch].reshape(-1, s), y[i, ch].reshape(-1, s)
+            shape = sums[i, ch].shape
+            sums[i, ch] = xp.matmul(rows_td, ones).reshape(shape)
+            dots[i, ch] = xp.einsum("rs,rs->r", rows_td, rows_y).reshape(shape)
+
+        run_channel_blocks(td, per_image)
+        m = n * s
+        mean_td = (sums.sum(axis=0, dtype=xp.float64) / m).astype(td.dtype)
+        mean_tdy = (dots.sum(axis=0, dtype=xp.float64) / m).astype(td.dtype)
+        scratch: dict[int, Any] = {}
+
+        def apply(part: int, i: slice, ch: slice) -> None:  # bd = (td - mean(td) - y·mean(td·y)) / σ
+            if compiled is not None:
+                compiled.normalize_backward_rows(td[i, ch], y[i, ch], mean_tdy[ch], mean_td[ch], std[ch], bd[i, ch], s)
+                return
+            tmp = _scratch(scratch, part, y[i, ch])
+            xp.multiply(y[i, ch], mean_tdy[ch, None], out=tmp)
+            tmp += mean_td[ch, None]
+            xp.subtract(td[i, ch], tmp, out=bd[i, ch])
+            bd[i, ch] /= std_c[ch]
+
+        run_channel_blocks(td, apply)
 
 
 @register("MVN")
@@ -192,6 +264,15 @@ class MVNLayer(Layer):
         tmp += mean_td[:, None]
         xp.subtract(td, tmp, out=bd)
         bd /= self._std[:, None]
+
+
+
+def _scratch(kept: dict[int, Any], part: int, like: Any) -> Any:
+    """A scratch array shaped like ``like`` for partition ``part``: a view of one kept in ``kept`` for the call."""
+    buf = kept.get(part)
+    if buf is None or buf.size < like.size:
+        buf = kept[part] = get_array_module(like).empty(like.size, dtype=like.dtype)
+    return buf[:like.size].reshape(like.shape)
 
 
 def _buffer(buf: Any, xp: Any, shape: tuple[int, ...], dtype: Any) -> Any:

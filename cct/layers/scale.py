@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from cct import native
 from cct.blob import Blob
 from cct.device import get_array_module
 from cct.errors import CctError, ParamError
@@ -17,6 +18,7 @@ from cct.fillers import constant_filler, fill
 from cct.layers.base import Layer
 from cct.layers.registry import register
 from cct.layers.shape import canonical_axis
+from cct.runtime.partition import run_channel_blocks
 
 
 def operand_shape(x: Blob, axis: int, num_axes: int, section: str) -> tuple[int, ...]:
@@ -38,6 +40,7 @@ def broadcast_geometry(x: Blob, p: Blob, axis: int, section: str, what: str) -> 
         raise CctError(f"{what} blob shape {p.shape_string()} does not match bottom[0] shape "
                        f"{x.shape_string()} starting at axis {start}")
     return x.count_range(0, start), p.count, x.count_range(start + p.num_axes)
+
 
 
 def _reduce_outer_inner(a: Any, outer: int, dim: int, inner: int) -> Any:
@@ -155,7 +158,17 @@ class ScaleLayer(Layer):
             if old is None or old.shape != x.shape or old.dtype != x.dtype or get_array_module(old) is not xp:
                 self._x_copy = xp.empty(x.shape, dtype=x.dtype)
 
+    def _per_channel(self, bottom: list[Blob]) -> bool:
+        """Whether the learned scale (and bias) apply per channel of ``(outer, dim, inner)`` rows, one value per
+        row — the blocked passes of :meth:`_forward_rows` and :meth:`_backward_rows` (BatchNorm's companion in
+        ResNet-style nets) — rather than elementwise (``count(x) == count(s)``) or from a second bottom."""
+        return len(bottom) == 1 and bottom[0].count != self.blobs[0].count and (
+            self.bias_index is None or self.bias_geometry == self.geometry)
+
     def forward(self, bottom: list[Blob], top: list[Blob]) -> None:
+        if self._per_channel(bottom):
+            self._forward_rows(bottom[0], top[0])
+            return
         xp = get_array_module(bottom[0].data)
         if top[0] is bottom[0]:
             self._x_copy[...] = bottom[0].data
@@ -167,10 +180,84 @@ class ScaleLayer(Layer):
             bo, bdim, bi = self.bias_geometry
             y.reshape(bo, bdim, bi)[...] += self.blobs[self.bias_index].data.reshape(1, bdim, 1)
 
+    def _forward_rows(self, bottom: Blob, top: Blob) -> None:
+        """``y = x · s (+ b)`` block by block in the batch partitions (:func:`run_channel_blocks`), saving x first
+        in place — one pass over memory (compiled where it takes the arrays, else numpy's steps on the block)."""
+        outer, dim, inner = self.geometry
+        x3, y3 = bottom.data.reshape(outer, dim, inner), top.data.reshape(outer, dim, inner)
+        save = self._x_copy.reshape(outer, dim, inner) if top is bottom else None
+        s = self.blobs[0].data.reshape(dim)
+        b = None if self.bias_index is None else self.blobs[self.bias_index].data.reshape(dim)
+        xp = get_array_module(x3)
+        compiled = native.kernels_for(x3, y3, s, *(() if b is None else (b,)), *(() if save is None else (save,)))
+
+        def body(_part: int, i: slice, c: slice) -> None:
+            if compiled is not None:
+                compiled.scale_rows(x3[i, c], s[c], None if b is None else b[c], y3[i, c],
+                                    None if save is None else save[i, c], inner)
+                return
+            if save is not None:
+                xp.copyto(save[i, c], x3[i, c])
+            xp.multiply(x3[i, c], s[c, None], out=y3[i, c])
+            if b is not None:
+                y3[i, c] += b[c, None]
+
+        run_channel_blocks(x3, body)
+
+    def _backward_rows(self, top: Blob, propagate_down: Sequence[bool], bottom: Blob) -> None:
+        """The gradients block by block in the batch partitions, each block read once: per (outer, channel) row
+        ``Σ td`` and ``Σ td·x`` (summed over the rows in order afterwards, as Caffe's reductions: the scale's
+        diff overwritten when ``outer == 1``, else accumulated) and ``bd = td · s``."""
+        outer, dim, inner = self.geometry
+        td = top.diff.reshape(outer, dim, inner)
+        x = (self._x_copy if top is bottom else bottom.data).reshape(outer, dim, inner)
+        bd = bottom.diff.reshape(outer, dim, inner) if propagate_down[0] else None
+        scale = self.blobs[0]
+        s = scale.data.reshape(dim)
+        want_scale = bool(self.param_propagate_down[0])
+        want_bias = self.bias_index is not None and bool(self.param_propagate_down[self.bias_index])
+        xp = get_array_module(td)
+        sums, dots = xp.empty((outer, dim), dtype=td.dtype), xp.empty((outer, dim), dtype=td.dtype)
+        ones = xp.ones(inner, dtype=td.dtype)
+        compiled = native.kernels_for(td, x, s, sums, dots, *(() if bd is None else (bd,)))
+
+        def body(_part: int, i: slice, c: slice) -> None:
+            if compiled is not None:
+                if want_scale or want_bias:
+                    compiled.row_sums(td[i, c], x[i, c] if want_scale else None, sums[i, c],
+                                      dots[i, c] if want_scale else None, inner)
+                if bd is not None:
+                    compiled.scale_rows(td[i, c], s[c], None, bd[i, c], None, inner)
+                return
+            rows = td[i, c].reshape(-1, inner)
+            shape = sums[i, c].shape
+            if want_bias:
+                sums[i, c] = xp.matmul(rows, ones).reshape(shape)
+            if want_scale:
+                dots[i, c] = xp.einsum("rs,rs->r", rows, x[i, c].reshape(-1, inner)).reshape(shape)
+            if bd is not None:
+                xp.multiply(td[i, c], s[c, None], out=bd[i, c])
+
+        run_channel_blocks(td, body)
+        if want_bias:
+            bias = self.blobs[self.bias_index]
+            bias.diff[...] += sums.sum(axis=0, dtype=xp.float64).astype(td.dtype).reshape(bias.shape)
+        if want_scale:
+            grad = dots.sum(axis=0, dtype=xp.float64).astype(td.dtype).reshape(scale.shape)
+            if outer == 1 and inner > 1 and dim > 1:  # Caffe's quirk (see backward)
+                scale.diff[...] = grad
+            else:
+                scale.diff[...] += grad
+
     def backward(self, top: list[Blob], propagate_down: Sequence[bool], bottom: list[Blob]) -> None:
+        in_place = top[0] is bottom[0]
+        if self._per_channel(bottom) and (propagate_down[0] or in_place or not self.param_propagate_down[0]):
+            # (Caffe forms the product td·x in bottom 0's diff: where that diff is not overwritten by the data
+            # gradient, the general body below leaves it there as Caffe does)
+            self._backward_rows(top[0], propagate_down, bottom[0])
+            return
         xp = get_array_module(top[0].diff)
         td = top[0].diff
-        in_place = top[0] is bottom[0]
         if self.bias_index is not None and self.param_propagate_down[self.bias_index]:
             bias = self.blobs[self.bias_index]
             bias.diff[...] += _reduce_outer_inner(td, *self.bias_geometry).reshape(bias.shape)

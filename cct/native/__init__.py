@@ -2,7 +2,8 @@
 
 numpy runs an elementwise operation at memory speed, but a step made of many such passes over small arrays
 (MAX pooling's compare/select per kernel offset and its scatter in backward, LRN's window sums, a lowering's
-copies and sums of short rows, ReLU's mask and product, the SGD update's seven passes over every parameter)
+copies and sums of short rows, ReLU's mask and product, BatchNorm's statistics and normalization and Scale's
+product and sums over every channel plane, the SGD update's seven passes over every parameter)
 spends its time in the passes themselves and, with the batch partitions' threads, in waiting for the GIL
 between short calls.  These kernels do one plane (or image, or tile of channels, or value) at a time in one
 pass while it is in the core's cache, without the GIL.  They compute what the numpy bodies compute, the same
@@ -27,7 +28,7 @@ import numpy as np
 from cct.config import settings
 
 # the kernels' API version this package calls (CCT_KERNELS_API in _kernels.c)
-API_VERSION = 4
+API_VERSION = 5
 
 try:
     from cct.native import _kernels as _built
@@ -53,6 +54,12 @@ def takes(*arrays: Any) -> bool:
         isinstance(a, np.ndarray) and a.dtype == dtype and a.flags.c_contiguous for a in arrays)
 
 
+def kernels_for(*arrays: Any) -> ModuleType | None:
+    """:func:`kernels` when they take ``arrays`` (:func:`takes`), else None: the caller runs its numpy body."""
+    compiled = kernels()
+    return compiled if compiled is not None and takes(*arrays) else None
+
+
 def describe() -> str:
     """For ``cct device_query``: which kernels run."""
     if _stale:
@@ -62,4 +69,4 @@ def describe() -> str:
     if kernels() is None:
         return "numpy bodies (compiled kernels off: CCT_NATIVE=0)"
     return ("compiled (MAX pooling of up to 8 spatial axes; LRN across channels, beta 0.75; 2-D lowering; ReLU "
-            "backward; SGD update; accumulating GEMM calls), numpy bodies elsewhere")
+            "backward; BatchNorm and Scale per channel; SGD update; accumulating GEMM calls), numpy bodies elsewhere")

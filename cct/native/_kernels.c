@@ -440,6 +440,147 @@ DEFINE_RELU_BACKWARD(relu_backward_f64, double)
 DEFINE_SGD(sgd_f32, float)
 DEFINE_SGD(sgd_f64, double)
 
+/* ---- per-channel rows (BatchNorm, Scale) ------------------------------------------------------------------
+ * The values are rows of `cells` (one image's channel plane), row r belonging to channel r mod `channels` of the
+ * per-channel vectors given; each row is one pass while it is in the core's cache.  The elementwise results are
+ * the numpy bodies' operations in their order, one rounding each (cct/layers/normalization.py, scale.py); a row's
+ * sums are accumulated in double precision in ROW_LANES lanes (the numpy bodies' float sums, in their BLAS's
+ * order, agree to rounding).  An output may be its input (in place); the other outputs never overlap. */
+#define ROW_LANES 8
+
+/* Σ TERM(i) over a row of `cells`, in ROW_LANES double lanes (a, b: the row's operands; shift: a row value). */
+#define DEFINE_ROW_SUM(NAME, T, TERM)                                                                          \
+    static inline double NAME(const T *a, const T *b, T shift, Py_ssize_t cells) {                              \
+        double acc[ROW_LANES] = {0}, s = 0;                                                                     \
+        Py_ssize_t i = 0;                                                                                       \
+        (void)b;                                                                                                \
+        (void)shift;                                                                                            \
+        for (; i + ROW_LANES <= cells; i += ROW_LANES)                                                          \
+            for (int l = 0; l < ROW_LANES; l++) acc[l] += TERM(T, i + l);                                       \
+        for (; i < cells; i++) s += TERM(T, i);                                                                 \
+        for (int l = 0; l < ROW_LANES; l++) s += acc[l];                                                        \
+        return s;                                                                                               \
+    }
+#define PLAIN(T, i) (double)a[i]
+#define PRODUCT(T, i) ((double)a[i] * (double)b[i])
+#define SQUARED_DEVIATION(T, i) ((double)(T)(a[i] - shift) * (double)(T)(a[i] - shift))
+DEFINE_ROW_SUM(row_sum_f32, float, PLAIN)
+DEFINE_ROW_SUM(row_sum_f64, double, PLAIN)
+DEFINE_ROW_SUM(row_dot_f32, float, PRODUCT)
+DEFINE_ROW_SUM(row_dot_f64, double, PRODUCT)
+DEFINE_ROW_SUM(row_deviation_f32, float, SQUARED_DEVIATION)
+DEFINE_ROW_SUM(row_deviation_f64, double, SQUARED_DEVIATION)
+
+/* Per row: its mean (the sum over `cells` divided by them, rounded to T) and the sum of the squares of its
+ * deviations from that mean (each deviation rounded to T, as the numpy body's difference array is). */
+#define DEFINE_ROW_MOMENTS(NAME, T, SUM, DEVIATION)                                                           \
+    CCT_CLONES static void NAME(const T *x, T *mean, T *m2, Py_ssize_t rows, Py_ssize_t cells) {               \
+        for (Py_ssize_t r = 0; r < rows; r++) {                                                                \
+            const T *v = x + r * cells;                                                                         \
+            T mu = (T)(SUM(v, NULL, 0, cells) / (double)cells);                                                 \
+            mean[r] = mu;                                                                                       \
+            m2[r] = (T)DEVIATION(v, NULL, mu, cells);                                                           \
+        }                                                                                                       \
+    }
+DEFINE_ROW_MOMENTS(row_moments_f32, float, row_sum_f32, row_deviation_f32)
+DEFINE_ROW_MOMENTS(row_moments_f64, double, row_sum_f64, row_deviation_f64)
+
+/* Per row: the sum of a, and of a·b when b is given. */
+#define DEFINE_ROW_SUMS(NAME, T, SUM, DOT)                                                                     \
+    CCT_CLONES static void NAME(const T *a, const T *b, T *sums, T *dots, Py_ssize_t rows, Py_ssize_t cells) { \
+        for (Py_ssize_t r = 0; r < rows; r++) {                                                                \
+            sums[r] = (T)SUM(a + r * cells, NULL, 0, cells);                                                    \
+            if (b) dots[r] = (T)DOT(a + r * cells, b + r * cells, 0, cells);                                    \
+        }                                                                                                       \
+    }
+DEFINE_ROW_SUMS(row_sums_f32, float, row_sum_f32, row_dot_f32)
+DEFINE_ROW_SUMS(row_sums_f64, double, row_sum_f64, row_dot_f64)
+
+/* One elementwise pass over a row: each output value w_ = EXPR of v = x[i] (and of U = other[i], a second input),
+ * in place (o == x) or into an output that does not overlap the input; `extra` (overlapping neither) gets KEEP. */
+#define ROW_PASS(T, x, other, o, extra, cells, EXPR, KEEP)                                                      \
+    do {                                                                                                        \
+        const T *restrict u_ = (other);                                                                         \
+        T *restrict ex_ = (extra);                                                                              \
+        (void)u_;                                                                                               \
+        (void)ex_;                                                                                              \
+        if ((const T *)(o) == (x)) {                                                                            \
+            T *io_ = (o);                                                                                       \
+            for (Py_ssize_t i_ = 0; i_ < (cells); i_++) {                                                       \
+                const T v = io_[i_], w_ = (EXPR);                                                                \
+                KEEP;                                                                                           \
+                io_[i_] = w_;                                                                                   \
+            }                                                                                                   \
+        } else {                                                                                                \
+            const T *restrict in_ = (x);                                                                        \
+            T *restrict out_ = (o);                                                                             \
+            for (Py_ssize_t i_ = 0; i_ < (cells); i_++) {                                                       \
+                const T v = in_[i_], w_ = (EXPR);                                                                \
+                KEEP;                                                                                           \
+                out_[i_] = w_;                                                                                  \
+            }                                                                                                   \
+        }                                                                                                       \
+    } while (0)
+#define U (u_[i_])
+#define KEEP_NOTHING (void)0
+#define KEEP_OUTPUT ex_[i_] = w_
+#define KEEP_INPUT ex_[i_] = v
+
+/* BatchNorm forward: out = (x - mean[c]) / std[c] (x / std[c] without a mean: its backward with global
+ * statistics), and copy = out when given. */
+#define DEFINE_NORMALIZE_ROWS(NAME, T)                                                                         \
+    CCT_CLONES static void NAME(const T *x, const T *mean, const T *std, T *out, T *copy, Py_ssize_t rows,     \
+                                Py_ssize_t channels, Py_ssize_t cells) {                                        \
+        for (Py_ssize_t r = 0; r < rows; r++) {                                                                \
+            const T *xr = x + r * cells;                                                                        \
+            T *outr = out + r * cells, *copyr = copy ? copy + r * cells : NULL;                                 \
+            const T m = mean ? mean[r % channels] : 0, s = std[r % channels];                                   \
+            if (!mean)                                                                                          \
+                ROW_PASS(T, xr, NULL, outr, NULL, cells, v / s, KEEP_NOTHING);                                  \
+            else if (copyr)                                                                                     \
+                ROW_PASS(T, xr, NULL, outr, copyr, cells, (v - m) / s, KEEP_OUTPUT);                            \
+            else                                                                                                \
+                ROW_PASS(T, xr, NULL, outr, NULL, cells, (v - m) / s, KEEP_NOTHING);                            \
+        }                                                                                                       \
+    }
+DEFINE_NORMALIZE_ROWS(normalize_rows_f32, float)
+DEFINE_NORMALIZE_ROWS(normalize_rows_f64, double)
+
+/* Scale: out = x * scale[c] (+ bias[c]), saving x into `save` first when given (in place, for its gradient). */
+#define DEFINE_SCALE_ROWS(NAME, T)                                                                             \
+    CCT_CLONES static void NAME(const T *x, const T *scale, const T *bias, T *out, T *save, Py_ssize_t rows,   \
+                                Py_ssize_t channels, Py_ssize_t cells) {                                        \
+        for (Py_ssize_t r = 0; r < rows; r++) {                                                                \
+            const T *xr = x + r * cells;                                                                        \
+            T *outr = out + r * cells, *saver = save ? save + r * cells : NULL;                                 \
+            const T a = scale[r % channels], b = bias ? bias[r % channels] : 0;                                 \
+            if (bias && saver)                                                                                  \
+                ROW_PASS(T, xr, NULL, outr, saver, cells, v * a + b, KEEP_INPUT);                               \
+            else if (bias)                                                                                      \
+                ROW_PASS(T, xr, NULL, outr, NULL, cells, v * a + b, KEEP_NOTHING);                              \
+            else if (saver)                                                                                     \
+                ROW_PASS(T, xr, NULL, outr, saver, cells, v * a, KEEP_INPUT);                                   \
+            else                                                                                                \
+                ROW_PASS(T, xr, NULL, outr, NULL, cells, v * a, KEEP_NOTHING);                                  \
+        }                                                                                                       \
+    }
+DEFINE_SCALE_ROWS(scale_rows_f32, float)
+DEFINE_SCALE_ROWS(scale_rows_f64, double)
+
+/* BatchNorm backward with batch statistics: out = (dy - (y * a[c] + b[c])) / std[c] (a = mean(dy·y), b =
+ * mean(dy)); out may be dy. */
+#define DEFINE_NORMALIZE_BACKWARD_ROWS(NAME, T)                                                                \
+    CCT_CLONES static void NAME(const T *dy, const T *y, const T *a, const T *b, const T *std, T *out,          \
+                                Py_ssize_t rows, Py_ssize_t channels, Py_ssize_t cells) {                       \
+        for (Py_ssize_t r = 0; r < rows; r++) {                                                                \
+            const T ar = a[r % channels], br = b[r % channels], s = std[r % channels];                          \
+            ROW_PASS(T, dy + r * cells, y + r * cells, out + r * cells, NULL, cells, (v - (U * ar + br)) / s,   \
+                     KEEP_NOTHING);                                                                             \
+        }                                                                                                       \
+    }
+DEFINE_NORMALIZE_BACKWARD_ROWS(normalize_backward_rows_f32, float)
+DEFINE_NORMALIZE_BACKWARD_ROWS(normalize_backward_rows_f64, double)
+
 /* ---- argument handling ------------------------------------------------------------------------------- */
 
 typedef struct {
@@ -800,6 +941,142 @@ static PyObject *sgd_update(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* ---- per-channel rows: argument handling ----------------------------------------------------------------- */
+/* The values' buffer `obj` (its item size and length: rows = length / cells), with `cells` > 0. */
+static Py_ssize_t take_rows(buffers *b, PyObject *obj, int writable, Py_ssize_t cells, const char *name,
+                            Py_ssize_t *item, void **out) {
+    if (cells <= 0) {
+        PyErr_SetString(PyExc_ValueError, "cells must be positive");
+        return -1;
+    }
+    *item = item_size(obj);
+    if (*item < 0 || take(b, obj, writable, *item, 0, name, out, 0) < 0) return -1;
+    Py_ssize_t n = b->views[b->held - 1].len / *item;
+    if (n % cells) {
+        PyErr_Format(PyExc_ValueError, "%s: %zd values are not rows of %zd cells", name, n, cells);
+        return -1;
+    }
+    return n / cells;
+}
+
+static PyObject *row_moments(PyObject *self, PyObject *args) {
+    PyObject *o[3];
+    void *p[3];
+    Py_ssize_t cells, item, rows;
+    buffers b = {.held = 0};
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOOn", &o[0], &o[1], &o[2], &cells)) return NULL;
+    if ((rows = take_rows(&b, o[0], 0, cells, "x", &item, &p[0])) < 0 ||
+        take(&b, o[1], 1, item, rows, "mean", &p[1], 0) < 0 || take(&b, o[2], 1, item, rows, "m2", &p[2], 0) < 0) {
+        release(&b);
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    if (item == 4)
+        row_moments_f32(p[0], p[1], p[2], rows, cells);
+    else
+        row_moments_f64(p[0], p[1], p[2], rows, cells);
+    Py_END_ALLOW_THREADS
+    release(&b);
+    Py_RETURN_NONE;
+}
+
+static PyObject *row_sums(PyObject *self, PyObject *args) {
+    PyObject *o[4];
+    void *p[4];
+    Py_ssize_t cells, item, rows;
+    buffers b = {.held = 0};
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOOOn", &o[0], &o[1], &o[2], &o[3], &cells)) return NULL;
+    if ((rows = take_rows(&b, o[0], 0, cells, "a", &item, &p[0])) < 0 ||
+        take(&b, o[1], 0, item, rows * cells, "b", &p[1], 1) < 0 ||
+        take(&b, o[2], 1, item, rows, "sums", &p[2], 0) < 0 ||
+        take(&b, o[3], 1, item, p[1] ? rows : 0, "dots", &p[3], 1) < 0) {
+        release(&b);
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    if (item == 4)
+        row_sums_f32(p[0], p[1], p[2], p[3], rows, cells);
+    else
+        row_sums_f64(p[0], p[1], p[2], p[3], rows, cells);
+    Py_END_ALLOW_THREADS
+    release(&b);
+    Py_RETURN_NONE;
+}
+
+/* normalize_rows and scale_rows: (x, vector or None, vector [or None], out, second output or None, cells) with
+ * the per-channel vectors' common length as the channel count. */
+static PyObject *channel_rows(PyObject *args, int scaling) {
+    PyObject *o[5];
+    void *p[5];
+    Py_ssize_t cells, item, rows;
+    buffers b = {.held = 0};
+    if (!PyArg_ParseTuple(args, "OOOOOn", &o[0], &o[1], &o[2], &o[3], &o[4], &cells)) return NULL;
+    if ((rows = take_rows(&b, o[0], 0, cells, "x", &item, &p[0])) < 0 ||
+        take(&b, o[scaling ? 1 : 2], 0, item, 1, scaling ? "scale" : "std", &p[scaling ? 1 : 2], 0) < 0) {
+        release(&b);
+        return NULL;
+    }
+    Py_ssize_t channels = b.views[1].len / item;
+    if (take(&b, o[scaling ? 2 : 1], 0, item, channels, scaling ? "bias" : "mean", &p[scaling ? 2 : 1], 1) < 0 ||
+        take(&b, o[3], 1, item, rows * cells, "out", &p[3], 0) < 0 ||
+        take(&b, o[4], 1, item, rows * cells, scaling ? "save" : "copy", &p[4], 1) < 0) {
+        release(&b);
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    if (scaling && item == 4)
+        scale_rows_f32(p[0], p[1], p[2], p[3], p[4], rows, channels, cells);
+    else if (scaling)
+        scale_rows_f64(p[0], p[1], p[2], p[3], p[4], rows, channels, cells);
+    else if (item == 4)
+        normalize_rows_f32(p[0], p[1], p[2], p[3], p[4], rows, channels, cells);
+    else
+        normalize_rows_f64(p[0], p[1], p[2], p[3], p[4], rows, channels, cells);
+    Py_END_ALLOW_THREADS
+    release(&b);
+    Py_RETURN_NONE;
+}
+
+static PyObject *normalize_rows(PyObject *self, PyObject *args) {
+    (void)self;
+    return channel_rows(args, 0);
+}
+
+static PyObject *scale_rows(PyObject *self, PyObject *args) {
+    (void)self;
+    return channel_rows(args, 1);
+}
+
+static PyObject *normalize_backward_rows(PyObject *self, PyObject *args) {
+    PyObject *o[6];
+    void *p[6];
+    Py_ssize_t cells, item, rows;
+    buffers b = {.held = 0};
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOOOOOn", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &cells)) return NULL;
+    if ((rows = take_rows(&b, o[0], 0, cells, "dy", &item, &p[0])) < 0 ||
+        take(&b, o[1], 0, item, rows * cells, "y", &p[1], 0) < 0 || take(&b, o[4], 0, item, 1, "std", &p[4], 0) < 0) {
+        release(&b);
+        return NULL;
+    }
+    Py_ssize_t channels = b.views[2].len / item;
+    if (take(&b, o[2], 0, item, channels, "a", &p[2], 0) < 0 || take(&b, o[3], 0, item, channels, "b", &p[3], 0) < 0 ||
+        take(&b, o[5], 1, item, rows * cells, "out", &p[5], 0) < 0) {
+        release(&b);
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    if (item == 4)
+        normalize_backward_rows_f32(p[0], p[1], p[2], p[3], p[4], p[5], rows, channels, cells);
+    else
+        normalize_backward_rows_f64(p[0], p[1], p[2], p[3], p[4], p[5], rows, channels, cells);
+    Py_END_ALLOW_THREADS
+    release(&b);
+    Py_RETURN_NONE;
+}
+
 /* ---- out += a @ b through numpy's own BLAS --------------------------------------------------------------
  * cct.engines.gemm finds the cblas ?gemm numpy is linked against and gives its address here once (set_gemm);
  * gemm_accumulate then makes the call numpy has no form for (beta = 1) from 2-D views as they lie — unit-strided
@@ -924,6 +1201,17 @@ static PyMethodDef methods[] = {
     {"sgd_update", sgd_update, METH_VARARGS,
      "sgd_update(w, g, h, normalize, norm, decay, l1, rate, momentum): Caffe's SGD step on w, g (the update "
      "left in it) and history h, in place"},
+    {"row_moments", row_moments, METH_VARARGS,
+     "row_moments(x, mean, m2, cells): per row of `cells` values, its mean and the sum of squared deviations"},
+    {"row_sums", row_sums, METH_VARARGS,
+     "row_sums(a, b, sums, dots, cells): per row, the sum of a and (b not None) of a*b"},
+    {"normalize_rows", normalize_rows, METH_VARARGS,
+     "normalize_rows(x, mean, std, out, copy, cells): out = (x - mean[c]) / std[c] (mean None: x / std[c]), "
+     "copy = out when not None; row r has channel r % len(std)"},
+    {"scale_rows", scale_rows, METH_VARARGS,
+     "scale_rows(x, scale, bias, out, save, cells): save = x when not None, out = x * scale[c] (+ bias[c])"},
+    {"normalize_backward_rows", normalize_backward_rows, METH_VARARGS,
+     "normalize_backward_rows(dy, y, a, b, std, out, cells): out = (dy - (y * a[c] + b[c])) / std[c]"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -931,7 +1219,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels", NULL, -1,
 
 /* The version of the functions' arguments and meaning: cct.native ignores a module of another version (a copy
  * left in a checkout by an older build). */
-#define CCT_KERNELS_API 4
+#define CCT_KERNELS_API 5
 
 PyMODINIT_FUNC PyInit__kernels(void) {
     PyObject *m = PyModule_Create(&module);

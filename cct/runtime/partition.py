@@ -11,13 +11,16 @@ wrapped or replaced:
   ``-partitions`` / ``CCT_PARTITIONS`` = ``N`` | ``auto``; ``auto`` is the cost model below);
 * :func:`batch_ranges` — the ``p`` contiguous, near-equal ``[n0, n1)`` item ranges;
 * :func:`run_partitions` — call ``fn(part, n0, n1)`` for each range, concurrently when ``p > 1``;
+* :func:`run_channel_blocks` — ``fn(part, images, channels)`` over cache-sized blocks of an ``(N, C, S)``
+  array in the partitions (per-channel layers: BatchNorm, Scale);
 * :func:`zero` — ``a[...] = 0`` over value ranges of a large host array (parameter gradients before a pass).
 
 A body that accumulates across the batch (a weight gradient, a bias gradient) gives each partition its own
 accumulator and sums them after :func:`run_partitions` returns, in partition order — so results are
 deterministic for a given ``p`` and equal the unpartitioned ones up to float rounding of that sum.
-Layers whose result depends on whole-batch statistics (BatchNorm, losses, anything drawing random numbers
-in sequence) simply do not call this.
+Layers whose result depends on whole-batch statistics take per-image partial statistics in the partitions and
+combine them in image order afterwards (BatchNorm: the same numbers for any ``p``); losses and anything drawing
+random numbers in sequence simply do not call this.
 
 While partitions run, the interpreter's switch interval is :data:`PARTITION_SWITCH_INTERVAL` (Python's default
 is 5 ms): a partition thread back from a GIL-free call (a GEMM, an FFT, a compiled kernel) then waits at most
@@ -51,6 +54,8 @@ GEMM_FLOPS_PER_OPERATION = 24.0
 
 # seconds; see the module docstring
 PARTITION_SWITCH_INTERVAL = 5e-4
+# bytes of one operand in a block of run_channel_blocks
+BLOCK_BYTES = 512 << 10
 
 _local = threading.local()
 _pool: ThreadPoolExecutor | None = None
@@ -197,6 +202,33 @@ def run_batch(n: int, fn: Callable[[int, int, int], None], work: float = float("
     ranges = batch_ranges(n, p)
     run_partitions(ranges, fn)
     return len(ranges)
+
+
+def run_channel_blocks(x3: Any, fn: Callable[[int, slice, slice], None], budget: int | None = None) -> int:
+    """``fn(part, images, channels)`` (two slices) over blocks of the ``(N, C, S)`` array ``x3`` — runs of whole
+    images of at most ``budget`` bytes (``BLOCK_BYTES``), or one image's channel ranges where an image is more —
+    in the batch partitions, each block in one partition: a per-channel layer's steps on a block then find it in
+    the core's cache.  A device array is one block (its steps are kernels over the whole array).  Returns the
+    number of partitions."""
+    n, c, s = x3.shape
+    if not isinstance(x3, np.ndarray):
+        fn(0, slice(0, n), slice(0, c))
+        return 1
+    budget = BLOCK_BYTES if budget is None else budget
+    per_image = c * s * x3.itemsize
+
+    def body(part: int, a: int, b: int) -> None:
+        if per_image <= budget:
+            step = max(1, budget // max(per_image, 1))
+            for i in range(a, b, step):
+                fn(part, slice(i, min(i + step, b)), slice(0, c))
+            return
+        rows = max(1, budget // max(s * x3.itemsize, 1))
+        for i in range(a, b):
+            for c0 in range(0, c, rows):
+                fn(part, slice(i, i + 1), slice(c0, min(c0 + rows, c)))
+
+    return run_batch(n, body, work=float(c * s))
 
 
 def zero(a: Any) -> None:

@@ -6,9 +6,12 @@ import numpy as np
 import pytest
 
 import cct.layers  # noqa: F401  (registers the layers)
+from cct.config import settings
 from cct.errors import ParamError
 from cct.gradient_check import check_gradient, setup_layer
 from cct.proto import caffe_pb2 as pb
+from cct.runtime import partition
+from tests.helpers import BODIES, select_body
 from tests.reference import assert_close, reference_dir
 
 RNG = np.random.default_rng(5)
@@ -261,3 +264,61 @@ def test_mvn_matches_caffe():
         run.top[0].diff[...] = ref[f"diff/{name}"]
         run.layer.backward_layer(run.top, [True], run.bottom)
         assert_close(run.bottom[0].diff, ref[f"diff/data_data_0_split_{split}"], f"{name} bottom diff")
+
+
+# ---- blocks, partitions and the compiled kernels -------------------------------------------------------
+@pytest.fixture(params=BODIES)
+def body(request, monkeypatch):
+    return select_body(request, monkeypatch)
+
+
+# block budgets: one channel of one image per block (8 B * 24 cells > 64 B), or 3 whole images (3 * 3 * 24 * 8 B)
+BLOCKS = [64, 1728]
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+@pytest.mark.parametrize("block", BLOCKS)
+@pytest.mark.parametrize("parts", [1, 3])
+def test_batchnorm_in_blocks_and_partitions(body, parts, block, in_place, monkeypatch):
+    """Batch statistics taken per image in blocks of images or channels, in the partitions, and combined in
+    image order: the loop reference's statistics, normalization, running sums and gradient; global statistics
+    likewise — in place or not, by the compiled kernels or the numpy bodies."""
+    monkeypatch.setattr(partition, "BLOCK_BYTES", block)
+    x, td = rand(7, 3, 4, 6), rand(7, 3, 4, 6)
+    eps = float(np.float32(1e-5))
+    with settings.override(partitions=parts):
+        run = setup_layer('type: "BatchNorm"', [x], in_place=in_place, dtype=np.float64)
+        (y,) = run.forward()
+        mean, var = bn_stats(x)
+        np.testing.assert_allclose(y, bn_apply(x, mean, var, eps), rtol=1e-10, atol=1e-12)
+        m = x.size // 3
+        np.testing.assert_allclose(run.layer.blobs[0].data, mean, rtol=1e-12)
+        np.testing.assert_allclose(run.layer.blobs[1].data, var * m / (m - 1), rtol=1e-12)
+        run.top[0].diff[...] = td
+        run.layer.backward_layer(run.top, [True], run.bottom)
+        axes = (0, 2, 3)
+        want = (td - td.mean(axis=axes, keepdims=True) - y * (td * y).mean(axis=axes, keepdims=True)) / \
+            np.sqrt(var + eps).reshape(1, 3, 1, 1)
+        np.testing.assert_allclose(run.bottom[0].diff, want, rtol=1e-9, atol=1e-12)
+
+        text = f'type: "BatchNorm" {blobs_text([1.0, -2.0, 0.5], [8.0, 0.5, 2.0], 2.0)}'
+        run = setup_layer(text, [x], in_place=in_place, phase=pb.TEST, dtype=np.float64)
+        (y,) = run.forward()
+        std = np.sqrt(np.array([4.0, 0.25, 1.0]) + eps).reshape(1, 3, 1, 1)
+        np.testing.assert_allclose(y, (x - np.array([0.5, -1.0, 0.25]).reshape(1, 3, 1, 1)) / std, rtol=1e-12)
+        run.top[0].diff[...] = td
+        run.layer.backward_layer(run.top, [True], run.bottom)
+        np.testing.assert_allclose(run.bottom[0].diff, td / std, rtol=1e-12)
+
+
+def test_batchnorm_statistics_do_not_depend_on_the_partitions(body):
+    """The same bits for any number of partitions (each image's statistics alone, combined in image order)."""
+    x = rand(6, 4, 3, 5).astype(np.float32)
+    outs = []
+    for parts in (1, 2, 4):
+        with settings.override(partitions=parts):
+            run = setup_layer('type: "BatchNorm"', [x], dtype=np.float32)
+            outs.append((run.forward()[0], run.layer.blobs[0].data.copy(), run.layer.blobs[1].data.copy()))
+    for other in outs[1:]:
+        for a, b in zip(outs[0], other):
+            np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))

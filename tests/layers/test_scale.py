@@ -6,8 +6,11 @@ import numpy as np
 import pytest
 
 import cct.layers  # noqa: F401  (registers the layers)
+from cct.config import settings
 from cct.errors import CctError, ParamError
 from cct.gradient_check import check_gradient, setup_layer
+from cct.runtime import partition
+from tests.helpers import BODIES, select_body
 from tests.reference import assert_close, reference_dir
 
 RNG = np.random.default_rng(11)
@@ -125,23 +128,63 @@ def test_scale_gradient_two_bottoms(fields, axis, shape, _, bias):
 
 
 # ---- Caffe's overwrite-or-accumulate quirk ----------------------------------------------------------
+@pytest.fixture(params=BODIES)
+def body(request, monkeypatch):
+    return select_body(request, monkeypatch)
+
+
+# (partitions, block budget): whole batch; one row of one outer index per block, in 2 partitions (8 B * 20 > 16 B)
+SPLITS = [(1, None), (2, 16)]
+
+
+@pytest.mark.parametrize("parts, block", SPLITS)
 @pytest.mark.parametrize("fields, axis, shape, overwrite", CASES)
-def test_scale_learned_diff_overwrite_or_accumulate(fields, axis, shape, overwrite):
+def test_scale_learned_diff_overwrite_or_accumulate(fields, axis, shape, overwrite, body, parts, block, monkeypatch):
+    """Forward, the learned diffs (overwritten or accumulated as Caffe does) and the data gradient, in place or
+    not, in blocks and partitions (a per-channel scale runs the blocked passes), compiled or numpy."""
+    if block is not None:
+        monkeypatch.setattr(partition, "BLOCK_BYTES", block)
     x, td = rand(*X_SHAPE), rand(*X_SHAPE)
     for in_place in (False, True):
-        run = setup_layer(f'type: "Scale" scale_param {{ {fields} bias_term: true }}', [x], in_place=in_place,
-                          dtype=np.float64)
-        s, b = run.layer.blobs
-        s.data[...] = rand(*shape)
-        run.forward()
-        s.diff[...] = 1.0
-        b.diff[...] = 1.0
-        run.top[0].diff[...] = td
-        run.layer.backward_layer(run.top, [True], run.bottom)
+        with settings.override(partitions=parts):
+            run = setup_layer(f'type: "Scale" scale_param {{ {fields} bias_term: true }}', [x], in_place=in_place,
+                              dtype=np.float64)
+            s, b = run.layer.blobs
+            s.data[...] = rand(*shape)
+            b.data[...] = rand(*shape)
+            (y,) = run.forward()
+            np.testing.assert_allclose(y, x * expand(s.data, axis, x.ndim) + expand(b.data, axis, x.ndim))
+            s.diff[...] = 1.0
+            b.diff[...] = 1.0
+            run.top[0].diff[...] = td
+            run.layer.backward_layer(run.top, [True], run.bottom)
         grad = reduce_to(td * x, axis, shape)
         np.testing.assert_allclose(s.diff, grad if overwrite else grad + 1.0)
         np.testing.assert_allclose(b.diff, reduce_to(td, axis, shape) + 1.0)  # the bias always accumulates
         np.testing.assert_allclose(run.bottom[0].diff, td * expand(s.data, axis, x.ndim))
+
+
+@pytest.mark.parametrize("parts, block", SPLITS)
+def test_scale_gradients_each_alone(body, parts, block, monkeypatch):
+    """Only the diffs asked for are written: no bias diff with its lr frozen, no scale diff with the scale's,
+    no data gradient where bottom 0 gets none (in place: its diff is the top's, left as it was)."""
+    if block is not None:
+        monkeypatch.setattr(partition, "BLOCK_BYTES", block)
+    x, td = rand(*X_SHAPE), rand(*X_SHAPE)
+    with settings.override(partitions=parts):
+        for frozen in (0, 1):
+            run = setup_layer('type: "Scale" scale_param { bias_term: true }', [x], in_place=True, dtype=np.float64)
+            run.layer.param_propagate_down[frozen] = False
+            run.forward()
+            for blob in run.layer.blobs:
+                blob.diff[...] = 7.0
+            run.top[0].diff[...] = td
+            run.layer.backward_layer(run.top, [False], run.bottom)
+            np.testing.assert_array_equal(run.layer.blobs[frozen].diff, 7.0)
+            kept = 1 - frozen
+            want = reduce_to(td * x, 1, (3,)) if kept == 0 else reduce_to(td, 1, (3,))
+            np.testing.assert_allclose(run.layer.blobs[kept].diff, want + 7.0)
+            np.testing.assert_array_equal(run.bottom[0].diff, td)
 
 
 @pytest.mark.parametrize("fields, axis, shape, _", CASES)

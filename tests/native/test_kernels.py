@@ -139,6 +139,85 @@ def test_sgd_update_checks_its_buffers(kernels):
         kernels.sgd_update(w, np.zeros(16, np.float32)[::2], np.zeros(8, np.float32), False, 1.0, 0.0, False,
                            0.1, 0.9)
 
+def _rows(dtype, rows: int = 6, cells: int = 37, seed: int = 0):
+    """Values that round differently under another order or fusion, with ±0, ±inf, NaN and a tiny one."""
+    rng = np.random.default_rng(seed)
+    v = (rng.standard_normal(rows * cells) * 1e3).astype(dtype)
+    v[:8] = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-38, -3.0, 7.5], dtype)
+    return v.reshape(rows, cells)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_channel_rows_make_the_numpy_bodys_operations(kernels, dtype, in_place):
+    """BatchNorm's and Scale's elementwise passes, row r on channel r % channels: the bits of the numpy steps the
+    layers run without the kernels (cct/layers/normalization.py, scale.py), in place or not, with the second
+    output each may write."""
+    x, other = _rows(dtype), _rows(dtype, seed=1)
+    mean, std = np.array([0.5, -2.0, 3.0], dtype), np.array([0.25, 3.0, 1e-3], dtype)
+    a, b = np.array([1.5, -0.3, 2.0], dtype), np.array([-1.0, 0.125, 7.0], dtype)
+    per_row = (slice(None), None)
+
+    def channel(v):
+        return np.tile(v, 2)[per_row]
+
+    bits = np.uint32 if dtype is np.float32 else np.uint64
+    with np.errstate(all="ignore"):
+        cases = [
+            ("normalize_rows", (mean, std), (x - channel(mean)) / channel(std), True),
+            ("normalize_rows", (None, std), x / channel(std), False),
+            ("scale_rows", (a, b), x * channel(a) + channel(b), True),
+            ("scale_rows", (a, None), x * channel(a), False),
+        ]
+        for name, (v1, v2), want, second in cases:
+            out = x.copy() if in_place else np.full_like(x, 5.0)
+            extra = np.full_like(x, 5.0) if second else None
+            getattr(kernels, name)(out if in_place else x, v1, v2, out, extra, x.shape[1])
+            np.testing.assert_array_equal(out.view(bits), want.view(bits))
+            if extra is not None:  # normalize: the kept copy of its output; scale: its input saved
+                np.testing.assert_array_equal(extra.view(bits), (want if name == "normalize_rows" else x).view(bits))
+        want = (x - (other * channel(a) + channel(b))) / channel(std)
+    out = x.copy() if in_place else np.full_like(x, 5.0)
+    kernels.normalize_backward_rows(out if in_place else x, other, a, b, std, out, x.shape[1])
+    np.testing.assert_array_equal(out.view(bits), want.view(bits))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_row_sums_and_moments(kernels, dtype):
+    """Per row: the sum and the sum of products (double-precision lanes), the mean and the sum of squared
+    deviations from it (rounded to the dtype): the float64 values within its rounding."""
+    a, b = _rows(dtype, 5, 1003, 2)[:, 1:], _rows(dtype, 5, 1003, 3)[:, 1:]
+    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    sums, dots, mean, m2 = (np.empty(5, dtype) for _ in range(4))
+    kernels.row_sums(a, b, sums, dots, a.shape[1])
+    kernels.row_moments(a, mean, m2, a.shape[1])
+    rtol = 1e-6 if dtype is np.float32 else 1e-12
+    np.testing.assert_allclose(sums, a64.sum(axis=1), rtol=rtol)
+    np.testing.assert_allclose(dots, (a64 * b64).sum(axis=1), rtol=rtol)
+    np.testing.assert_allclose(mean, a64.mean(axis=1), rtol=rtol)
+    np.testing.assert_allclose(m2, ((a64 - a64.mean(axis=1, keepdims=True)) ** 2).sum(axis=1), rtol=rtol)
+    only = np.full(5, 9.0, dtype)
+    kernels.row_sums(a, None, only, None, a.shape[1])
+    np.testing.assert_array_equal(only, sums)
+
+
+def test_channel_rows_check_their_buffers(kernels):
+    x, v = np.zeros((4, 6), np.float32), np.ones(2, np.float32)
+    with pytest.raises(ValueError, match="rows of 5 cells"):
+        kernels.normalize_rows(x, v, v, x, None, 5)
+    with pytest.raises(ValueError, match="cells must be positive"):
+        kernels.row_sums(x, None, np.zeros(4, np.float32), None, 0)
+    with pytest.raises(ValueError, match="mean: expected 4"):
+        kernels.row_moments(x, np.zeros(3, np.float32), np.zeros(4, np.float32), 6)
+    with pytest.raises(ValueError, match="bias: expected 2"):
+        kernels.scale_rows(x, v, np.ones(1, np.float32), x, None, 6)
+    with pytest.raises(ValueError, match="out: expected 24"):
+        kernels.normalize_backward_rows(x, x, v, v, v, x[:2], 6)
+    with pytest.raises(ValueError, match="std: expected"):
+        kernels.normalize_rows(x, v, v.astype(np.float64), x, None, 6)
+
+
 def test_a_module_of_another_api_version_is_not_called(monkeypatch):
     """A compiled module left beside the sources by a build of other sources is ignored, and said so."""
     import importlib
