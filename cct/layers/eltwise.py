@@ -10,6 +10,7 @@ from cct.errors import CctError, ParamError
 from cct.layers.base import Layer
 from cct.layers.registry import register
 from cct.proto import caffe_pb2 as pb
+from cct.runtime.partition import batch_rows, run_batch
 
 _OP = pb.EltwiseParameter
 
@@ -65,17 +66,26 @@ class EltwiseLayer(Layer):
         in_place = top[0] is bottom[0]
         dt = x0.dtype.type
         if self.op == _OP.SUM:
-            # Every ufunc below writes element by element, so y may alias x_0.
-            if self.coeffs[0] == 1:
-                if not in_place:
-                    y[...] = x0
-            else:
-                xp.multiply(x0, dt(self.coeffs[0]), out=y)
-            for b, c in zip(bottom[1:], self.coeffs[1:]):
-                if c == 1:
-                    y += b.data
+            xs, coeffs = [batch_rows(b.data) for b in bottom], self.coeffs
+            ys = batch_rows(y)
+
+            def add(_part: int, a: int, b: int) -> None:  # each ufunc writes element by element: y may be x_0
+                out, first = ys[a:b], 1
+                if coeffs[0] == 1 and coeffs[1] == 1:  # one pass for the usual two-bottom sum
+                    xp.add(xs[0][a:b], xs[1][a:b], out=out)
+                    first = 2
+                elif coeffs[0] == 1:
+                    if not in_place:
+                        xp.copyto(out, xs[0][a:b])
                 else:
-                    y += b.data * dt(c)
+                    xp.multiply(xs[0][a:b], dt(coeffs[0]), out=out)
+                for x, c in zip(xs[first:], coeffs[first:]):
+                    if c == 1:
+                        out += x[a:b]
+                    else:
+                        out += x[a:b] * dt(c)
+
+            run_batch(len(ys), add, work=float(ys.shape[1] * len(bottom)))
         elif self.op == _OP.PROD:
             if in_place:  # the backward needs x_0, which the product overwrites
                 c = self._x0_copy
@@ -103,12 +113,33 @@ class EltwiseLayer(Layer):
                 xp.copyto(y, xi, where=better)
                 xp.copyto(idx, i, where=better)
 
+    def _sum_backward(self, top: Blob, propagate_down: Sequence[bool], bottom: list[Blob]) -> None:
+        """``dx_i = c_i dy`` over the batch partitions, each range of dy read once for every bottom; in place
+        (bottom 0's diff is dy) bottom 0 comes last."""
+        dy = batch_rows(top.diff)
+        xp = get_array_module(dy)
+        order = [i for i in range(1, len(bottom)) if propagate_down[i]] + [0] * bool(propagate_down[0])
+        dxs = {i: batch_rows(bottom[i].diff) for i in order}
+
+        def spread(_part: int, a: int, b: int) -> None:
+            for i in order:
+                c, dx = self.coeffs[i], dxs[i][a:b]
+                if c != 1:
+                    xp.multiply(dy[a:b], dx.dtype.type(c), out=dx)
+                elif bottom[i] is not top:
+                    xp.copyto(dx, dy[a:b])
+
+        run_batch(len(dy), spread, work=float(dy.shape[1] * max(len(order), 1)))
+
     def _x(self, bottom: list[Blob], top: list[Blob], i: int) -> Any:
         if i == 0 and top[0] is bottom[0]:
             return self._x0_copy
         return bottom[i].data
 
     def backward(self, top: list[Blob], propagate_down: Sequence[bool], bottom: list[Blob]) -> None:
+        if self.op == _OP.SUM:
+            self._sum_backward(top[0], propagate_down, bottom)
+            return
         dy = top[0].diff
         xp = get_array_module(dy)
         if top[0] is bottom[0] and propagate_down[0]:
@@ -118,14 +149,7 @@ class EltwiseLayer(Layer):
             if not propagate_down[i]:
                 continue
             dx = b.diff
-            if self.op == _OP.SUM:
-                c = self.coeffs[i]
-                if c == 1:
-                    if dx is not dy:
-                        dx[...] = dy
-                else:
-                    xp.multiply(dy, dx.dtype.type(c), out=dx)
-            elif self.op == _OP.PROD:
+            if self.op == _OP.PROD:
                 if self.stable_prod_grad:
                     others = [self._x(bottom, top, j) for j in range(len(bottom)) if j != i]
                     grad = others[0].copy()

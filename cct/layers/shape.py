@@ -13,6 +13,7 @@ from cct.device import get_array_module
 from cct.errors import CctError, ParamError
 from cct.layers.base import Layer
 from cct.layers.registry import register
+from cct.runtime.partition import batch_rows, run_batch
 
 
 def canonical_axis(blob: Blob, axis: int, field: str) -> int:
@@ -200,9 +201,14 @@ class SplitLayer(Layer):
             bd[...] = top[0].diff
             return
         xp = get_array_module(bd)
-        xp.add(top[0].diff, top[1].diff, out=bd)
-        for t in top[2:]:
-            bd += t.diff
+        rows = [batch_rows(bd)] + [batch_rows(t.diff) for t in top]
+
+        def add(_part: int, a: int, b: int) -> None:  # the tops' gradients summed in order, over the partitions
+            xp.add(rows[1][a:b], rows[2][a:b], out=rows[0][a:b])
+            for t in rows[3:]:
+                rows[0][a:b] += t[a:b]
+
+        run_batch(len(rows[0]), add, work=float(rows[0].shape[1] * len(top)))
 
 
 @register("Flatten")

@@ -204,6 +204,12 @@ def run_batch(n: int, fn: Callable[[int, int, int], None], work: float = float("
     return len(ranges)
 
 
+def batch_rows(a: Any) -> Any:
+    """A blob's contiguous array as (items, values) — a view — for an elementwise body over :func:`run_batch`'s
+    item ranges (a 0-d array as one item of one value)."""
+    return a.reshape(a.shape[0], -1) if a.ndim else a.reshape(1, 1)
+
+
 def run_channel_blocks(x3: Any, fn: Callable[[int, slice, slice], None], budget: int | None = None) -> int:
     """``fn(part, images, channels)`` (two slices) over blocks of the ``(N, C, S)`` array ``x3`` — runs of whole
     images of at most ``budget`` bytes (``BLOCK_BYTES``), or one image's channel ranges where an image is more —

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import cct.layers  # noqa: F401  (registers the layers)
+from cct.config import settings
 from cct.errors import CctError, ParamError
 from cct.gradient_check import check_gradient, setup_layer
 
@@ -128,6 +129,32 @@ def test_in_place_equals_out_of_place(param):
     np.testing.assert_allclose(y2, y, rtol=1e-12)
     for a, b in zip(dxs, dxs2):
         np.testing.assert_allclose(b, a, rtol=1e-12)
+
+
+@pytest.mark.parametrize("param", ['operation: SUM', 'operation: SUM coeff: 1 coeff: 1 coeff: -2',
+                                   'operation: SUM coeff: -0.5 coeff: 2 coeff: 1'])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_sum_over_the_batch_partitions(param, in_place):
+    """The sum and its gradient split over the batch partitions, in place too (bottom 0's diff is dy itself:
+    the other bottoms read it before bottom 0's coefficient is applied)."""
+    xs, dy = rand(3), rand(1)[0]
+    coeffs = [float(c) for c in param.split("coeff: ")[1:]] or [1.0] * 3
+    with settings.override(partitions=2):
+        y, dxs = run_layer(f'type: "Eltwise" eltwise_param {{ {param} }}', xs, dy, in_place=in_place)
+    np.testing.assert_allclose(y, sum(c * x for c, x in zip(coeffs, xs)), rtol=1e-12)
+    for c, dx in zip(coeffs, dxs):
+        np.testing.assert_allclose(dx, c * dy, rtol=1e-12)
+
+
+def test_split_sums_its_tops_gradients_over_the_batch_partitions():
+    x, diffs = rand(1)[0], rand(3)
+    with settings.override(partitions=2):
+        run = setup_layer('type: "Split"', [x], num_tops=3, dtype=np.float64)
+        run.forward()
+        for t, d in zip(run.top, diffs):
+            t.diff[...] = d
+        run.layer.backward_layer(run.top, [True], run.bottom)
+    np.testing.assert_allclose(run.bottom[0].diff, diffs[0] + diffs[1] + diffs[2], rtol=1e-12)
 
 
 def test_float32():
