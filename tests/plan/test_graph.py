@@ -13,7 +13,8 @@ from cct.io.prototxt import parse_net_param, read_net_param
 from cct.plan.graph import graph_from_net, layer_graph
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-MODELS = {m: os.path.join(REPO, "models", m, "deploy.prototxt") for m in ("alexnet", "vgg16", "inception_v3")}
+MODELS = {m: os.path.join(REPO, "models", m, "deploy.prototxt")
+          for m in ("alexnet", "vgg16", "inception_v3", "resnet50")}
 
 
 @pytest.fixture
