@@ -8,6 +8,12 @@ with one pass less over the blob between them.
   :meth:`cct.layers.pooling.Pooling.backward_rectified`) and the ReLU's backward, a pass over the pooling's
   whole input, is not run (CaffeNet's pool1, 32 images on one core: 6.9 instead of 5.3 + 4.4 ms).
 
+* forward, ``BatchNorm → Scale``: a Scale in place on the top of a BatchNorm right before it (batch statistics:
+  BatchNorm keeps a copy of that top for its backward, exactly the Scale's input), no loss weight on either — the
+  Scale keeps its input for the scale gradient in BatchNorm's copy instead of a copy of its own
+  (:meth:`cct.layers.scale.ScaleLayer.input_kept_in`): a blob-sized buffer less per pair and one stream less
+  in the Scale's pass (Inception-v3's 94 pairs, batch 16: 547 MiB).
+
 (A forward ``Convolution → ReLU`` pair, the ReLU applied to each chunk of the convolution's output while in
 the cache, measured no faster than the ReLU's own pass over the whole output, which finds much of it still in
 the last-level cache.)
@@ -48,5 +54,18 @@ def backward_pairs(net: NetCore) -> dict[int, int]:
             continue
         readers = [k for k in range(j - 1, len(net.layers)) if blob in net._bottom_id_vecs[k]]
         if readers == [j - 1, j]:
+            pairs[j] = j - 1
+    return pairs
+
+
+def forward_pairs(net: NetCore) -> dict[int, int]:
+    """Scale layer index -> the index of the BatchNorm right before it whose kept top is the Scale's input."""
+    pairs = {}
+    for j in range(1, len(net.layers)):
+        scale, norm = net.layers[j], net.layers[j - 1]
+        if scale.type != "Scale" or norm.type != "BatchNorm" or any(scale._loss) or any(norm._loss):
+            continue
+        blob = net._top_id_vecs[j - 1]
+        if len(blob) == 1 and net._bottom_id_vecs[j] == blob and net._top_id_vecs[j] == blob:
             pairs[j] = j - 1
     return pairs

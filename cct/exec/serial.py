@@ -1,13 +1,14 @@
 """Caffe's executor: the layers one after the other (``Net::ForwardFromTo`` / ``BackwardFromTo``), each run
 by a :class:`LayerRunner`, with the net's per-layer callbacks and its ``debug_info`` lines around it.  With the
-plain runner, an in-place ReLU and the MAX pooling after it run as one step backward (:mod:`cct.exec.fusion`:
-the same numbers, one pass less)."""
+plain runner, an in-place ReLU and the MAX pooling after it run as one step backward, and an in-place Scale keeps
+its input in the copy the BatchNorm before it keeps (:mod:`cct.exec.fusion`: the same numbers, one pass or one
+buffer less)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 from cct.exec.base import Executor, zero_param_diffs
-from cct.exec.fusion import backward_pairs
+from cct.exec.fusion import backward_pairs, forward_pairs
 
 if TYPE_CHECKING:  # pragma: no cover
     from cct.net import NetCore
@@ -57,6 +58,7 @@ class SerialExecutor(Executor):
         self.runner.attach(net)
         plain = type(self.runner) is LayerRunner  # other runners split layers their own way
         self._backward_pairs = backward_pairs(net) if plain else {}
+        self._forward_pairs = forward_pairs(net) if plain else {}
 
     def fused_backward_pairs(self) -> dict[int, int]:
         """The pairs this executor runs as one backward step (:mod:`cct.exec.fusion`): MAX Pooling index -> the
@@ -76,9 +78,13 @@ class SerialExecutor(Executor):
     def forward(self, net: NetCore, start: int, end: int) -> float:
         loss = 0.0
         before, after, runner = net.before_forward_hooks, net.after_forward_hooks, self.runner
+        fuse = not (before or after or net.debug_info)
         for i in range(start, end + 1):
             for cb in before:
                 cb(i)
+            below = self._forward_pairs.get(i) if fuse else None
+            if below is not None and below >= start:  # the BatchNorm before it ran in this pass: its copy is current
+                net.layers[i].input_kept_in(net.layers[below].kept_output())
             loss += runner.forward_layer(net, i)
             if net.debug_info:
                 net.forward_debug_info(i)

@@ -83,6 +83,10 @@ class BatchNormLayer(Layer):
         """``a`` as ``(N, C, spatial)``."""
         return a.reshape(a.shape[0], self.channels, -1)
 
+    def kept_output(self) -> Any | None:
+        """The copy of its top the last forward kept for backward (batch statistics; None with global ones)."""
+        return self._x_norm
+
     def forward(self, bottom: list[Blob], top: list[Blob]) -> None:
         b = bottom[0]
         xp = get_array_module(b.data)

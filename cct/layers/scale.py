@@ -152,11 +152,35 @@ class ScaleLayer(Layer):
             bias = self.blobs[self.bias_index]
             self.bias_geometry = broadcast_geometry(x, bias, axis, "scale_param", "bias")
         top[0].reshape(x.shape)
-        if top[0] is x:  # in place: keep x for the scale gradient
-            xp = get_array_module(x.data)
-            old = getattr(self, "_x_copy", None)
-            if old is None or old.shape != x.shape or old.dtype != x.dtype or get_array_module(old) is not xp:
-                self._x_copy = xp.empty(x.shape, dtype=x.dtype)
+
+    # in place, the input is kept for the scale gradient: in the layer's own copy, or where the executor says the
+    # layer below keeps exactly these values (BatchNorm's normalized output: cct.exec.fusion.forward_pairs)
+    _x_copy: Any = None
+    _given: Any = None
+    _saved: Any = None
+
+    def input_kept_in(self, array: Any | None) -> None:
+        """For the next forward only: ``array`` holds this in-place layer's input as it is now (None: copy it)."""
+        self._given = array
+
+    def _keep_input(self, x: Any) -> tuple[Any, bool]:
+        """Where this forward's input is kept (in place), and whether it must still be copied there."""
+        given, self._given = self._given, None
+        if given is not None and given.shape == x.shape and given.dtype == x.dtype and \
+                get_array_module(given) is get_array_module(x):
+            self._saved = given
+            return given, False
+        self._saved = self._own_copy(x)
+        return self._saved, True
+
+    def _own_copy(self, like: Any) -> Any:
+        """The layer's own array shaped like ``like`` (allocated on first need: a kept input given by the
+        executor every pass never needs it)."""
+        old = self._x_copy
+        if old is None or old.shape != like.shape or old.dtype != like.dtype or \
+                get_array_module(old) is not get_array_module(like):
+            self._x_copy = get_array_module(like).empty(like.shape, dtype=like.dtype)
+        return self._x_copy
 
     def _per_channel(self, bottom: list[Blob]) -> bool:
         """Whether the learned scale (and bias) apply per channel of ``(outer, dim, inner)`` rows, one value per
@@ -171,7 +195,9 @@ class ScaleLayer(Layer):
             return
         xp = get_array_module(bottom[0].data)
         if top[0] is bottom[0]:
-            self._x_copy[...] = bottom[0].data
+            kept, copy = self._keep_input(bottom[0].data)
+            if copy:
+                kept[...] = bottom[0].data
         outer, dim, inner = self.geometry
         y = top[0].data
         xp.multiply(bottom[0].data.reshape(outer, dim, inner), self._scale(bottom).data.reshape(1, dim, 1),
@@ -185,7 +211,10 @@ class ScaleLayer(Layer):
         in place — one pass over memory (compiled where it takes the arrays, else numpy's steps on the block)."""
         outer, dim, inner = self.geometry
         x3, y3 = bottom.data.reshape(outer, dim, inner), top.data.reshape(outer, dim, inner)
-        save = self._x_copy.reshape(outer, dim, inner) if top is bottom else None
+        save = None
+        if top is bottom:
+            kept, copy = self._keep_input(bottom.data)
+            save = kept.reshape(outer, dim, inner) if copy else None
         s = self.blobs[0].data.reshape(dim)
         b = None if self.bias_index is None else self.blobs[self.bias_index].data.reshape(dim)
         xp = get_array_module(x3)
@@ -210,7 +239,7 @@ class ScaleLayer(Layer):
         diff overwritten when ``outer == 1``, else accumulated) and ``bd = td · s``."""
         outer, dim, inner = self.geometry
         td = top.diff.reshape(outer, dim, inner)
-        x = (self._x_copy if top is bottom else bottom.data).reshape(outer, dim, inner)
+        x = (self._saved if top is bottom else bottom.data).reshape(outer, dim, inner)
         bd = bottom.diff.reshape(outer, dim, inner) if propagate_down[0] else None
         scale = self.blobs[0]
         s = scale.data.reshape(dim)
@@ -265,12 +294,12 @@ class ScaleLayer(Layer):
         s = self._scale(bottom)
         outer, dim, inner = self.geometry
         if (learned and self.param_propagate_down[0]) or (not learned and propagate_down[1]):
-            x = self._x_copy if in_place else bottom[0].data
+            x = self._saved if in_place else bottom[0].data
             if bottom[0].count == s.count:
                 # Elementwise: the product goes straight into the scale diff (overwriting it).
                 xp.multiply(td, x, out=s.diff.reshape(td.shape))
             else:
-                product = self._x_copy if in_place else bottom[0].diff
+                product = self._own_copy(x) if in_place else bottom[0].diff  # (a kept input given is not ours)
                 xp.multiply(td, x, out=product)
                 grad = _reduce_outer_inner(product, outer, dim, inner).reshape(s.shape)
                 # Caffe's quirk: a learned scale diff is overwritten when outer == 1, inner > 1 and

@@ -122,3 +122,69 @@ def test_partial_passes_and_debug_info_run_the_layers_themselves(tmp_path):
     fused.forward()
     fused.backward()
     assert calls == {"relu1.backward": 2, "relu2.backward": 1}
+
+
+# ---- forward: BatchNorm -> in-place Scale ---------------------------------------------------------------
+BN_TEXT = f"""
+name: "normalized" force_backward: true
+input: "data" input_shape {{ dim: 4 dim: 2 dim: 5 dim: 5 }}
+layer {{ name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+        convolution_param {{ num_output: 3 kernel_size: 3 {FILLERS} }} }}
+layer {{ name: "bn1" type: "BatchNorm" bottom: "conv1" top: "conv1" }}
+layer {{ name: "scale1" type: "Scale" bottom: "conv1" top: "conv1" scale_param {{ bias_term: true }} }}
+layer {{ name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }}
+layer {{ name: "bn2" type: "BatchNorm" bottom: "conv1" top: "norm2" }}
+layer {{ name: "scale2" type: "Scale" bottom: "norm2" top: "norm2" }}
+layer {{ name: "bn3" type: "BatchNorm" bottom: "norm2" top: "norm3" }}
+layer {{ name: "scale3" type: "Scale" bottom: "norm3" top: "scaled3" }}
+layer {{ name: "ip" type: "InnerProduct" bottom: "scaled3" top: "ip"
+        inner_product_param {{ num_output: 3 {FILLERS} }} }}
+"""
+
+
+def test_scale_keeps_its_input_in_the_batchnorms_copy(tmp_path):
+    """An in-place Scale right after a BatchNorm (in place or not) keeps its input in the BatchNorm's copy of
+    its top, allocating none of its own; training passes give the bits of the layers run one by one (a
+    watched net), and a Scale not in place, or after global statistics, is left alone."""
+    from cct.exec.fusion import forward_pairs
+
+    net = _net(tmp_path, BN_TEXT)
+    names = net._layer_names
+    assert {names[j]: names[i] for j, i in forward_pairs(net).items()} == {"scale1": "bn1", "scale2": "bn2"}
+    top_diff = np.random.default_rng(3).standard_normal((4, 3))
+    fused = [_pass(net, top_diff) for _ in range(2)]
+    assert net.layer_dict["scale1"]._x_copy is None and net.layer_dict["scale2"]._x_copy is None
+    assert net.layer_dict["scale1"]._saved is net.layer_dict["bn1"].kept_output()
+    watched = _net(tmp_path, BN_TEXT, watched=True)
+    plain = [_pass(watched, top_diff) for _ in range(2)]
+    assert watched.layer_dict["scale1"]._x_copy is not None
+    for a, b in zip(fused, plain):
+        assert a.keys() == b.keys()
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+    # global statistics keep no copy: the Scale copies its input itself
+    test_net = _net(tmp_path, BN_TEXT, phase=cct.TEST)
+    test_net.forward()
+    assert test_net.layer_dict["bn1"].kept_output() is None and test_net.layer_dict["scale1"]._x_copy is not None
+
+
+def test_a_pass_starting_at_the_scale_keeps_its_own_copy(tmp_path):
+    """A forward that starts at the Scale (the blob changed since the BatchNorm ran) copies the Scale's input
+    itself: its gradients are those of the input it saw, as with the layers run one by one."""
+    diffs = []
+    for watched in (False, True):
+        net = _net(tmp_path, BN_TEXT, watched=watched)
+        net.forward()
+        blob = net.blobs["conv1"]
+        blob.data[...] = np.random.default_rng(5).standard_normal(blob.data.shape)
+        seen = blob.data.copy()
+        net.forward(start="scale1")
+        scale = net.layer_dict["scale1"]
+        assert scale._saved is scale._x_copy
+        np.testing.assert_array_equal(scale._x_copy, seen)
+        net.clear_param_diffs()
+        net.blobs["ip"].diff[...] = 1.0
+        net.backward()
+        diffs.append({f"{n}.{j}": p.diff.copy() for n, ps in net.params.items() for j, p in enumerate(ps)})
+    for key in diffs[0]:
+        np.testing.assert_array_equal(diffs[0][key], diffs[1][key], err_msg=key)
