@@ -119,6 +119,8 @@ class EltwiseLayer(Layer):
         dy = batch_rows(top.diff)
         xp = get_array_module(dy)
         order = [i for i in range(1, len(bottom)) if propagate_down[i]] + [0] * bool(propagate_down[0])
+        if not order:
+            return
         dxs = {i: batch_rows(bottom[i].diff) for i in order}
 
         def spread(_part: int, a: int, b: int) -> None:
@@ -129,7 +131,7 @@ class EltwiseLayer(Layer):
                 elif bottom[i] is not top:
                     xp.copyto(dx, dy[a:b])
 
-        run_batch(len(dy), spread, work=float(dy.shape[1] * max(len(order), 1)))
+        run_batch(len(dy), spread, work=float(dy.shape[1] * len(order)))
 
     def _x(self, bottom: list[Blob], top: list[Blob], i: int) -> Any:
         if i == 0 and top[0] is bottom[0]:
