@@ -37,8 +37,8 @@ RESULT_KEYS = ("images_per_second", "seconds_per_iteration", "batch", "gflop_per
                "cct_version")
 
 MODELS_DIR = Path(__file__).resolve().parents[2] / "models"
-MODELS = {"caffenet": "caffenet/deploy.prototxt", "alexnet": "alexnet/deploy.prototxt",
-          "googlenet": "googlenet/deploy.prototxt"}
+MODELS = {name: f"{name}/deploy.prototxt" for name in ("caffenet", "alexnet", "googlenet", "inception_v3", "resnet50",
+                                                       "vgg16")}
 
 
 def resolve_model(model: str) -> str:

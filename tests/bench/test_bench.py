@@ -4,6 +4,7 @@ by name, and ``-report`` renders the side-by-side table and the chart."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import types
@@ -129,10 +130,13 @@ def test_text_output_and_output_file(capsys, tiny, tmp_path) -> None:
 def test_models_by_name(monkeypatch, tmp_path) -> None:
     assert resolve_model("caffenet").endswith("models/caffenet/deploy.prototxt")
     assert resolve_model("GoogLeNet").endswith("models/googlenet/deploy.prototxt")
+    for name in bench.MODELS:
+        assert os.path.isfile(resolve_model(name)), name
     monkeypatch.setattr(bench, "MODELS_DIR", tmp_path)  # a tree without alexnet's file
     with pytest.raises(CctError, match=r"-model alexnet: the alexnet benchmark net .* is missing"):
         resolve_model("alexnet")
-    with pytest.raises(CctError, match=r"no such file, and not a benchmark net name \(alexnet, caffenet, googlenet\)"):
+    with pytest.raises(CctError, match=r"no such file, and not a benchmark net name \(alexnet, caffenet, googlenet, "
+                                       r"inception_v3, resnet50, vgg16\)"):
         resolve_model("resnet")
 
 

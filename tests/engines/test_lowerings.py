@@ -444,6 +444,18 @@ def test_backward_reuses_forwards_lowering_only_for_unchanged_input(strategy, mo
     np.testing.assert_array_equal(dw, dw_fresh)
 
 
+def test_forward_keeps_no_lowered_matrix_smaller_than_its_input():
+    """A strided 1x1 kernel lowers a quarter of its input: keeping it would copy the whole input each forward
+    to save a cheaper lowering backward, so nothing is kept."""
+    g = ConvGeometry(3, 4, 5, 1, (6, 6), (1, 1), (2, 2), (0, 0), (1, 1))
+    x, w, b, dy = _data(g, 5, np.float32)
+    eng = LoweringEngine(1, workspace=Workspace())
+    eng.configure(g, np.float32)
+    eng.backward(x, dy, w, None, np.zeros_like(w))
+    eng.forward(x, w, b, np.empty_like(dy))
+    assert not eng._kept
+
+
 TYPE2 = [(case, i) for i, case in enumerate(CASES) if case[1][1] == 2]  # the geometries type 2 applies to
 
 
