@@ -26,8 +26,9 @@ These equal ``tracemalloc``'s peak for the engines as they are (tests/inference/
 
 **Other layers**: MPF holds two intermediate filters of one channel block per partition
 (:func:`cct.inference.mpf.fragment_temp_bytes`); Caffe's Pooling keeps a copy of its input and its maxima
-between calls (held for the whole run); BatchNorm two buffers of its top, in-place Scale/PReLU and Eltwise
-MAX one (released after the layer); other element-wise layers one temporary of their top at most.
+between calls (held for the whole run); BatchNorm (global statistics: one pass into its top) none, in-place
+Scale/PReLU and Eltwise MAX one buffer of their top (released after the layer); other element-wise layers one
+temporary of their top at most.
 
 **A run** (:func:`run_memory`): layers run in order; a blob lives from the layer that writes it to its last
 reader; the peak is ``max_i (live blobs during layer i + scratch of layer i)`` plus what is held throughout
@@ -219,9 +220,7 @@ def layer_scratch(lp: pb.LayerParameter, shapes: Mapping[str, BlobShape], primit
             chunk = min(whole, max(whole // max(x.batch, 1), MAX_POOL_CHUNK_BYTES))
             return 0, chunk + chunk // 2 + top
         return 0, x.count * itemsize + top  # AVE/STOCHASTIC: a padded copy of the input, and the output
-    if t == "BatchNorm":
-        return 2 * top, 0
-    if t in ("ReLU", "Dropout", "Split", "Concat", "Crop", "Input"):
+    if t in ("BatchNorm", "ReLU", "Dropout", "Split", "Concat", "Crop", "Input"):
         return 0, 0
     if t == "Eltwise":
         op = lp.eltwise_param.operation

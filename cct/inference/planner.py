@@ -51,7 +51,7 @@ HDF5_CACHE_BYTES = 2 << 20  # h5py's chunk caches (input and output datasets, 1 
 ENGINES = {"auto": PRIMITIVES, "lowering": tuple(p for p in PRIMITIVES if p.startswith("lowering")),
            "fft": tuple(p for p in PRIMITIVES if p.startswith("fft"))}
 # memory passes (reads + writes of the top's size) of the layers that are not convolutions
-_PASSES = {"ReLU": 2, "Dropout": 0, "Split": 0, "Concat": 2, "Crop": 2, "Eltwise": 3, "BatchNorm": 6, "Scale": 3,
+_PASSES = {"ReLU": 2, "Dropout": 0, "Split": 0, "Concat": 2, "Crop": 2, "Eltwise": 3, "BatchNorm": 2, "Scale": 3,
            "Bias": 3, "Softmax": 8, "Pooling": 4}
 
 

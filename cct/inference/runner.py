@@ -36,7 +36,7 @@ LOWERED_BYTES = 32 << 20
 
 # buffers layers keep for their backward pass (inference never runs it): released after each forward, so
 # they are scratch of their layer rather than memory held for the whole run
-_BACKWARD_BUFFERS = {"BatchNorm": ("_x_norm", "_tmp"), "Scale": ("_x_copy",), "Eltwise": ("_max_idx", "_x0_copy"),
+_BACKWARD_BUFFERS = {"BatchNorm": ("_x_norm",), "Scale": ("_x_copy", "_saved"), "Eltwise": ("_max_idx", "_x0_copy"),
                      "Swish": ("_s", "_x_copy")}
 
 

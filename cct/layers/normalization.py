@@ -270,7 +270,6 @@ class MVNLayer(Layer):
         bd /= self._std[:, None]
 
 
-
 def _scratch(kept: dict[int, Any], part: int, like: Any) -> Any:
     """A scratch array shaped like ``like`` for partition ``part``: a view of one kept in ``kept`` for the call."""
     buf = kept.get(part)

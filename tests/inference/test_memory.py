@@ -66,6 +66,33 @@ def test_primitive_scratch_equals_the_traced_peak(primitive, g):
     assert abs(est - peak) <= 0.03 * peak + 64 * 1024, f"{primitive}: estimate {est} vs traced {peak}"
 
 
+@pytest.mark.parametrize("text", ['type: "BatchNorm" bottom: "x" top: "x"',
+                                  'type: "Scale" bottom: "x" top: "x" scale_param { bias_term: true }'],
+                         ids=["batchnorm", "scale-in-place"])
+def test_per_channel_layer_scratch_equals_the_traced_peak(text):
+    """BatchNorm with global statistics writes its top in one pass (no buffers); an in-place Scale keeps a
+    copy of its input (the runner releases it after each forward, as here)."""
+    from cct.gradient_check import layer_param, setup_layer
+    from cct.inference.fov import BlobShape
+    from cct.inference.memory import layer_scratch
+    from cct.inference.runner import _BACKWARD_BUFFERS
+    from cct.proto import caffe_pb2 as pb
+
+    x = np.random.default_rng(0).random((2, 8, 30, 30), dtype=np.float32)
+    run = setup_layer(text, [x], in_place=True, phase=pb.TEST)
+    lp = layer_param(text, pb.TEST)
+    est, held = layer_scratch(lp, {"x": BlobShape(2, 8, (30, 30))}, None)
+    peaks = []
+    for _ in range(2):
+        for attr in _BACKWARD_BUFFERS[run.layer.type]:
+            setattr(run.layer, attr, None)
+        tracemalloc.start()
+        run.layer.forward_layer(run.bottom, run.top)
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+    assert held == 0 and abs(est - peaks[-1]) <= 0.03 * x.nbytes + 16 * 1024, (est, peaks)
+
+
 @pytest.mark.parametrize("mpf, primitive", [((True, True), "fft full"), ((True, False), "lowering 2"),
                                             ((True, True), "lowering 1")])
 def test_run_memory_equals_the_traced_peak_of_a_run(mpf, primitive):
