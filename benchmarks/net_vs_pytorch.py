@@ -2,11 +2,12 @@
 
 Run:   pip install torch==2.13.0          (the CPU wheel; torch is imported only by this script's worker)
        python benchmarks/net_vs_pytorch.py --model models/resnet50/deploy.prototxt [--batch 32] [--iters 5]
-       [--threads 2] [--phase TRAIN|TEST] [--torch-native]
+       [--threads 2] [--phase TRAIN|TEST] [--batch-statistics] [--torch-native]
        (``env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python ...`` lets numpy's OpenBLAS use its own kernel
        choice, e.g. AVX-512, where the environment pins it; the script prints the values it ran with.)
 The cct worker builds the net (``--batch`` replacing the inputs' first dimension, ``force_backward`` on, so that
-a deploy net's backward runs every layer's as ``cct time`` does) and sends the PyTorch worker a plain
+a deploy net's backward runs every layer's as ``cct time`` does; ``--batch-statistics``: every BatchNorm with
+the batch's statistics, as training a deploy net's layout would run) and sends the PyTorch worker a plain
 description of it — each layer's type, blobs and parameters, every shape resolved — from which that worker
 builds the same computation with torch.nn.functional (convolutions, inner products, ReLU, MAX/AVE pooling with
 Caffe's rounding, LRN, BatchNorm with batch or stored statistics, per-channel Scale, Eltwise, Concat, Dropout,
@@ -100,7 +101,7 @@ def _plan(net) -> tuple[list[dict], dict[str, list[int]], list[str]]:
     return out, inputs, list(net.outputs)
 
 
-def cct_worker(conn, model: str, batch: int | None, phase: str, threads: int) -> None:
+def cct_worker(conn, model: str, batch: int | None, phase: str, batch_statistics: bool) -> None:
     sys.path.insert(0, str(ROOT))
     os.environ.setdefault("GLOG_minloglevel", "1")
     from google.protobuf import text_format
@@ -114,6 +115,8 @@ def cct_worker(conn, model: str, batch: int | None, phase: str, threads: int) ->
         if layer.type == "Input" and batch:
             for shape in layer.input_param.shape:
                 shape.dim[0] = batch
+        if layer.type == "BatchNorm" and batch_statistics:
+            layer.batch_norm_param.use_global_stats = False
     with tempfile.NamedTemporaryFile("w", suffix=".prototxt", delete=False) as f:
         f.write(text_format.MessageToString(param))
     try:
@@ -248,6 +251,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=None, help="the inputs' first dimension (default: the file's)")
     ap.add_argument("--phase", choices=("TRAIN", "TEST"), default="TRAIN",
                     help="TRAIN: BatchNorm with batch statistics unless the file stores them, Dropout on")
+    ap.add_argument("--batch-statistics", action="store_true",
+                    help="every BatchNorm with the batch's statistics (the file's use_global_stats set false)")
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--torch-native", action="store_true",
@@ -255,14 +260,15 @@ def main() -> None:
     args = ap.parse_args()
     print(f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')} "
           f"OPENBLAS_L2_SIZE={os.environ.get('OPENBLAS_L2_SIZE', '(unset)')} threads={args.threads} "
-          f"model={args.model} batch={args.batch or '(file)'} phase={args.phase}")
+          f"model={args.model} batch={args.batch or '(file)'} phase={args.phase}"
+          + (" BatchNorm with batch statistics" if args.batch_statistics else ""))
     print(match_torch_isa(args.torch_native))
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(args.threads)
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
     cct_proc = ctx.Process(target=cct_worker, args=(child, os.path.abspath(args.model), args.batch, args.phase,
-                                                    args.threads), daemon=True)
+                                                    args.batch_statistics), daemon=True)
     cct_proc.start()
     kind, plan = parent.recv()
     if kind == "error":
