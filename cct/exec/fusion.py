@@ -8,11 +8,14 @@ with one pass less over the blob between them.
   :meth:`cct.layers.pooling.Pooling.backward_rectified`) and the ReLU's backward, a pass over the pooling's
   whole input, is not run (CaffeNet's pool1, 32 images on one core: 6.9 instead of 5.3 + 4.4 ms).
 
-* forward, ``BatchNorm → Scale``: a Scale in place on the top of a BatchNorm right before it (batch statistics:
-  BatchNorm keeps a copy of that top for its backward, exactly the Scale's input), no loss weight on either — the
-  Scale keeps its input for the scale gradient in BatchNorm's copy instead of a copy of its own
-  (:meth:`cct.layers.scale.ScaleLayer.input_kept_in`): a blob-sized buffer less per pair and one stream less
-  in the Scale's pass (Inception-v3's 94 pairs, batch 16: 547 MiB).
+* ``BatchNorm → Scale``: a per-channel Scale in place on the top of a BatchNorm right before it, no loss weight
+  on either.  Forward, with the compiled kernels, one pass normalizes, keeps the normalized values (BatchNorm's
+  copy for its backward with batch statistics, which is exactly the Scale's input, or the Scale's own copy) and
+  writes the scaled top (:func:`normalize_and_scale`); otherwise the Scale keeps its input in BatchNorm's copy
+  instead of one of its own (:meth:`cct.layers.scale.ScaleLayer.input_kept_in`): a blob-sized buffer less per
+  pair (Inception-v3's 94 pairs, batch 16: 547 MiB).  Backward, BatchNorm in place, one read takes the Scale's
+  sums and BatchNorm's (of the Scale's data gradient, ``dy·s``, formed in registers) and one pass writes
+  BatchNorm's data gradient (:func:`scaled_normalize_backward`): the Scale's pass over the gradient is not run.
 
 (A forward ``Convolution → ReLU`` pair, the ReLU applied to each chunk of the convolution's output while in
 the cache, measured no faster than the ReLU's own pass over the whole output, which finds much of it still in
@@ -24,9 +27,16 @@ lines print each layer's own result).  Loss layers never pair (a pair's layers h
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from cct import native
+from cct.device import get_array_module
+from cct.runtime.partition import run_channel_blocks
 
 if TYPE_CHECKING:  # pragma: no cover
+    from cct.blob import Blob
     from cct.net import NetCore
 
 
@@ -69,3 +79,75 @@ def forward_pairs(net: NetCore) -> dict[int, int]:
         if len(blob) == 1 and net._bottom_id_vecs[j] == blob and net._top_id_vecs[j] == blob:
             pairs[j] = j - 1
     return pairs
+
+
+def _scaled_views(norm: Any, scale: Any, blob: Blob) -> tuple[Any, Any, Any] | None:
+    """The Scale's learned operand and bias as (C,) vectors, with its scale diff, when it applies per channel of
+    the BatchNorm's ``(N, C, S)`` view of ``blob``; else None."""
+    if not scale._per_channel([blob]):
+        return None
+    x = norm._view(blob.data)
+    if scale.geometry != x.shape:
+        return None
+    bias = None if scale.bias_index is None else scale.blobs[scale.bias_index].data.reshape(-1)
+    return scale.blobs[0].data.reshape(-1), bias, x
+
+
+def normalize_and_scale(norm: Any, scale: Any, bottom: Blob, top: Blob) -> bool:
+    """``norm``'s forward on ``bottom`` into ``top`` then ``scale``'s in place on ``top``, in one pass of the compiled
+    kernels, the normalized values kept where each layer's backward reads them; False, nothing done, where the
+    kernels do not take the arrays or the Scale is not per channel."""
+    views = _scaled_views(norm, scale, top)
+    if views is None:
+        return False
+    s, bias, y = views
+    x = norm._view(bottom.data)
+    kept = norm.kept_output()
+    kept = scale._own_copy(top.data) if kept is None else kept
+    copy = norm._view(kept)
+    compiled = native.kernels_for(x, y, copy, s, *(() if bias is None else (bias,)))
+    if compiled is None:
+        return False
+    mean, std = norm.forward_statistics(bottom)
+    if get_array_module(mean) is not np or mean.dtype != x.dtype:
+        mean, std = np.asarray(mean, dtype=x.dtype), np.asarray(std, dtype=x.dtype)
+    cells = x.shape[2]
+    run_channel_blocks(x, lambda _p, i, c: compiled.normalize_scale_rows(
+        x[i, c], mean[c], std[c], s[c], None if bias is None else bias[c], y[i, c], copy[i, c], cells))
+    scale.input_kept_in(None)
+    scale._saved = kept
+    return True
+
+
+def scaled_normalize_backward(norm: Any, scale: Any, blob: Blob, bottom: Blob) -> bool:
+    """``scale``'s backward (in place on ``blob``, its data gradient asked for) then ``norm``'s (in place, from
+    ``blob`` into ``bottom`` — the same blob): the Scale's parameter gradients and BatchNorm's sums in one read of
+    the gradient and the normalized values, BatchNorm's data gradient in one pass; the bits of the two layers'
+    backward passes.  False, nothing done, where the kernels do not take the arrays."""
+    views = _scaled_views(norm, scale, blob)
+    if views is None or bottom is not blob or scale._saved is None:
+        return False
+    if not norm.use_global_stats and scale._saved is not norm.kept_output():
+        return False  # the Scale saw other values than BatchNorm's (a pass that started at the Scale)
+    s, _, td = views
+    td = norm._view(blob.diff)
+    y = norm._view(scale._saved)
+    n, c, cells = td.shape
+    sums, dots, tsums, tdots = (np.empty((n, c), dtype=td.dtype) for _ in range(4))
+    std = norm._std
+    compiled = native.kernels_for(td, y, s, std, sums, dots, tsums, tdots)
+    if compiled is None:
+        return False
+    run_channel_blocks(td, lambda _p, i, ch: compiled.scaled_row_sums(
+        td[i, ch], y[i, ch], s[ch], sums[i, ch], dots[i, ch], tsums[i, ch], tdots[i, ch], cells))
+    scale.add_gradients(sums, dots)
+    if norm.use_global_stats:
+        run_channel_blocks(td, lambda _p, i, ch: compiled.scaled_normalize_backward_rows(
+            td[i, ch], None, s[ch], None, None, std[ch], td[i, ch], cells))
+        return True
+    m = n * cells
+    mean_td = (tsums.sum(axis=0, dtype=np.float64) / m).astype(td.dtype)
+    mean_tdy = (tdots.sum(axis=0, dtype=np.float64) / m).astype(td.dtype)
+    run_channel_blocks(td, lambda _p, i, ch: compiled.scaled_normalize_backward_rows(
+        td[i, ch], y[i, ch], s[ch], mean_tdy[ch], mean_td[ch], std[ch], td[i, ch], cells))
+    return True

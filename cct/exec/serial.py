@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from cct.exec.base import Executor, zero_param_diffs
-from cct.exec.fusion import backward_pairs, forward_pairs
+from cct.exec.fusion import backward_pairs, forward_pairs, normalize_and_scale, scaled_normalize_backward
 
 if TYPE_CHECKING:  # pragma: no cover
     from cct.net import NetCore
@@ -30,6 +30,19 @@ class LayerRunner:
     def backward_rectified(self, net: NetCore, i: int) -> None:
         """Layer ``i`` (a MAX Pooling) and the in-place ReLU below it, as one step."""
         net.layers[i].backward_rectified(net.top_vecs[i], net.bottom_need_backward[i], net.bottom_vecs[i])
+
+    def forward_normalized(self, net: NetCore, i: int, j: int) -> bool:
+        """Layer ``i`` (a BatchNorm) and ``j``, the Scale in place on its top, as one step where the compiled
+        kernels take them (:func:`cct.exec.fusion.normalize_and_scale`); False, nothing run, otherwise."""
+        norm, scale = net.layers[i], net.layers[j]
+        norm.reshape(net.bottom_vecs[i], net.top_vecs[i])
+        scale.reshape(net.bottom_vecs[j], net.top_vecs[j])
+        return normalize_and_scale(norm, scale, net.bottom_vecs[i][0], net.top_vecs[i][0])
+
+    def backward_normalized(self, net: NetCore, i: int, j: int) -> bool:
+        """The backward of layer ``j`` (a Scale in place) and of ``i`` (the BatchNorm in place below it) as one step
+        where the compiled kernels take them (:func:`cct.exec.fusion.scaled_normalize_backward`)."""
+        return scaled_normalize_backward(net.layers[i], net.layers[j], net.top_vecs[j][0], net.bottom_vecs[i][0])
 
     def clear_param_diffs(self, net: NetCore) -> None:
         """Zero the learnable parameters' gradients where the layers add into them."""
@@ -58,7 +71,8 @@ class SerialExecutor(Executor):
         self.runner.attach(net)
         plain = type(self.runner) is LayerRunner  # other runners split layers their own way
         self._backward_pairs = backward_pairs(net) if plain else {}
-        self._forward_pairs = forward_pairs(net) if plain else {}
+        self._forward_pairs = forward_pairs(net) if plain else {}  # Scale -> the BatchNorm below it
+        self._normalized = {i: j for j, i in self._forward_pairs.items()}  # BatchNorm -> the Scale above it
 
     def fused_backward_pairs(self) -> dict[int, int]:
         """The pairs this executor runs as one backward step (:mod:`cct.exec.fusion`): MAX Pooling index -> the
@@ -75,11 +89,27 @@ class SerialExecutor(Executor):
             return None
         return relu
 
+    def normalized_below(self, net: NetCore, i: int, end: int = 0) -> int | None:
+        """The index of the BatchNorm whose backward layer ``i``'s (its Scale, in place) may run with when a
+        backward pass down to ``end`` reaches ``i`` (both in place, needing and passing their gradient), else None."""
+        norm = self._forward_pairs.get(i)
+        if norm is None or norm < end or not (net.layer_need_backward[i] and net.layer_need_backward[norm]
+                                              and net.bottom_need_backward[i][0]
+                                              and net.bottom_need_backward[norm][0]
+                                              and net._bottom_id_vecs[norm] == net._top_id_vecs[norm]):
+            return None
+        return norm
+
     def forward(self, net: NetCore, start: int, end: int) -> float:
         loss = 0.0
         before, after, runner = net.before_forward_hooks, net.after_forward_hooks, self.runner
         fuse = not (before or after or net.debug_info)
-        for i in range(start, end + 1):
+        i = start
+        while i <= end:
+            above = self._normalized.get(i) if fuse else None
+            if above is not None and above <= end and runner.forward_normalized(net, i, above):
+                i = above + 1  # (fused only with no callbacks: none to call)
+                continue
             for cb in before:
                 cb(i)
             below = self._forward_pairs.get(i) if fuse else None
@@ -90,6 +120,7 @@ class SerialExecutor(Executor):
                 net.forward_debug_info(i)
             for cb in after:
                 cb(i)
+            i += 1
         return loss
 
     def backward(self, net: NetCore, start: int, end: int) -> None:
@@ -102,6 +133,10 @@ class SerialExecutor(Executor):
             if relu is not None:
                 runner.backward_rectified(net, i)
                 i = relu - 1
+                continue
+            norm = self.normalized_below(net, i, end) if fuse else None
+            if norm is not None and runner.backward_normalized(net, norm, i):
+                i = norm - 1
                 continue
             for cb in before:
                 cb(i)

@@ -87,27 +87,33 @@ class BatchNormLayer(Layer):
         """The copy of its top the last forward kept for backward (batch statistics; None with global ones)."""
         return self._x_norm
 
-    def forward(self, bottom: list[Blob], top: list[Blob]) -> None:
-        b = bottom[0]
-        xp = get_array_module(b.data)
-        x = self._view(b.data)
-        y = self._view(top[0].data)
+    def forward_statistics(self, bottom: Blob) -> tuple[Any, Any]:
+        """The forward's per-channel mean and standard deviation ``sqrt(σ² + eps)`` (kept for backward): the stored
+        ones, or the batch's, which update the running sums."""
+        xp = get_array_module(bottom.data)
         if self.use_global_stats:
             s = self.blobs[2].data[0]
             factor = 0 if s == 0 else 1 / s
             mean = self.blobs[0].data * factor
             var = self.blobs[1].data * factor
         else:
-            mean, var = self._batch_statistics(x)
+            mean, var = self._batch_statistics(self._view(bottom.data))
             self.blobs[2].data[...] *= self.maf
             self.blobs[2].data[...] += 1
             self.blobs[0].data[...] *= self.maf
             self.blobs[0].data[...] += mean
-            m = b.count // self.channels
+            m = bottom.count // self.channels
             correction = m / (m - 1) if m > 1 else 1.0
             self.blobs[1].data[...] *= self.maf
             self.blobs[1].data[...] += correction * var
         self._std = std = xp.sqrt(var + self.eps)
+        return mean, std
+
+    def forward(self, bottom: list[Blob], top: list[Blob]) -> None:
+        xp = get_array_module(bottom[0].data)
+        x = self._view(bottom[0].data)
+        y = self._view(top[0].data)
+        mean, std = self.forward_statistics(bottom[0])
         mean_c, std_c = mean[:, None], std[:, None]
         xn = None if self._x_norm is None else self._view(self._x_norm)
         compiled = native.kernels_for(x, y, mean, std, *(() if xn is None else (xn,)))

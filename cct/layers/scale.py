@@ -268,12 +268,21 @@ class ScaleLayer(Layer):
                 xp.multiply(td[i, c], s[c, None], out=bd[i, c])
 
         run_channel_blocks(td, body)
-        if want_bias:
+        self.add_gradients(sums if want_bias else None, dots if want_scale else None)
+
+    def add_gradients(self, sums: Any | None, dots: Any | None) -> None:
+        """The learned diffs from per (outer, channel) row sums of ``td`` (the bias's) and of ``td·x`` (the
+        scale's), summed over the rows in order; each only where asked for (``param_propagate_down``; None: not
+        computed).  The scale's diff is overwritten when ``outer == 1`` (Caffe's quirk, see :meth:`backward`)."""
+        outer, dim, inner = self.geometry
+        xp = get_array_module(self.blobs[0].data)
+        if sums is not None and self.bias_index is not None and self.param_propagate_down[self.bias_index]:
             bias = self.blobs[self.bias_index]
-            bias.diff[...] += sums.sum(axis=0, dtype=xp.float64).astype(td.dtype).reshape(bias.shape)
-        if want_scale:
-            grad = dots.sum(axis=0, dtype=xp.float64).astype(td.dtype).reshape(scale.shape)
-            if outer == 1 and inner > 1 and dim > 1:  # Caffe's quirk (see backward)
+            bias.diff[...] += sums.sum(axis=0, dtype=xp.float64).astype(sums.dtype).reshape(bias.shape)
+        if dots is not None and self.param_propagate_down[0]:
+            scale = self.blobs[0]
+            grad = dots.sum(axis=0, dtype=xp.float64).astype(dots.dtype).reshape(scale.shape)
+            if outer == 1 and inner > 1 and dim > 1:
                 scale.diff[...] = grad
             else:
                 scale.diff[...] += grad

@@ -8,6 +8,7 @@ import pytest
 
 import cct
 from cct.exec.fusion import backward_pairs
+from tests.helpers import BODIES, select_body
 
 FILLERS = 'weight_filler { type: "gaussian" std: 0.5 } bias_filler { type: "gaussian" std: 0.3 }'
 
@@ -142,30 +143,52 @@ layer {{ name: "ip" type: "InnerProduct" bottom: "scaled3" top: "ip"
 """
 
 
-def test_scale_keeps_its_input_in_the_batchnorms_copy(tmp_path):
-    """An in-place Scale right after a BatchNorm (in place or not) keeps its input in the BatchNorm's copy of
-    its top, allocating none of its own; training passes give the bits of the layers run one by one (a
-    watched net), and a Scale not in place, or after global statistics, is left alone."""
+@pytest.fixture(params=BODIES)
+def body(request, monkeypatch):
+    return select_body(request, monkeypatch)
+
+
+@pytest.mark.parametrize("phase", [cct.TRAIN, cct.TEST])
+def test_batchnorm_and_scale_run_as_one_step(tmp_path, monkeypatch, body, phase):
+    """A per-channel Scale in place right after a BatchNorm: with the compiled kernels both forwards run as one
+    pass and, the BatchNorm in place too, both backwards; otherwise the Scale keeps its input in the
+    BatchNorm's copy.  Training passes give the bits of the layers run one by one (a watched net), with batch
+    and with global statistics; a Scale not in place is left alone."""
+    from cct.exec import serial
     from cct.exec.fusion import forward_pairs
 
-    net = _net(tmp_path, BN_TEXT)
+    ran: dict[str, list[str]] = {"forward": [], "backward": []}
+
+    def spy(step, real):
+        def run(norm, scale, *blobs):
+            done = real(norm, scale, *blobs)
+            if done:
+                ran[step].append(scale.name)
+            return done
+        return run
+
+    for step, name in (("forward", "normalize_and_scale"), ("backward", "scaled_normalize_backward")):
+        monkeypatch.setattr(serial, name, spy(step, getattr(serial, name)))
+    net = _net(tmp_path, BN_TEXT, phase=phase)
     names = net._layer_names
     assert {names[j]: names[i] for j, i in forward_pairs(net).items()} == {"scale1": "bn1", "scale2": "bn2"}
     top_diff = np.random.default_rng(3).standard_normal((4, 3))
     fused = [_pass(net, top_diff) for _ in range(2)]
-    assert net.layer_dict["scale1"]._x_copy is None and net.layer_dict["scale2"]._x_copy is None
-    assert net.layer_dict["scale1"]._saved is net.layer_dict["bn1"].kept_output()
-    watched = _net(tmp_path, BN_TEXT, watched=True)
+    compiled = body == "compiled"
+    assert ran == ({"forward": ["scale1", "scale2"] * 2, "backward": ["scale1"] * 2} if compiled else
+                   {"forward": [], "backward": []})
+    if phase == cct.TRAIN:  # the Scales keep their inputs in the BatchNorms' copies
+        assert net.layer_dict["scale1"]._x_copy is None and net.layer_dict["scale2"]._x_copy is None
+        assert net.layer_dict["scale1"]._saved is net.layer_dict["bn1"].kept_output()
+    else:  # global statistics keep no copy: the Scale keeps its own
+        assert net.layer_dict["bn1"].kept_output() is None and net.layer_dict["scale1"]._x_copy is not None
+    watched = _net(tmp_path, BN_TEXT, watched=True, phase=phase)
     plain = [_pass(watched, top_diff) for _ in range(2)]
     assert watched.layer_dict["scale1"]._x_copy is not None
     for a, b in zip(fused, plain):
         assert a.keys() == b.keys()
         for key in a:
             np.testing.assert_array_equal(a[key], b[key], err_msg=key)
-    # global statistics keep no copy: the Scale copies its input itself
-    test_net = _net(tmp_path, BN_TEXT, phase=cct.TEST)
-    test_net.forward()
-    assert test_net.layer_dict["bn1"].kept_output() is None and test_net.layer_dict["scale1"]._x_copy is not None
 
 
 def test_a_pass_starting_at_the_scale_keeps_its_own_copy(tmp_path):
