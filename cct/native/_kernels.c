@@ -1,8 +1,8 @@
 /* Compiled kernels for the steps whose numpy form is bound by many short passes over memory (see
  * cct/native/__init__.py): MAX pooling (forward and backward, 1 to 8 spatial axes), LRN across channels with
  * beta = 3/4 (forward and backward), the 2-D lowering of CcT's types 1 and 2 (im2col) and its adjoint
- * (col2im), ReLU's backward and the SGD solver's update step (and a beta = 1 GEMM call into numpy's BLAS, at
- * the end).  Each kernel works on C-contiguous buffers (float32 or float64, chosen by the buffer's item size),
+ * (col2im), ReLU's backward, BatchNorm's and Scale's passes over channel rows (each alone, and the two as one
+ * step), the SGD solver's update step (and a beta = 1 GEMM call into numpy's BLAS, at the end).  Each kernel works on C-contiguous buffers (float32 or float64, chosen by the buffer's item size),
  * walks one channel plane (or image, or tile of channels, or value) at a time while it sits in the core's cache,
  * and releases the GIL, so the batch partitions' threads run it side by side.  Arguments are checked before any
  * memory is touched: a geometry that does not fit its buffers is a ValueError.
