@@ -1,14 +1,14 @@
 """Caffe's executor: the layers one after the other (``Net::ForwardFromTo`` / ``BackwardFromTo``), each run
 by a :class:`LayerRunner`, with the net's per-layer callbacks and its ``debug_info`` lines around it.  With the
-plain runner, an in-place ReLU and the MAX pooling after it run as one step backward, and an in-place Scale keeps
-its input in the copy the BatchNorm before it keeps (:mod:`cct.exec.fusion`: the same numbers, one pass or one
-buffer less)."""
+plain runner, an in-place ReLU and the MAX pooling after it run as one step backward, and a BatchNorm and the
+in-place Scale after it as one step forward (:mod:`cct.exec.fusion`: the same numbers, one pass or one buffer
+less)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 from cct.exec.base import Executor, zero_param_diffs
-from cct.exec.fusion import backward_pairs, forward_pairs, normalize_and_scale, scaled_normalize_backward
+from cct.exec.fusion import backward_pairs, forward_pairs, normalize_and_scale
 
 if TYPE_CHECKING:  # pragma: no cover
     from cct.net import NetCore
@@ -38,12 +38,6 @@ class LayerRunner:
         norm.reshape(net.bottom_vecs[i], net.top_vecs[i])
         scale.reshape(net.bottom_vecs[j], net.top_vecs[j])
         return normalize_and_scale(norm, scale, net.bottom_vecs[i][0], net.top_vecs[i][0])
-
-    def backward_normalized(self, net: NetCore, i: int, j: int) -> bool:
-        """The backward of layer ``j`` (a Scale in place) and of ``i`` (the BatchNorm in place below it) as one step
-        where the compiled kernels take them (:func:`cct.exec.fusion.scaled_normalize_backward`)."""
-        return scaled_normalize_backward(net.layers[i], net.layers[j], net.top_vecs[j][0], net.bottom_vecs[i][0])
-
     def clear_param_diffs(self, net: NetCore) -> None:
         """Zero the learnable parameters' gradients where the layers add into them."""
         zero_param_diffs(net.learnable_params)
@@ -89,17 +83,6 @@ class SerialExecutor(Executor):
             return None
         return relu
 
-    def normalized_below(self, net: NetCore, i: int, end: int = 0) -> int | None:
-        """The index of the BatchNorm whose backward layer ``i``'s (its Scale, in place) may run with when a
-        backward pass down to ``end`` reaches ``i`` (both in place, needing and passing their gradient), else None."""
-        norm = self._forward_pairs.get(i)
-        if norm is None or norm < end or not (net.layer_need_backward[i] and net.layer_need_backward[norm]
-                                              and net.bottom_need_backward[i][0]
-                                              and net.bottom_need_backward[norm][0]
-                                              and net._bottom_id_vecs[norm] == net._top_id_vecs[norm]):
-            return None
-        return norm
-
     def forward(self, net: NetCore, start: int, end: int) -> float:
         loss = 0.0
         before, after, runner = net.before_forward_hooks, net.after_forward_hooks, self.runner
@@ -133,10 +116,6 @@ class SerialExecutor(Executor):
             if relu is not None:
                 runner.backward_rectified(net, i)
                 i = relu - 1
-                continue
-            norm = self.normalized_below(net, i, end) if fuse else None
-            if norm is not None and runner.backward_normalized(net, norm, i):
-                i = norm - 1
                 continue
             for cb in before:
                 cb(i)

@@ -268,9 +268,9 @@ class ScaleLayer(Layer):
                 xp.multiply(td[i, c], s[c, None], out=bd[i, c])
 
         run_channel_blocks(td, body)
-        self.add_gradients(sums if want_bias else None, dots if want_scale else None)
+        self._add_gradients(sums if want_bias else None, dots if want_scale else None)
 
-    def add_gradients(self, sums: Any | None, dots: Any | None) -> None:
+    def _add_gradients(self, sums: Any | None, dots: Any | None) -> None:
         """The learned diffs from per (outer, channel) row sums of ``td`` (the bias's) and of ``td·x`` (the
         scale's), summed over the rows in order; each only where asked for (``param_propagate_down``; None: not
         computed).  The scale's diff is overwritten when ``outer == 1`` (Caffe's quirk, see :meth:`backward`)."""

@@ -1,8 +1,8 @@
 /* Compiled kernels for the steps whose numpy form is bound by many short passes over memory (see
  * cct/native/__init__.py): MAX pooling (forward and backward, 1 to 8 spatial axes), LRN across channels with
  * beta = 3/4 (forward and backward), the 2-D lowering of CcT's types 1 and 2 (im2col) and its adjoint
- * (col2im), ReLU's backward, BatchNorm's and Scale's passes over channel rows (each alone, and the two as one
- * step), the SGD solver's update step (and a beta = 1 GEMM call into numpy's BLAS, at the end).  Each kernel works on C-contiguous buffers (float32 or float64, chosen by the buffer's item size),
+ * (col2im), ReLU's backward, BatchNorm's and Scale's passes over channel rows (each alone, and the two
+ * forward as one), the SGD solver's update step (and a beta = 1 GEMM call into numpy's BLAS, at the end).  Each kernel works on C-contiguous buffers (float32 or float64, chosen by the buffer's item size),
  * walks one channel plane (or image, or tile of channels, or value) at a time while it sits in the core's cache,
  * and releases the GIL, so the batch partitions' threads run it side by side.  Arguments are checked before any
  * memory is touched: a geometry that does not fit its buffers is a ValueError.
@@ -605,59 +605,6 @@ DEFINE_NORMALIZE_BACKWARD_ROWS(normalize_backward_rows_f64, double)
 DEFINE_NORMALIZE_SCALE_ROWS(normalize_scale_rows_f32, float)
 DEFINE_NORMALIZE_SCALE_ROWS(normalize_scale_rows_f64, double)
 
-/* Their backward's sums in one read, per row: Σ dy and Σ dy·y (the Scale's bias and scale gradients), Σ t and Σ t·y
- * with t = dy * scale[c] rounded to T (the Scale's data gradient, the BatchNorm's input: its sums). */
-#define DEFINE_SCALED_ROW_SUMS(NAME, T)                                                                        \
-    CCT_CLONES static void NAME(const T *dy, const T *y, const T *scale, T *sums, T *dots, T *tsums, T *tdots,  \
-                                Py_ssize_t rows, Py_ssize_t channels, Py_ssize_t cells) {                       \
-        for (Py_ssize_t r = 0; r < rows; r++) {                                                                \
-            const T *d = dy + r * cells, *v = y + r * cells, a = scale[r % channels];                           \
-            double acc[4][ROW_LANES] = {{0}}, tail[4] = {0};                                                    \
-            Py_ssize_t i = 0;                                                                                   \
-            for (; i + ROW_LANES <= cells; i += ROW_LANES)                                                      \
-                for (int l = 0; l < ROW_LANES; l++) {                                                           \
-                    const T t = d[i + l] * a;                                                                   \
-                    acc[0][l] += (double)d[i + l];                                                              \
-                    acc[1][l] += (double)d[i + l] * (double)v[i + l];                                           \
-                    acc[2][l] += (double)t;                                                                     \
-                    acc[3][l] += (double)t * (double)v[i + l];                                                  \
-                }                                                                                               \
-            for (; i < cells; i++) {                                                                            \
-                const T t = d[i] * a;                                                                           \
-                tail[0] += (double)d[i];                                                                        \
-                tail[1] += (double)d[i] * (double)v[i];                                                         \
-                tail[2] += (double)t;                                                                           \
-                tail[3] += (double)t * (double)v[i];                                                            \
-            }                                                                                                   \
-            for (int k = 0; k < 4; k++)                                                                         \
-                for (int l = 0; l < ROW_LANES; l++) tail[k] += acc[k][l];                                       \
-            sums[r] = (T)tail[0];                                                                               \
-            dots[r] = (T)tail[1];                                                                               \
-            tsums[r] = (T)tail[2];                                                                              \
-            tdots[r] = (T)tail[3];                                                                              \
-        }                                                                                                       \
-    }
-DEFINE_SCALED_ROW_SUMS(scaled_row_sums_f32, float)
-DEFINE_SCALED_ROW_SUMS(scaled_row_sums_f64, double)
-
-/* Their data gradient: out = (t - (y * a[c] + b[c])) / std[c] with t = dy * scale[c] rounded to T (without a and b,
- * the global statistics': t / std[c]); out may be dy. */
-#define DEFINE_SCALED_NORMALIZE_BACKWARD_ROWS(NAME, T)                                                         \
-    CCT_CLONES static void NAME(const T *dy, const T *y, const T *scale, const T *a, const T *b, const T *std,  \
-                                T *out, Py_ssize_t rows, Py_ssize_t channels, Py_ssize_t cells) {               \
-        for (Py_ssize_t r = 0; r < rows; r++) {                                                                \
-            const Py_ssize_t c = r % channels;                                                                  \
-            const T k = scale[c], s = std[c], ar = a ? a[c] : 0, br = b ? b[c] : 0;                             \
-            if (a)                                                                                              \
-                ROW_PASS(T, dy + r * cells, y + r * cells, out + r * cells, NULL, cells,                        \
-                         ((T)(v * k) - (U * ar + br)) / s, KEEP_NOTHING);                                       \
-            else                                                                                                \
-                ROW_PASS(T, dy + r * cells, NULL, out + r * cells, NULL, cells, (T)(v * k) / s, KEEP_NOTHING);  \
-        }                                                                                                       \
-    }
-DEFINE_SCALED_NORMALIZE_BACKWARD_ROWS(scaled_normalize_backward_rows_f32, float)
-DEFINE_SCALED_NORMALIZE_BACKWARD_ROWS(scaled_normalize_backward_rows_f64, double)
-
 /* ---- argument handling ------------------------------------------------------------------------------- */
 
 typedef struct {
@@ -1190,63 +1137,6 @@ static PyObject *normalize_scale_rows(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyObject *scaled_row_sums(PyObject *self, PyObject *args) {
-    PyObject *o[7];
-    void *p[7];
-    Py_ssize_t cells, item, rows, channels = 0;
-    buffers b = {.held = 0};
-    (void)self;
-    if (!PyArg_ParseTuple(args, "OOOOOOOn", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &cells)) return NULL;
-    if ((rows = take_rows(&b, o[0], 0, cells, "dy", &item, &p[0])) < 0 ||
-        take(&b, o[1], 0, item, rows * cells, "y", &p[1], 0) < 0 ||
-        take_channels(&b, o[2], item, &channels, "scale", &p[2], 0) < 0 ||
-        take(&b, o[3], 1, item, rows, "sums", &p[3], 0) < 0 || take(&b, o[4], 1, item, rows, "dots", &p[4], 0) < 0 ||
-        take(&b, o[5], 1, item, rows, "tsums", &p[5], 0) < 0 || take(&b, o[6], 1, item, rows, "tdots", &p[6], 0) < 0) {
-        release(&b);
-        return NULL;
-    }
-    Py_BEGIN_ALLOW_THREADS
-    if (item == 4)
-        scaled_row_sums_f32(p[0], p[1], p[2], p[3], p[4], p[5], p[6], rows, channels, cells);
-    else
-        scaled_row_sums_f64(p[0], p[1], p[2], p[3], p[4], p[5], p[6], rows, channels, cells);
-    Py_END_ALLOW_THREADS
-    release(&b);
-    Py_RETURN_NONE;
-}
-
-static PyObject *scaled_normalize_backward_rows(PyObject *self, PyObject *args) {
-    PyObject *o[7];
-    void *p[7];
-    Py_ssize_t cells, item, rows, channels = 0;
-    buffers b = {.held = 0};
-    (void)self;
-    if (!PyArg_ParseTuple(args, "OOOOOOOn", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &cells)) return NULL;
-    if ((rows = take_rows(&b, o[0], 0, cells, "dy", &item, &p[0])) < 0 ||
-        take(&b, o[1], 0, item, rows * cells, "y", &p[1], 1) < 0 ||
-        take_channels(&b, o[2], item, &channels, "scale", &p[2], 0) < 0 ||
-        take_channels(&b, o[3], item, &channels, "a", &p[3], 1) < 0 ||
-        take_channels(&b, o[4], item, &channels, "b", &p[4], 1) < 0 ||
-        take_channels(&b, o[5], item, &channels, "std", &p[5], 0) < 0 ||
-        take(&b, o[6], 1, item, rows * cells, "out", &p[6], 0) < 0) {
-        release(&b);
-        return NULL;
-    }
-    if ((p[3] == NULL) != (p[4] == NULL) || (p[3] && !p[1])) {
-        release(&b);
-        PyErr_SetString(PyExc_ValueError, "a and b come together, and with y");
-        return NULL;
-    }
-    Py_BEGIN_ALLOW_THREADS
-    if (item == 4)
-        scaled_normalize_backward_rows_f32(p[0], p[1], p[2], p[3], p[4], p[5], p[6], rows, channels, cells);
-    else
-        scaled_normalize_backward_rows_f64(p[0], p[1], p[2], p[3], p[4], p[5], p[6], rows, channels, cells);
-    Py_END_ALLOW_THREADS
-    release(&b);
-    Py_RETURN_NONE;
-}
-
 /* ---- out += a @ b through numpy's own BLAS --------------------------------------------------------------
  * cct.engines.gemm finds the cblas ?gemm numpy is linked against and gives its address here once (set_gemm);
  * gemm_accumulate then makes the call numpy has no form for (beta = 1) from 2-D views as they lie — unit-strided
@@ -1385,12 +1275,6 @@ static PyMethodDef methods[] = {
     {"normalize_scale_rows", normalize_scale_rows, METH_VARARGS,
      "normalize_scale_rows(x, mean, std, scale, bias, out, copy, cells): copy = (x - mean[c]) / std[c] (mean None: "
      "x / std[c]), out = copy * scale[c] (+ bias[c])"},
-    {"scaled_row_sums", scaled_row_sums, METH_VARARGS,
-     "scaled_row_sums(dy, y, scale, sums, dots, tsums, tdots, cells): per row the sums of dy, dy*y, t and t*y, "
-     "t = dy * scale[c]"},
-    {"scaled_normalize_backward_rows", scaled_normalize_backward_rows, METH_VARARGS,
-     "scaled_normalize_backward_rows(dy, y, scale, a, b, std, out, cells): out = (t - (y * a[c] + b[c])) / std[c] "
-     "(a, b None: t / std[c]), t = dy * scale[c]"},
     {NULL, NULL, 0, NULL},
 };
 
