@@ -136,15 +136,23 @@ def cct_worker(conn, model: str, batch: int | None, phase: str, batch_statistics
         else:
             blob.data[...] = rng.standard_normal(shape, dtype=np.float32)
     conn.send(("ready", plan))
-    while True:
-        msg = conn.recv()
-        if msg[0] == "stop":
-            conn.send(("rss", _peak_rss_mib()))
-            return
-        t = time.perf_counter()
+
+    def step() -> None:
         net.clear_param_diffs()
         net.forward_prefilled()
         net.backward_all()
+
+    _serve(conn, step)
+
+
+def _serve(conn, step) -> None:
+    """Time ``step()`` at each "run" message, answer "stop" with the peak RSS."""
+    while True:
+        if conn.recv()[0] == "stop":
+            conn.send(("rss", _peak_rss_mib()))
+            return
+        t = time.perf_counter()
+        step()
         conn.send(("time", time.perf_counter() - t))
 
 
@@ -232,17 +240,14 @@ def torch_worker(conn, plan: tuple, threads: int) -> None:
         return [blobs[o] for o in outputs]
 
     conn.send(("ready", torch.__version__))
-    while True:
-        msg = conn.recv()
-        if msg[0] == "stop":
-            conn.send(("rss", _peak_rss_mib()))
-            return
-        t = time.perf_counter()
+
+    def step() -> None:
         for p in params:
             p.grad = None if p.grad is None else p.grad.zero_()
         outs = [o for o in run() if o.requires_grad]
         torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
-        conn.send(("time", time.perf_counter() - t))
+
+    _serve(conn, step)
 
 
 def main() -> None:
