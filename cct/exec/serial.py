@@ -38,6 +38,7 @@ class LayerRunner:
         norm.reshape(net.bottom_vecs[i], net.top_vecs[i])
         scale.reshape(net.bottom_vecs[j], net.top_vecs[j])
         return normalize_and_scale(norm, scale, net.bottom_vecs[i][0], net.top_vecs[i][0])
+
     def clear_param_diffs(self, net: NetCore) -> None:
         """Zero the learnable parameters' gradients where the layers add into them."""
         zero_param_diffs(net.learnable_params)

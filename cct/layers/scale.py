@@ -42,7 +42,6 @@ def broadcast_geometry(x: Blob, p: Blob, axis: int, section: str, what: str) -> 
     return x.count_range(0, start), p.count, x.count_range(start + p.num_axes)
 
 
-
 def _reduce_outer_inner(a: Any, outer: int, dim: int, inner: int) -> Any:
     """``Σ`` over outer and inner of ``a`` viewed as ``(outer, dim, inner)``: a ``(dim,)`` array."""
     return a.reshape(outer, dim, inner).sum(axis=(0, 2))
