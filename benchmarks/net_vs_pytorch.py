@@ -2,7 +2,7 @@
 
 Run:   pip install torch==2.13.0          (the CPU wheel; torch is imported only by this script's worker)
        python benchmarks/net_vs_pytorch.py --model models/resnet50/deploy.prototxt [--batch 32] [--iters 5]
-       [--threads 2] [--phase TRAIN|TEST] [--batch-statistics] [--torch-native]
+       [--threads 2] [--phase TRAIN|TEST] [--batch-statistics] [--forward-only] [--torch-native]
        (``env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python ...`` lets numpy's OpenBLAS use its own kernel
        choice, e.g. AVX-512, where the environment pins it; the script prints the values it ran with.)
 The cct worker builds the net (``--batch`` replacing the inputs' first dimension, ``force_backward`` on, so that
@@ -13,7 +13,8 @@ builds the same computation with torch.nn.functional (convolutions, inner produc
 Caffe's rounding, LRN, BatchNorm with batch or stored statistics, per-channel Scale, Eltwise, Concat, Dropout,
 Softmax, SoftmaxWithLoss, Split, Flatten, Reshape; anything else stops the script naming the layer).  An
 iteration is: the parameter gradients cleared, forward, backward from the outputs (a loss, or every output with
-a gradient of ones).  Workers run in their own processes (each one's peak RSS is its own), alternated iteration
+a gradient of ones); with ``--forward-only`` (inference: add ``--phase TEST``) the forward alone, PyTorch's
+without autograd.  Workers run in their own processes (each one's peak RSS is its own), alternated iteration
 by iteration; where numpy's OpenBLAS runs AVX2 kernels PyTorch is held to AVX2 too (:mod:`torch_isa`).  Prints
 the median milliseconds of each, the ratio cct/pytorch and each worker's peak RSS.
 The models to try: models/resnet50, googlenet, inception_v3, vgg16, alexnet (deploy nets), caffenet/train.
@@ -101,7 +102,7 @@ def _plan(net) -> tuple[list[dict], dict[str, list[int]], list[str]]:
     return out, inputs, list(net.outputs)
 
 
-def cct_worker(conn, model: str, batch: int | None, phase: str, batch_statistics: bool) -> None:
+def cct_worker(conn, model: str, batch: int | None, phase: str, batch_statistics: bool, forward_only: bool) -> None:
     sys.path.insert(0, str(ROOT))
     os.environ.setdefault("GLOG_minloglevel", "1")
     from google.protobuf import text_format
@@ -138,6 +139,9 @@ def cct_worker(conn, model: str, batch: int | None, phase: str, batch_statistics
     conn.send(("ready", plan))
 
     def step() -> None:
+        if forward_only:
+            net.forward_prefilled()
+            return
         net.clear_param_diffs()
         net.forward_prefilled()
         net.backward_all()
@@ -156,7 +160,7 @@ def _serve(conn, step) -> None:
         conn.send(("time", time.perf_counter() - t))
 
 
-def torch_worker(conn, plan: tuple, threads: int) -> None:
+def torch_worker(conn, plan: tuple, threads: int, forward_only: bool) -> None:
     import torch
     import torch.nn.functional as F
 
@@ -242,6 +246,10 @@ def torch_worker(conn, plan: tuple, threads: int) -> None:
     conn.send(("ready", torch.__version__))
 
     def step() -> None:
+        if forward_only:
+            with torch.no_grad():
+                run()
+            return
         for p in params:
             p.grad = None if p.grad is None else p.grad.zero_()
         outs = [o for o in run() if o.requires_grad]
@@ -258,6 +266,7 @@ def main() -> None:
                     help="TRAIN: BatchNorm with batch statistics unless the file stores them, Dropout on")
     ap.add_argument("--batch-statistics", action="store_true",
                     help="every BatchNorm with the batch's statistics (the file's use_global_stats set false)")
+    ap.add_argument("--forward-only", action="store_true", help="time the forward alone (inference)")
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--torch-native", action="store_true",
@@ -266,21 +275,22 @@ def main() -> None:
     print(f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')} "
           f"OPENBLAS_L2_SIZE={os.environ.get('OPENBLAS_L2_SIZE', '(unset)')} threads={args.threads} "
           f"model={args.model} batch={args.batch or '(file)'} phase={args.phase}"
-          + (" BatchNorm with batch statistics" if args.batch_statistics else ""))
+          + (" BatchNorm with batch statistics" if args.batch_statistics else "")
+          + (" forward only" if args.forward_only else ""))
     print(match_torch_isa(args.torch_native))
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(args.threads)
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
     cct_proc = ctx.Process(target=cct_worker, args=(child, os.path.abspath(args.model), args.batch, args.phase,
-                                                    args.batch_statistics), daemon=True)
+                                                    args.batch_statistics, args.forward_only), daemon=True)
     cct_proc.start()
     kind, plan = parent.recv()
     if kind == "error":
         sys.exit(f"net_vs_pytorch: {args.model}: {plan}")
     workers = {"cct": (cct_proc, parent)}
     parent, child = ctx.Pipe()
-    torch_proc = ctx.Process(target=torch_worker, args=(child, plan, args.threads), daemon=True)
+    torch_proc = ctx.Process(target=torch_worker, args=(child, plan, args.threads, args.forward_only), daemon=True)
     torch_proc.start()
     print(f"{len(plan[0])} layers; pytorch {parent.recv()[1]}")
     workers["pytorch"] = (torch_proc, parent)

@@ -215,28 +215,27 @@ def batch_rows(a: Any) -> Any:
 def run_channel_blocks(x3: Any, fn: Callable[[int, slice, slice], None], budget: int | None = None) -> int:
     """``fn(part, images, channels)`` (two slices) over blocks of the ``(N, C, S)`` array ``x3`` — runs of whole
     images of at most ``budget`` bytes (``BLOCK_BYTES``), or one image's channel ranges where an image is more —
-    in the batch partitions, each block in one partition: a per-channel layer's steps on a block then find it in
-    the core's cache.  A device array is one block (its steps are kernels over the whole array).  Returns the
-    number of partitions."""
+    the blocks split over the partitions, each in one: a per-channel layer's steps on a block then find it in the
+    core's cache, and a batch of fewer images than cores still uses them all.  A device array is one block (its
+    steps are kernels over the whole array).  Returns the number of partitions."""
     n, c, s = x3.shape
     if not isinstance(x3, np.ndarray):
         fn(0, slice(0, n), slice(0, c))
         return 1
     budget = BLOCK_BYTES if budget is None else budget
     per_image = c * s * x3.itemsize
+    if per_image <= budget:
+        step = max(1, budget // max(per_image, 1))
+        blocks = [(slice(i, min(i + step, n)), slice(0, c)) for i in range(0, n, step)]
+    else:  # the blocks, not the images, are split over the partitions: one large image keeps every core busy
+        rows = max(1, budget // max(s * x3.itemsize, 1))
+        blocks = [(slice(i, i + 1), slice(c0, min(c0 + rows, c))) for i in range(n) for c0 in range(0, c, rows)]
 
     def body(part: int, a: int, b: int) -> None:
-        if per_image <= budget:
-            step = max(1, budget // max(per_image, 1))
-            for i in range(a, b, step):
-                fn(part, slice(i, min(i + step, b)), slice(0, c))
-            return
-        rows = max(1, budget // max(s * x3.itemsize, 1))
-        for i in range(a, b):
-            for c0 in range(0, c, rows):
-                fn(part, slice(i, i + 1), slice(c0, min(c0 + rows, c)))
+        for images, channels in blocks[a:b]:
+            fn(part, images, channels)
 
-    return run_batch(n, body, work=float(c * s))
+    return run_batch(len(blocks), body, work=float(x3.size) / max(len(blocks), 1))
 
 
 def zero(a: Any) -> None:
