@@ -11,8 +11,9 @@ times each, so the machine's noise hits both alike.  The script reads their logs
 "Iteration: i forward-backward time" and "<layer> forward/backward: X ms." lines are the same in both — and
 prints the engine cct runs each convolution with, then per layer the median (over rounds) of each tool's average
 forward and backward milliseconds, their ratio cct/Caffe and a ``*`` where cct is slower (a max pooling whose
-backward cct runs with the in-place ReLU's below it, as training does — ``cct time`` says so and reads 0 on the
-ReLU's line — is compared with Caffe's two backward lines together); then the median
+backward cct runs with the in-place ReLU's below it, or a BatchNorm whose forward it runs with the in-place
+Scale's above it, as training does — ``cct time`` says so and reads 0 on the other layer's line — is compared
+with Caffe's two lines together); then the median
 forward-backward iteration of each (all iterations of all rounds) and the ratio.  Both leave ``Input`` blobs at
 zero, as ``caffe time`` does (Caffe's branchy max-pooling loop runs its best case on such ties; cct's is
 branch-free).
@@ -39,7 +40,7 @@ ITERATION = re.compile(r"Iteration: \d+ forward-backward time: ([0-9.]+) ms")
 LAYER = re.compile(r"\]\s+(\S+)\s+(forward|backward): ([0-9.]+) ms")
 CORE = re.compile(r"Core: (\S+)")
 ENGINE = re.compile(r"Convolution layer (\S+): (.*?) \[d/o")
-FUSED = re.compile(r"\]\s+(\S+)\tbackward includes (\S+)'s backward")
+FUSED = re.compile(r"\]\s+(\S+)\t(forward|backward) includes (\S+)'s (?:forward|backward)")
 
 
 def parse_time_log(text: str) -> tuple[list[float], dict[str, dict[str, float]]]:
@@ -115,8 +116,12 @@ def main() -> None:
         return statistics.median(values) if values else None
 
     order = list(runs["caffe"][0][1])
-    fused = dict(FUSED.findall(warm))  # pooling -> the ReLU whose backward its line includes
-    inside = {relu: pool for pool, relu in fused.items()}
+    # per direction: the layer whose line includes another's (a pooling the ReLU's backward, a BatchNorm the Scale's
+    # forward) -> that other layer, and back
+    fused: dict[str, dict[str, str]] = {"forward": {}, "backward": {}}
+    for layer, direction, other in FUSED.findall(warm):
+        fused[direction][layer] = other
+    inside = {d: {other: layer for layer, other in pairs.items()} for d, pairs in fused.items()}
     print(f"\n{'layer':10s} {'caffe fwd':>10s} {'cct fwd':>9s} {'ratio':>6s}   {'caffe bwd':>10s} {'cct bwd':>9s} "
           f"{'ratio':>6s}")
     slower = []
@@ -124,12 +129,12 @@ def main() -> None:
         cells = []
         for direction in ("forward", "backward"):
             a, b = layer_median("caffe", layer, direction), layer_median("cct", layer, direction)
-            if direction == "backward" and layer in inside:
-                cells.append(f"{'in ' + inside[layer]:>27s} ")
+            if layer in inside[direction]:
+                cells.append(f"{'in ' + inside[direction][layer]:>27s} ")
                 continue
-            if direction == "backward" and layer in fused and a is not None:
-                relu = layer_median("caffe", fused[layer], direction)
-                a = None if relu is None else a + relu  # Caffe's pooling and ReLU lines against cct's pair
+            if layer in fused[direction] and a is not None:
+                other = layer_median("caffe", fused[direction][layer], direction)
+                a = None if other is None else a + other  # Caffe's two lines against cct's pair
             if a is None or b is None:
                 cells.append(f"{'-':>10s} {'-':>9s} {'':>6s} ")
                 continue

@@ -2,9 +2,10 @@
 time for a number of iterations.  Each layer runs through the per-layer runner of the net's serial executor
 (so a device split is what is timed), and every layer's backward is timed whether or not the net needs it, as
 Caffe's ``time`` does (a TEST-phase net still computes its parameter gradients there).  A pair the executor runs
-as one backward step in training (:mod:`cct.exec.fusion`: a max pooling doing the in-place ReLU's backward
-below it) is timed as that step, on the pooling layer, the ReLU's backward then taking 0 ms
-(:attr:`NetTiming.fused` names the pairs)."""
+as one step in training (:mod:`cct.exec.fusion`: a max pooling doing the in-place ReLU's backward below it; a
+BatchNorm doing the in-place Scale's forward above it) is timed as that step, on the pooling or the BatchNorm, the
+other layer's pass then taking 0 ms (:attr:`NetTiming.fused` and :attr:`NetTiming.fused_forward` name the
+pairs)."""
 from __future__ import annotations
 
 import time
@@ -28,6 +29,7 @@ class NetTiming:
     forward_ms: list[float] = field(default_factory=list)    # the forward of each pass
     total_ms: int = 0
     fused: dict[str, str] = field(default_factory=dict)  # pooling -> the ReLU whose backward its line includes
+    fused_forward: dict[str, str] = field(default_factory=dict)  # BatchNorm -> the Scale whose forward it includes
 
 
 def device_synchronizer() -> Callable[[], None]:
@@ -57,15 +59,21 @@ def time_layers(net, iterations: int, synchronize: Callable[[], None] = lambda: 
         raise CctError(f"per-layer times need the layer-by-layer executor; this net runs under "
                        f"{net.executor.describe()}")
     fused_below = getattr(net.executor, "fused_below", lambda _net, _i: None)
+    forward_step = getattr(net.executor, "forward_step",
+                           lambda _net, i, _start, _end: (i + 1, runner.forward_layer(net, i)))
 
     def one_pass(into: NetTiming) -> float:
         """One forward/backward pass, its times added to ``into``; returns its milliseconds."""
         iter_start = time.perf_counter()
-        for i in range(n_layers):
+        i = 0
+        while i < n_layers:
             t0 = time.perf_counter()
-            runner.forward_layer(net, i)
+            following, _ = forward_step(net, i, 0, n_layers - 1)
             synchronize()
             into.forward_us[i] += _us(t0)
+            if following > i + 1:  # the pair a training pass runs as one step: timed on the first layer
+                into.fused_forward[net._layer_names[i]] = net._layer_names[following - 1]
+            i = following
         into.forward_ms.append((time.perf_counter() - iter_start) * 1e3)
         into.forward_total_us += _us(iter_start)
         backward_start = time.perf_counter()

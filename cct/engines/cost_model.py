@@ -82,8 +82,8 @@ def layer_costs(g: ConvGeometry, strategy: int, itemsize: int = 4, per_image_lif
     :func:`cct.engines.lowering.lifts_per_image`): the forward and the data gradient are one GEMM per image,
     group and lifted kernel offset, each over the output cells that offset reaches (about the image's output;
     ``O/group`` rows, not ``O/group·k``), which sum the lifting themselves and write the output where it lies —
-    no forward lifting or transposing pass.  Type 1 of a pointwise geometry (1x1 kernel, stride 1, no padding)
-    lowers and transposes nothing: its GEMMs run image by image on the blobs themselves."""
+    no forward lifting or transposing pass.  Type 1 of a 1x1 kernel without padding lowers and transposes nothing
+    but a stride's subsample: its GEMMs run image by image on the blobs themselves."""
     nd = g.num_spatial_axes
     f = {1: 0, 2: min(1, nd), 3: nd}[strategy]
     B, C, O = g.num, g.in_channels, g.out_channels
@@ -98,8 +98,12 @@ def layer_costs(g: ConvGeometry, strategy: int, itemsize: int = 4, per_image_lif
     transpose = 2.0 * O * p_out * B
     traffic = itemsize * (2 * lowered + 3 * col2im + 3 * lifted + 2 * transpose)
     shapes = ((M, K, N), (K, M, N), (K, N, M))
-    if strategy == 1 and g.is_pointwise:  # the GEMMs read and write the blobs where they lie, image by image
-        return LoweringCost(strategy, 0.0, gemm, 0.0, 0.0, 0.0, 0.0, shapes, g.group, (B, B))
+    if strategy == 1 and kL == 1 and not any(g.pad):  # the GEMMs read and write the blobs where they lie, image by
+        # image — strided, from a subsample of the input (forward and weight gradient) and into one (scattered back)
+        sub = 0.0 if g.is_pointwise else 1.0
+        lowered, col2im = sub * 2.0 * C * cols * B, sub * C * p_in * B
+        return LoweringCost(strategy, lowered, gemm, 0.0, col2im, 0.0, itemsize * (2 * lowered + 3 * col2im), shapes,
+                            g.group, (B, B))
     if per_image_lifting and strategy == 2:  # backward's unlifting and transposition of dy remain
         lifted, transpose = lifted / 2, transpose / 2
         traffic = itemsize * (2 * lowered + 3 * col2im + 3 * lifted + 2 * transpose)

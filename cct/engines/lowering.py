@@ -257,9 +257,11 @@ class _Layout:
         self.K = self.Cg * self.KL
         self.M = self.KF * self.Og
         self.lift = self._lift_plan(g) if f else []
-        # type 1 of a 1x1 kernel, stride 1, no padding: each image's lowered matrix is the image itself, so its
-        # GEMMs read x and write y where they lie (LoweringEngine._pointwise_forward), as Caffe's 1x1 case does
-        self.pointwise = not f and g.is_pointwise
+        # type 1 of a 1x1 kernel without padding: each image's lowered matrix is the image itself (stride 1: its
+        # GEMMs read x and write y where they lie, LoweringEngine._pointwise_forward, as Caffe's 1x1 case does) or,
+        # strided, its subsample: one strided copy of the cells the outputs read, in the images' own layout
+        self.pointwise = not f and self.KL == 1 and not any(g.pad)
+        self.subsampled = self.pointwise and any(s > 1 for s in g.stride)
         self.images_last = images_last_order(self)
 
     def col_shape(self, n: int) -> tuple[int, ...]:
@@ -347,7 +349,8 @@ class LoweringEngine(ConvEngine):
             if strategy_fallback(s, g) is not None:
                 continue
             lay = _Layout(g, s)
-            lowered, result = (0, 0) if lay.pointwise else (lay.C * lay.KL * lay.cols, lay.KF * lay.O * lay.cols)
+            lowered, result = (lay.C * lay.cols * lay.subsampled, 0) if lay.pointwise else \
+                (lay.C * lay.KL * lay.cols, lay.KF * lay.O * lay.cols)
             per_image = max(lowered, result) * itemsize
             images = max(1, min(-(-g.num // parts), budget // max(per_image, 1)))
             forward, backward = pass_seconds(layer_costs(g, s, itemsize, lifts_per_image(g, s, dtype, xp or np)),
@@ -869,14 +872,27 @@ class LoweringEngine(ConvEngine):
         else:
             xp.add(src, b.reshape((1, L.O) + (1,) * g.num_spatial_axes), out=y)
 
-    # ---- pointwise (1x1 kernel, stride 1, no padding): nothing to lower ------------------------------------
-    def _pointwise_forward(self, x: Any, wm: Any, b: Any | None, y: Any) -> None:
+    # ---- pointwise (1x1 kernel, no padding): nothing to lower but a stride's subsample ------------------------
+    def _pointwise_input(self, ws: dict[str, Any], x: Any) -> Any:
+        """What the pointwise GEMMs read: ``x`` itself, or with a stride its subsample (the cells the outputs read,
+        (n, C, *out)) copied into the workspace — one strided copy (ResNet-50's res4a_branch2a, 10 images: 0.4 ms,
+        where the compiled lowering's stride phases took 1.7)."""
+        g, L = self._geom(), self._lay()
+        if not L.subsampled:
+            return x
+        buf = self._view(ws, "x_pad", (x.shape[0], L.C) + g.out_shape, x)
+        get_array_module(x).copyto(buf, x[(slice(None), slice(None)) + tuple(slice(None, None, s) for s in g.stride)])
+        return buf
+
+    def _pointwise_forward(self, ws: dict[str, Any], x: Any, wm: Any, b: Any | None, y: Any) -> None:
         """``y`` (n, O, *out) = ``W_m[g] · x[i, g]`` for every image ``i`` and group ``g``, read and written where
-        they lie (one stacked GEMM call; ``y`` C-contiguous), then the bias: no lowered copy of the input and no
-        GEMM buffer to transpose from (GoogLeNet's 37 pointwise layers, 10 images, 2 cores: forward 1.3-4.2x, median
-        2.1x faster; with the gradients below, their forward + weight gradient 106 -> 61 ms, Caffe's 58-68 ms)."""
+        they lie (one stacked GEMM call; ``y`` C-contiguous; a stride's subsample first), then the bias: no lowered
+        copy of the input and no GEMM buffer to transpose from (GoogLeNet's 37 pointwise layers, 10 images, 2
+        cores: forward 1.3-4.2x, median 2.1x faster; with the gradients below, their forward + weight gradient 106
+        -> 61 ms, Caffe's 58-68 ms)."""
         L = self._lay()
         n, xp = x.shape[0], get_array_module(y)
+        x = self._pointwise_input(ws, x)
         xp.matmul(wm, x.reshape(n, L.G, L.K, L.cols), out=y.reshape(n, L.G, L.Og, L.cols))
         if b is not None:
             xp.add(y, b.reshape((1, L.O) + (1,) * (y.ndim - 2)), out=y)
@@ -891,7 +907,7 @@ class LoweringEngine(ConvEngine):
         if get_array_module(x) is not np:
             self._weight_grad_chunk(ws, x, self._grad_z(ws, dy), acc, first, None, by_rows)
             return
-        xv, dyv = x.reshape(n, L.G, L.K, L.cols), dy.reshape(n, L.G, L.Og, L.cols)
+        xv, dyv = self._pointwise_input(ws, x).reshape(n, L.G, L.K, L.cols), dy.reshape(n, L.G, L.Og, L.cols)
         for i in range(n):
             for gi in range(L.G):
                 a, b = (dyv[i, gi], xv[i, gi].T) if by_rows else (xv[i, gi], dyv[i, gi].T)
@@ -900,13 +916,17 @@ class LoweringEngine(ConvEngine):
                 else:
                     matmul_accumulate(acc[gi], a, b)
 
-    def _pointwise_data_grad(self, wm: Any, dy: Any, dx: Any) -> None:
-        """``dx[i, g] = W_m[g]ᵀ · dy[i, g]`` for every image and group, straight into ``dx`` (C-contiguous):
-        the adjoint of :meth:`_pointwise_forward`, no col2im."""
-        L = self._lay()
-        n = dy.shape[0]
-        get_array_module(dy).matmul(wm.transpose(0, 2, 1), dy.reshape(n, L.G, L.Og, L.cols),
-                                    out=dx.reshape(n, L.G, L.K, L.cols))
+    def _pointwise_data_grad(self, ws: dict[str, Any], wm: Any, dy: Any, dx: Any) -> None:
+        """``dx[i, g] = W_m[g]ᵀ · dy[i, g]`` for every image and group, straight into ``dx`` (C-contiguous) — with a
+        stride into a buffer whose values then go to the subsampled cells, zeros elsewhere: the adjoint of
+        :meth:`_pointwise_forward`, no col2im."""
+        g, L = self._geom(), self._lay()
+        n, xp = dy.shape[0], get_array_module(dy)
+        out = self._view(ws, "col", (n, L.C) + g.out_shape, dy) if L.subsampled else dx
+        xp.matmul(wm.transpose(0, 2, 1), dy.reshape(n, L.G, L.Og, L.cols), out=out.reshape(n, L.G, L.K, L.cols))
+        if L.subsampled:
+            dx.fill(0)
+            dx[(slice(None), slice(None)) + tuple(slice(None, None, s) for s in g.stride)] = out
 
     # ---- type 2 with the images innermost: the lifting sums done by the GEMMs ----------------------------
     def _lifts_by_gemms(self, dtype: Any, xp: Any) -> bool:
@@ -1079,7 +1099,7 @@ class LoweringEngine(ConvEngine):
         if L.pointwise and y.flags.c_contiguous:
             self._kept.clear()
             self._run(self._space(x), chunks,
-                      lambda ws, part, n0, n1: self._pointwise_forward(x[n0:n1], wm, b, y[n0:n1]))
+                      lambda ws, part, n0, n1: self._pointwise_forward(ws, x[n0:n1], wm, b, y[n0:n1]))
             return y
         lowered = L.G * L.K * x.shape[0] * L.cols
         keep = self._trains and lowered * x.itemsize <= KEEP_LOWERED_MAX_BYTES and x.size <= lowered
@@ -1156,7 +1176,7 @@ class LoweringEngine(ConvEngine):
                 if dw is not None:
                     self._pointwise_weight_grad(ws, x[n0:n1], dy[n0:n1], accs[part], n0 in firsts, by_rows)
                 if dx is not None:
-                    self._pointwise_data_grad(wm, dy[n0:n1], dx[n0:n1])
+                    self._pointwise_data_grad(ws, wm, dy[n0:n1], dx[n0:n1])
                 return
             dyt = self._grad_yt(ws, dy[n0:n1])
             if by_gemms:  # the gradient stays channel-first: its offsets' rows are column ranges of it

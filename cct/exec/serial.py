@@ -84,27 +84,33 @@ class SerialExecutor(Executor):
             return None
         return relu
 
+    def forward_step(self, net: NetCore, i: int, start: int, end: int, fuse: bool = True) -> tuple[int, float]:
+        """Layer ``i`` of a forward pass over ``start..end`` — with the Scale above it as one step where that pair
+        applies and ``fuse`` (nothing looks at the blob between them) — returning the index of the next layer to
+        run and the loss."""
+        above = self._normalized.get(i) if fuse else None
+        if above is not None and above <= end and self.runner.forward_normalized(net, i, above):
+            return above + 1, 0.0
+        below = self._forward_pairs.get(i) if fuse else None
+        if below is not None and below >= start:  # the BatchNorm before it ran in this pass: its copy is current
+            net.layers[i].input_kept_in(net.layers[below].kept_output())
+        return i + 1, self.runner.forward_layer(net, i)
+
     def forward(self, net: NetCore, start: int, end: int) -> float:
         loss = 0.0
-        before, after, runner = net.before_forward_hooks, net.after_forward_hooks, self.runner
+        before, after = net.before_forward_hooks, net.after_forward_hooks
         fuse = not (before or after or net.debug_info)
         i = start
         while i <= end:
-            above = self._normalized.get(i) if fuse else None
-            if above is not None and above <= end and runner.forward_normalized(net, i, above):
-                i = above + 1  # (fused only with no callbacks: none to call)
-                continue
             for cb in before:
                 cb(i)
-            below = self._forward_pairs.get(i) if fuse else None
-            if below is not None and below >= start:  # the BatchNorm before it ran in this pass: its copy is current
-                net.layers[i].input_kept_in(net.layers[below].kept_output())
-            loss += runner.forward_layer(net, i)
+            following, layer_loss = self.forward_step(net, i, start, end, fuse)
+            loss += layer_loss
             if net.debug_info:
                 net.forward_debug_info(i)
             for cb in after:
                 cb(i)
-            i += 1
+            i = following
         return loss
 
     def backward(self, net: NetCore, start: int, end: int) -> None:

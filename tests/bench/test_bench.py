@@ -255,6 +255,45 @@ layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip1" bottom: "label" top: 
 """
 
 
+NORMALIZED = """name: "normalized"
+layer { name: "data" type: "Input" top: "data" top: "label"
+        input_param { shape { dim: 2 dim: 3 dim: 8 dim: 8 } shape { dim: 2 } } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+        convolution_param { num_output: 4 kernel_size: 3 weight_filler { type: "xavier" } } }
+layer { name: "bn1" type: "BatchNorm" bottom: "conv1" top: "conv1" }
+layer { name: "scale1" type: "Scale" bottom: "conv1" top: "conv1" scale_param { bias_term: true } }
+layer { name: "ip1" type: "InnerProduct" bottom: "conv1" top: "ip1"
+        inner_product_param { num_output: 3 weight_filler { type: "xavier" } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip1" bottom: "label" top: "loss" }
+"""
+
+
+def test_time_runs_a_fused_forward_pair_as_training_does(capsys, tmp_path, monkeypatch) -> None:
+    """A BatchNorm and the in-place Scale after it run forward as one step in training (compiled kernels): ``cct
+    time`` times that step on the BatchNorm and says so; the Scale's forward line reads 0."""
+    from cct import native
+
+    if native.kernels() is None:
+        pytest.skip("compiled kernels not built (the pair runs as two layers)")
+    path = tmp_path / "normalized.prototxt"
+    path.write_text(NORMALIZED)
+    paired: list[int] = []
+    real = LayerRunner.forward_normalized
+
+    def spy(self, net, i, j):
+        done = real(self, net, i, j)
+        if done:
+            paired.append(i)
+        return done
+
+    monkeypatch.setattr(LayerRunner, "forward_normalized", spy)
+    rc, _, log_text = run_cli(capsys, "time", "-model", str(path), "-iterations", "2", *ENGINE)
+    assert rc == 0
+    assert paired.count(2) == 4  # bn1 (index 2) ran the pair in Net::Forward, the warm-up and both timed passes
+    assert re.search(r"scale1\tforward: 0 ms", log_text)
+    assert re.search(r"bn1\tforward includes scale1's forward", log_text)
+
+
 def test_time_runs_a_fused_pair_as_training_does(capsys, tmp_path, monkeypatch) -> None:
     """A max pooling doing the in-place ReLU's backward below it is one step in training: ``cct time`` times
     that step on the pooling layer and the ReLU's backward takes no time of its own."""

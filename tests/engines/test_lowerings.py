@@ -37,16 +37,17 @@ CASES = [
     (ConvGeometry(2, 2, 3, 1, (6, 20, 17), (2, 5, 3), (1, 2, 3), (0, 1, 2), (1, 1, 1)), (1, 2, 1)),
     # images of >= DIRECT_MIN_COLS output cells: type 1 images first runs one GEMM per image into the output
     (ConvGeometry(2, 3, 2, 1, (12, 13), (3, 3), (1, 1), (1, 1), (1, 1)), (1, 2, 3)),
-    # pointwise (1x1 kernels, stride 1, no padding): the GEMMs read x and write y where they lie — groups, 3-D
-    # (dilation has no effect on a one-cell kernel), images of >= DIRECT_MIN_COLS cells; then two 1x1 kernels
-    # that are not pointwise (strided, padded): lowered as any other
+    # pointwise (1x1 kernels, no padding): the GEMMs read x (or, strided, its subsample) and write y where they lie —
+    # groups, 3-D (dilation has no effect on a one-cell kernel), images of >= DIRECT_MIN_COLS cells, a stride; then
+    # a padded 1x1 kernel: lowered as any other
     (ConvGeometry(3, 4, 6, 2, (5, 6), (1, 1), (1, 1), (0, 0), (1, 1)), (1, 1, 1)),
     (ConvGeometry(2, 3, 4, 1, (3, 4, 5), (1, 1, 1), (1, 1, 1), (0, 0, 0), (2, 1, 1)), (1, 1, 1)),
     (ConvGeometry(2, 3, 4, 1, (12, 13), (1, 1), (1, 1), (0, 0), (1, 1)), (1, 1, 1)),
     (ConvGeometry(2, 3, 4, 1, (7, 6), (1, 1), (2, 2), (0, 0), (1, 1)), (1, 1, 1)),
     (ConvGeometry(2, 3, 4, 1, (4, 5), (1, 1), (1, 1), (1, 1), (1, 1)), (1, 1, 1)),
 ]
-POINTWISE = [c for c in CASES if c[0].is_pointwise]
+# 1x1 kernels without padding: the pointwise bodies (strided: on a subsample of the input)
+POINTWISE = [c for c in CASES if all(k == 1 for k in c[0].kernel) and not any(c[0].pad)]
 IDS = [f"case{i}" for i in range(len(CASES))]
 
 

@@ -242,15 +242,18 @@ def test_type_2_on_wide_outputs_is_costed_as_the_per_image_gemms_it_runs():
 
 def test_pointwise_layers_are_costed_as_gemms_on_the_blobs():
     """A 1x1 kernel of stride 1 without padding runs its GEMMs image by image on the blobs themselves: no
-    lowering, col2im or transposition is counted, the forward and data GEMMs come in one piece per image; a
-    padded or strided 1x1 kernel is lowered as any other."""
+    lowering, col2im or transposition is counted, the forward and data GEMMs come in one piece per image; with a
+    stride, the subsample's copies (forward and weight gradient) and its scatter back are counted, still no
+    transposition; a padded 1x1 kernel is lowered as any other."""
     g = ConvGeometry(10, 512, 24, 1, (14, 14), (1, 1), (1, 1), (0, 0), (1, 1))
     c = cost_model.layer_costs(g, 1)
     assert c.lowered_elems == c.col2im_elems == c.transpose_elems == c.traffic_bytes == 0
     assert c.gemm_pieces == (10, 10) and c.gemm_shapes[0] == (24, 512, 10 * 14 * 14)
-    for other in (replace(g, pad=(1, 1)), replace(g, stride=(2, 2))):
-        lowered = cost_model.layer_costs(other, 1)
-        assert lowered.lowered_elems > 0 and lowered.transpose_elems > 0 and lowered.gemm_pieces == (1, 1)
+    strided = cost_model.layer_costs(replace(g, stride=(2, 2)), 1)
+    assert strided.lowered_elems == 2 * 512 * 7 * 7 * 10 and strided.col2im_elems == 512 * 14 * 14 * 10
+    assert strided.transpose_elems == 0 and strided.gemm_pieces == (10, 10)
+    lowered = cost_model.layer_costs(replace(g, pad=(1, 1)), 1)
+    assert lowered.lowered_elems > 0 and lowered.transpose_elems > 0 and lowered.gemm_pieces == (1, 1)
     forward, backward = cost_model.pass_seconds(c)
     assert forward == pytest.approx(10 * cost_model.gemm_seconds(24, 512, 14 * 14))
     (estimate,) = LoweringEngine.estimates(g)
