@@ -186,6 +186,9 @@ def test_batchnorm_and_scale_run_as_one_step(tmp_path, monkeypatch, body, phase)
         assert a.keys() == b.keys()
         for key in a:
             np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+    for name, params in net.params.items():  # the BatchNorms' running sums too (updated once a pass)
+        for j, p in enumerate(params):
+            np.testing.assert_array_equal(p.data, watched.params[name][j].data, err_msg=f"{name}.{j}")
 
 
 def test_a_pass_starting_at_the_scale_keeps_its_own_copy(tmp_path):
