@@ -11,10 +11,10 @@ with one pass less over the blob between them.
 * forward, ``BatchNorm → Scale``: a per-channel Scale in place on the top of a BatchNorm right before it, no loss
   weight on either.  With the compiled kernels one pass normalizes, keeps the normalized values (BatchNorm's copy
   for its backward with batch statistics, which is exactly the Scale's input, or the Scale's own copy) and writes
-  the scaled top (:func:`normalize_and_scale`; a ResNet block's pair, 32x64x56x56: 1.5 instead of 1.7 + 1.2 ms,
-  one core); otherwise the Scale keeps its input in BatchNorm's copy instead of one of its own
-  (:meth:`cct.layers.scale.ScaleLayer.input_kept_in`).  Either way a blob-sized buffer less per pair with batch
-  statistics (Inception-v3's 94 pairs, batch 16: 547 MiB).
+  the scaled top (:meth:`cct.layers.normalization.BatchNormLayer.forward_scaled`; a ResNet block's pair,
+  32x64x56x56: 1.5 instead of 1.7 + 1.2 ms, one core); otherwise the Scale keeps its input in BatchNorm's copy
+  instead of one of its own (:meth:`cct.layers.scale.ScaleLayer.input_kept_in`).  Either way a blob-sized buffer
+  less per pair with batch statistics (Inception-v3's 94 pairs, batch 16: 547 MiB).
 
 (A backward ``Scale → BatchNorm`` step — the Scale's and BatchNorm's sums in one read, BatchNorm's sums taken of
 ``dy·s`` formed in registers to keep the bits — measured slower than the two layers: four double-precision sums a
@@ -30,16 +30,9 @@ lines print each layer's own result).  Loss layers never pair (a pair's layers h
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-import numpy as np
-
-from cct import native
-from cct.device import get_array_module
-from cct.runtime.partition import run_channel_blocks
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
-    from cct.blob import Blob
     from cct.net import NetCore
 
 
@@ -82,30 +75,3 @@ def forward_pairs(net: NetCore) -> dict[int, int]:
         if len(blob) == 1 and net._bottom_id_vecs[j] == blob and net._top_id_vecs[j] == blob:
             pairs[j] = j - 1
     return pairs
-
-
-def normalize_and_scale(norm: Any, scale: Any, bottom: Blob, top: Blob) -> bool:
-    """``norm``'s forward on ``bottom`` into ``top`` then ``scale``'s in place on ``top``, in one pass of the compiled
-    kernels, the normalized values kept where each layer's backward reads them; False, nothing done, where the
-    kernels do not take the arrays or the Scale is not per channel."""
-    y = norm._view(top.data)
-    if not scale._per_channel([top]) or scale.geometry != y.shape:
-        return False
-    s = scale.blobs[0].data.reshape(-1)
-    bias = None if scale.bias_index is None else scale.blobs[scale.bias_index].data.reshape(-1)
-    x = norm._view(bottom.data)
-    kept = norm.kept_output()
-    kept = scale._own_copy(top.data) if kept is None else kept
-    copy = norm._view(kept)
-    compiled = native.kernels_for(x, y, copy, s, *(() if bias is None else (bias,)))
-    if compiled is None:
-        return False
-    mean, std = norm.forward_statistics(bottom)
-    if get_array_module(mean) is not np or mean.dtype != x.dtype:
-        mean, std = np.asarray(mean, dtype=x.dtype), np.asarray(std, dtype=x.dtype)
-    cells = x.shape[2]
-    run_channel_blocks(x, lambda _p, i, c: compiled.normalize_scale_rows(
-        x[i, c], mean[c], std[c], s[c], None if bias is None else bias[c], y[i, c], copy[i, c], cells))
-    scale.input_kept_in(None)
-    scale._saved = kept
-    return True

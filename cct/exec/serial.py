@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from cct.exec.base import Executor, zero_param_diffs
-from cct.exec.fusion import backward_pairs, forward_pairs, normalize_and_scale
+from cct.exec.fusion import backward_pairs, forward_pairs
 
 if TYPE_CHECKING:  # pragma: no cover
     from cct.net import NetCore
@@ -33,11 +33,12 @@ class LayerRunner:
 
     def forward_normalized(self, net: NetCore, i: int, j: int) -> bool:
         """Layer ``i`` (a BatchNorm) and ``j``, the Scale in place on its top, as one step where the compiled
-        kernels take them (:func:`cct.exec.fusion.normalize_and_scale`); False, nothing run, otherwise."""
+        kernels take them (:meth:`cct.layers.normalization.BatchNormLayer.forward_scaled`); False, nothing run,
+        otherwise."""
         norm, scale = net.layers[i], net.layers[j]
         norm.reshape(net.bottom_vecs[i], net.top_vecs[i])
         scale.reshape(net.bottom_vecs[j], net.top_vecs[j])
-        return normalize_and_scale(norm, scale, net.bottom_vecs[i][0], net.top_vecs[i][0])
+        return norm.forward_scaled(net.bottom_vecs[i], net.top_vecs[i], scale)
 
     def clear_param_diffs(self, net: NetCore) -> None:
         """Zero the learnable parameters' gradients where the layers add into them."""

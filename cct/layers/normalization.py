@@ -130,6 +130,29 @@ class BatchNormLayer(Layer):
 
         run_channel_blocks(x, normalize)
 
+    def forward_scaled(self, bottom: list[Blob], top: list[Blob], scale: Any) -> bool:
+        """This forward, then ``scale``'s (a per-channel Scale in place on the top: :mod:`cct.exec.fusion`) in one
+        pass of the compiled kernels — the normalized values kept where both backwards read them (this layer's
+        copy with batch statistics, else the Scale's own), the scaled values in the top; the bits of the two
+        forwards.  False, nothing computed, where the kernels do not take the arrays or the Scale is not per
+        channel on this ``(N, C, S)`` view."""
+        y = self._view(top[0].data)
+        operands = scale.channel_operands(top[0])
+        if operands is None or tuple(scale.geometry) != y.shape:
+            return False
+        s, bias = operands
+        scale.input_kept_in(self.kept_output())
+        kept, _ = scale.keep_input(top[0].data)  # copied below (the normalized values are the Scale's input)
+        x, copy = self._view(bottom[0].data), self._view(kept)
+        compiled = native.kernels_for(x, y, copy, s, *(() if bias is None else (bias,)))
+        if compiled is None:
+            return False
+        mean, std = self.forward_statistics(bottom[0])
+        cells = x.shape[2]
+        run_channel_blocks(x, lambda _p, i, c: compiled.normalize_scale_rows(
+            x[i, c], mean[c], std[c], s[c], None if bias is None else bias[c], y[i, c], copy[i, c], cells))
+        return True
+
     def _batch_statistics(self, x: Any) -> tuple[Any, Any]:
         """Per channel mean and biased variance of ``x`` (N, C, S), in x's dtype: each image's mean and sum of
         squared deviations from it, taken block by block in the partitions (one read of x), then combined in

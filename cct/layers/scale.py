@@ -162,8 +162,9 @@ class ScaleLayer(Layer):
         """For the next forward only: ``array`` holds this in-place layer's input as it is now (None: copy it)."""
         self._given = array
 
-    def _keep_input(self, x: Any) -> tuple[Any, bool]:
-        """Where this forward's input is kept (in place), and whether it must still be copied there."""
+    def keep_input(self, x: Any) -> tuple[Any, bool]:
+        """Where this forward's input ``x`` is kept (in place; recorded for backward): the array given by
+        :meth:`input_kept_in`, or the layer's own copy — and whether it must still be copied there."""
         given, self._given = self._given, None
         if given is not None and given.shape == x.shape and given.dtype == x.dtype and \
                 get_array_module(given) is get_array_module(x):
@@ -181,6 +182,14 @@ class ScaleLayer(Layer):
             self._x_copy = get_array_module(like).empty(like.shape, dtype=like.dtype)
         return self._x_copy
 
+    def channel_operands(self, blob: Blob) -> tuple[Any, Any | None] | None:
+        """The learned scale and bias as ``(dim,)`` vectors where they apply per channel to ``blob`` (a single
+        bottom: :meth:`_per_channel`), else None."""
+        if not self._per_channel([blob]):
+            return None
+        bias = None if self.bias_index is None else self.blobs[self.bias_index].data.reshape(-1)
+        return self.blobs[0].data.reshape(-1), bias
+
     def _per_channel(self, bottom: list[Blob]) -> bool:
         """Whether the learned scale (and bias) apply per channel of ``(outer, dim, inner)`` rows, one value per
         row — the blocked passes of :meth:`_forward_rows` and :meth:`_backward_rows` (BatchNorm's companion in
@@ -194,7 +203,7 @@ class ScaleLayer(Layer):
             return
         xp = get_array_module(bottom[0].data)
         if top[0] is bottom[0]:
-            kept, copy = self._keep_input(bottom[0].data)
+            kept, copy = self.keep_input(bottom[0].data)
             if copy:
                 kept[...] = bottom[0].data
         outer, dim, inner = self.geometry
@@ -212,7 +221,7 @@ class ScaleLayer(Layer):
         x3, y3 = bottom.data.reshape(outer, dim, inner), top.data.reshape(outer, dim, inner)
         save = None
         if top is bottom:
-            kept, copy = self._keep_input(bottom.data)
+            kept, copy = self.keep_input(bottom.data)
             save = kept.reshape(outer, dim, inner) if copy else None
         s = self.blobs[0].data.reshape(dim)
         b = None if self.bias_index is None else self.blobs[self.bias_index].data.reshape(dim)

@@ -241,31 +241,25 @@ def test_time_warms_every_layers_backward_up_untimed(capsys, tiny, monkeypatch) 
     assert log_text.count("forward-backward time") == 2
 
 
-POOLED = """name: "pooled"
-layer { name: "data" type: "Input" top: "data" top: "label"
-        input_param { shape { dim: 2 dim: 3 dim: 8 dim: 8 } shape { dim: 2 } } }
-layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
-        convolution_param { num_output: 4 kernel_size: 3 weight_filler { type: "xavier" } } }
-layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }
+def _conv_net(name: str, middle: str, last: str) -> str:
+    """A 2x3x8x8 input, conv1, ``middle`` layers, an InnerProduct on blob ``last`` and a softmax loss."""
+    return f"""name: "{name}"
+layer {{ name: "data" type: "Input" top: "data" top: "label"
+        input_param {{ shape {{ dim: 2 dim: 3 dim: 8 dim: 8 }} shape {{ dim: 2 }} }} }}
+layer {{ name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+        convolution_param {{ num_output: 4 kernel_size: 3 weight_filler {{ type: "xavier" }} }} }}
+{middle}
+layer {{ name: "ip1" type: "InnerProduct" bottom: "{last}" top: "ip1"
+        inner_product_param {{ num_output: 3 weight_filler {{ type: "xavier" }} }} }}
+layer {{ name: "loss" type: "SoftmaxWithLoss" bottom: "ip1" bottom: "label" top: "loss" }}
+"""
+
+
+POOLED = _conv_net("pooled", """layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }
 layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1"
-        pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
-layer { name: "ip1" type: "InnerProduct" bottom: "pool1" top: "ip1"
-        inner_product_param { num_output: 3 weight_filler { type: "xavier" } } }
-layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip1" bottom: "label" top: "loss" }
-"""
-
-
-NORMALIZED = """name: "normalized"
-layer { name: "data" type: "Input" top: "data" top: "label"
-        input_param { shape { dim: 2 dim: 3 dim: 8 dim: 8 } shape { dim: 2 } } }
-layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
-        convolution_param { num_output: 4 kernel_size: 3 weight_filler { type: "xavier" } } }
-layer { name: "bn1" type: "BatchNorm" bottom: "conv1" top: "conv1" }
-layer { name: "scale1" type: "Scale" bottom: "conv1" top: "conv1" scale_param { bias_term: true } }
-layer { name: "ip1" type: "InnerProduct" bottom: "conv1" top: "ip1"
-        inner_product_param { num_output: 3 weight_filler { type: "xavier" } } }
-layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip1" bottom: "label" top: "loss" }
-"""
+        pooling_param { pool: MAX kernel_size: 2 stride: 2 } }""", "pool1")
+NORMALIZED = _conv_net("normalized", """layer { name: "bn1" type: "BatchNorm" bottom: "conv1" top: "conv1" }
+layer { name: "scale1" type: "Scale" bottom: "conv1" top: "conv1" scale_param { bias_term: true } }""", "conv1")
 
 
 def test_time_runs_a_fused_forward_pair_as_training_does(capsys, tmp_path, monkeypatch) -> None:

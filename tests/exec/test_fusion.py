@@ -154,19 +154,19 @@ def test_batchnorm_and_scale_run_as_one_step(tmp_path, monkeypatch, body, phase)
     pass; otherwise the Scale keeps its input in the BatchNorm's copy.  Training passes give the bits of the
     layers run one by one (a watched net), with batch and with global statistics; a Scale not in place is left
     alone."""
-    from cct.exec import serial
     from cct.exec.fusion import forward_pairs
+    from cct.layers.normalization import BatchNormLayer
 
     ran: list[str] = []
-    real = serial.normalize_and_scale
+    real = BatchNormLayer.forward_scaled
 
-    def spy(norm, scale, *blobs):
-        done = real(norm, scale, *blobs)
+    def spy(norm, bottom, top, scale):
+        done = real(norm, bottom, top, scale)
         if done:
             ran.append(scale.name)
         return done
 
-    monkeypatch.setattr(serial, "normalize_and_scale", spy)
+    monkeypatch.setattr(BatchNormLayer, "forward_scaled", spy)
     net = _net(tmp_path, BN_TEXT, phase=phase)
     names = net._layer_names
     assert {names[j]: names[i] for j, i in forward_pairs(net).items()} == {"scale1": "bn1", "scale2": "bn2"}
