@@ -26,6 +26,14 @@
 #define CCT_CLONES
 #endif
 
+/* short row copies as inline loops, not memcpy/memmove calls (GCC turns copy loops into library calls, which
+ * cost more than the copy for the rows of a small plane) */
+#if defined(__GNUC__) && !defined(__clang__)
+#define CCT_INLINE_COPIES __attribute__((optimize("no-tree-loop-distribute-patterns")))
+#else
+#define CCT_INLINE_COPIES
+#endif
+
 #define POOL_MAX_AXES 8
 
 typedef struct {
@@ -51,7 +59,19 @@ typedef struct {
     Py_ssize_t wide_stride[POOL_MAX_AXES]; /* the wide grid's stride per axis */
     Py_ssize_t phases, block, wide, k;   /* phase count, one phase's block, wide grid (whole vectors), offsets */
     Py_ssize_t *phase, *shift;           /* per kernel offset (row-major) */
+    int dense;                           /* the wide grid is the output grid (pe_i = out_i past axis 0) */
+    Py_ssize_t *row_at, *out_at;         /* per image row its place in the phase buffer; per output row its wide
+                                          * position (worked out once per call: a plane's rows are then copies
+                                          * with no integer division, which costs tens of cycles on some cores) */
 } pool_scan;
+
+/* Advance the multi-index idx over extents dims[0..n) (last fastest). */
+static inline void next_index(Py_ssize_t *idx, const Py_ssize_t *dims, Py_ssize_t n) {
+    for (Py_ssize_t i = n - 1; i >= 0; i--) {
+        if (++idx[i] < dims[i]) return;
+        idx[i] = 0;
+    }
+}
 
 static int scan_setup(const pool_geometry *g, pool_scan *s) {
     const Py_ssize_t nd = g->nd, last = nd - 1;
@@ -75,9 +95,11 @@ static int scan_setup(const pool_geometry *g, pool_scan *s) {
     s->k = 1;
     for (Py_ssize_t i = 0; i < nd; i++) s->k *= g->kernel[i];
     s->wide = (wide + SCAN_BLOCK - 1) / SCAN_BLOCK * SCAN_BLOCK;
-    s->phase = malloc(2 * s->k * sizeof(Py_ssize_t));
+    s->phase = malloc((2 * s->k + g->rows + g->out_rows) * sizeof(Py_ssize_t));
     if (!s->phase) return -1;
     s->shift = s->phase + s->k;
+    s->row_at = s->shift + s->k;
+    s->out_at = s->row_at + g->rows;
     for (Py_ssize_t t = 0; t < s->k; t++) {
         Py_ssize_t rest = t, phase = 0, shift = 0, phase_mult = 1;
         for (Py_ssize_t i = last; i >= 0; i--) {  /* offset t's index along axis i, last axis fastest */
@@ -99,30 +121,37 @@ static int scan_setup(const pool_geometry *g, pool_scan *s) {
     s->block = block;
     if (g->stride[last] * (s->wide + SCAN_BLOCK) + max_shift > s->block)
         s->block = g->stride[last] * (s->wide + SCAN_BLOCK) + max_shift;
-    return 0;
-}
-
-/* Advance the multi-index idx over extents dims[0..n) (last fastest). */
-static inline void next_index(Py_ssize_t *idx, const Py_ssize_t *dims, Py_ssize_t n) {
-    for (Py_ssize_t i = n - 1; i >= 0; i--) {
-        if (++idx[i] < dims[i]) return;
-        idx[i] = 0;
+    Py_ssize_t idx[POOL_MAX_AXES] = {0};
+    for (Py_ssize_t r = 0; r < g->rows; r++, next_index(idx, g->in, last)) {
+        /* padded row (u_0·s_0 + a_0, ...) is row (u_0, ...) of phase (a_0, ...) */
+        Py_ssize_t at = g->pad[last], phase = 0;
+        for (Py_ssize_t i = 0; i < last; i++) {
+            Py_ssize_t padded = idx[i] + g->pad[i];
+            phase = phase * g->stride[i] + padded % g->stride[i];
+            at += (padded / g->stride[i]) * s->row_stride[i];
+        }
+        s->row_at[r] = phase * s->block + at;
     }
+    s->dense = 1;
+    for (Py_ssize_t i = 1; i < nd; i++) s->dense &= s->pe[i] == g->out[i];
+    memset(idx, 0, sizeof idx);
+    for (Py_ssize_t r = 0; r < g->out_rows; r++, next_index(idx, g->out, last)) {
+        Py_ssize_t at = 0;
+        for (Py_ssize_t i = 0; i < last; i++) at += idx[i] * s->wide_stride[i];
+        s->out_at[r] = at;
+    }
+    return 0;
 }
 
 #define DEFINE_SPLIT(NAME, T)                                                                                \
     /* the image rows of one plane into the phase buffer (its border keeps -inf from the first fill) */     \
-    static void NAME(const pool_geometry *g, const pool_scan *s, const T *x, T *buf) {                       \
-        const Py_ssize_t last = g->nd - 1, w = g->in[last];                                                  \
-        Py_ssize_t idx[POOL_MAX_AXES] = {0};                                                                 \
-        for (Py_ssize_t r = 0; r < g->rows; r++, next_index(idx, g->in, last)) {                             \
-            Py_ssize_t at = g->pad[last], phase = 0;                                                         \
-            for (Py_ssize_t i = 0; i < last; i++) {                                                          \
-                Py_ssize_t padded = idx[i] + g->pad[i];                                                      \
-                phase = phase * g->stride[i] + padded % g->stride[i];                                        \
-                at += (padded / g->stride[i]) * s->row_stride[i];                                            \
-            }                                                                                                \
-            memcpy(buf + phase * s->block + at, x + r * w, w * sizeof(T));                                   \
+    CCT_CLONES static void NAME(const pool_geometry *g, const pool_scan *s, const T *restrict x,             \
+                                T *restrict buf) {                                                           \
+        const Py_ssize_t w = g->in[g->nd - 1];                                                               \
+        for (Py_ssize_t r = 0; r < g->rows; r++) {                                                           \
+            T *restrict to = buf + s->row_at[r];                                                             \
+            const T *restrict from = x + r * w;                                                              \
+            for (Py_ssize_t k = 0; k < w; k++) to[k] = from[k];                                              \
         }                                                                                                    \
     }
 
@@ -180,15 +209,13 @@ DEFINE_SCAN(scan_f64, double, int64_t, 8)
 
 #define DEFINE_CUT(NAME, T)                                                                                  \
     /* the wide grid cut to the output: maxima into ymax (and y), codes into win, row by row */             \
-    CCT_CLONES static void NAME(const pool_geometry *g, const pool_scan *s, const T *best, const uint8_t *code,\
-                                T *restrict ymax, T *restrict y, uint8_t *restrict win) {                    \
-        const Py_ssize_t last = g->nd - 1, ow = g->out[last];                                                \
-        Py_ssize_t idx[POOL_MAX_AXES] = {0};                                                                 \
-        for (Py_ssize_t r = 0; r < g->out_rows; r++, next_index(idx, g->out, last)) {                        \
-            Py_ssize_t at = 0;                                                                               \
-            for (Py_ssize_t i = 0; i < last; i++) at += idx[i] * s->wide_stride[i];                          \
-            const T *b = best + at;                                                                          \
-            const uint8_t *c = code + at;                                                                    \
+    CCT_CLONES CCT_INLINE_COPIES static void NAME(const pool_geometry *g, const pool_scan *s,                \
+                                                  const T *restrict best, const uint8_t *restrict code,      \
+                                                  T *restrict ymax, T *restrict y, uint8_t *restrict win) {  \
+        const Py_ssize_t ow = s->dense ? g->out_plane : g->out[g->nd - 1], rows = s->dense ? 1 : g->out_rows;  \
+        for (Py_ssize_t r = 0; r < rows; r++) {                                                              \
+            const T *b = best + s->out_at[r];                                                                \
+            const uint8_t *c = code + s->out_at[r];                                                          \
             for (Py_ssize_t k = 0; k < ow; k++) ymax[r * ow + k] = b[k];                                     \
             if (y)                                                                                           \
                 for (Py_ssize_t k = 0; k < ow; k++) y[r * ow + k] = b[k];                                    \

@@ -596,6 +596,8 @@ def test_max_winner_codes_give_caffes_argmax_and_routing(in_hw, kernel, pad, del
 @pytest.mark.parametrize("in_shape, kernel, stride, pad, dilation, ceil", [
     ((55, 55), (3, 3), (2, 2), (0, 0), (1, 1), True),    # CaffeNet's pool1
     ((13, 13), (3, 3), (2, 2), (0, 0), (1, 1), True),    # pool5
+    ((8, 8), (2, 2), (2, 2), (0, 0), (1, 1), True),      # LeNet's: the scan's wide grid is the output grid
+    ((4, 4), (2, 2), (2, 2), (0, 0), (1, 1), True),      # the same on planes of one vector
     ((10, 7), (3, 3), (2, 2), (1, 1), (1, 1), True),     # padding, ceil-mode overhang
     ((10, 7), (3, 3), (2, 2), (1, 1), (1, 1), False),    # FLOOR
     ((9, 8), (2, 3), (1, 3), (0, 1), (1, 1), True),      # per-axis kernels, stride 3
