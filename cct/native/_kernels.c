@@ -279,33 +279,41 @@ DEFINE_MAX_BACKWARD(max_backward_f64, double)
  * contiguous run of a phase row: ow cells copied at a time instead of gathered sw apart. */
 #define DEFINE_IM2COL(NAME, T)                                                                               \
     static void NAME(const T *x, T *col, Py_ssize_t n, Py_ssize_t c, Py_ssize_t h, Py_ssize_t w,            \
-                     const Py_ssize_t *k, T *buf, Py_ssize_t pe_h, Py_ssize_t pe_w) {                        \
+                     const Py_ssize_t *k, T *buf, Py_ssize_t pe_h, Py_ssize_t pe_w, Py_ssize_t *table) {     \
         const Py_ssize_t kh = k[0], kw = k[1], sh = k[2], sw = k[3], ph = k[4], pw = k[5], dh = k[6], dw = k[7]; \
         const Py_ssize_t oh = k[8], ow = k[9], phase = pe_h * pe_w, chan = sh * sw * phase;                  \
+        /* the divisions once per call (tens of cycles each on some cores): per image row its phase row, per  \
+         * column phase b its first and last position, per kernel offset its run's start in a channel */     \
+        Py_ssize_t *row_at = table, *v0 = table + h, *v1 = v0 + sw, *offset = v1 + sw;                       \
+        for (Py_ssize_t row = 0; row < h; row++)                                                             \
+            row_at[row] = ((row + ph) % sh) * sw * phase + ((row + ph) / sh) * pe_w;                         \
+        for (Py_ssize_t b = 0; b < sw; b++) {  /* padded column v·sw + b: image column v·sw + b - pw */     \
+            v0[b] = pw - b > 0 ? (pw - b + sw - 1) / sw : 0;                                                 \
+            v1[b] = w - 1 + pw - b < 0 ? -1 : (w - 1 + pw - b) / sw; /* -1: no image column in this phase */ \
+        }                                                                                                    \
+        for (Py_ssize_t i = 0; i < kh; i++)                                                                  \
+            for (Py_ssize_t j = 0; j < kw; j++) {                                                            \
+                const Py_ssize_t ci = i * dh, cj = j * dw;                                                   \
+                offset[i * kw + j] = ((ci % sh) * sw + cj % sw) * phase + (ci / sh) * pe_w + cj / sw;        \
+            }                                                                                                \
         memset(buf, 0, c * chan * sizeof(T));                                                                \
         for (Py_ssize_t img = 0; img < n; img++) {                                                           \
             for (Py_ssize_t ch = 0; ch < c; ch++)                                                            \
                 for (Py_ssize_t row = 0; row < h; row++) {                                                   \
                     const T *src = x + ((img * c + ch) * h + row) * w;                                       \
-                    Py_ssize_t pr = row + ph;                                                                \
-                    T *base = buf + ch * chan + (pr % sh) * sw * phase + (pr / sh) * pe_w;                   \
-                    for (Py_ssize_t b = 0; b < sw; b++) {  /* padded column v·sw + b: image column v·sw + b - pw */ \
-                        if (w - 1 + pw - b < 0) break; /* no image column in this phase (C's / truncates to 0) */ \
-                        Py_ssize_t v0 = pw - b > 0 ? (pw - b + sw - 1) / sw : 0, v1 = (w - 1 + pw - b) / sw;  \
+                    T *base = buf + ch * chan + row_at[row];                                                 \
+                    for (Py_ssize_t b = 0; b < sw; b++) {                                                    \
                         const T *restrict from = src + b - pw;                                               \
                         T *restrict to = base + b * phase;                                                   \
-                        for (Py_ssize_t v = v0; v <= v1; v++) to[v] = from[v * sw];                          \
+                        for (Py_ssize_t v = v0[b]; v <= v1[b]; v++) to[v] = from[v * sw];                    \
                     }                                                                                        \
                 }                                                                                            \
             for (Py_ssize_t ch = 0; ch < c; ch++)                                                            \
-                for (Py_ssize_t i = 0; i < kh; i++)                                                          \
-                    for (Py_ssize_t j = 0; j < kw; j++) {                                                    \
-                        const Py_ssize_t ci = i * dh, cj = j * dw;                                           \
-                        const T *src = buf + ch * chan + ((ci % sh) * sw + cj % sw) * phase + (ci / sh) * pe_w  \
-                                       + cj / sw;                                                            \
-                        T *dst = col + (((ch * kh + i) * kw + j) * n + img) * oh * ow;                       \
-                        for (Py_ssize_t r = 0; r < oh; r++) memcpy(dst + r * ow, src + r * pe_w, ow * sizeof(T)); \
-                    }                                                                                        \
+                for (Py_ssize_t t = 0; t < kh * kw; t++) {                                                   \
+                    const T *src = buf + ch * chan + offset[t];                                              \
+                    T *dst = col + ((ch * kh * kw + t) * n + img) * oh * ow;                                 \
+                    for (Py_ssize_t r = 0; r < oh; r++) memcpy(dst + r * ow, src + r * pe_w, ow * sizeof(T)); \
+                }                                                                                            \
         }                                                                                                    \
     }
 
@@ -923,16 +931,23 @@ static PyObject *lowering_call(PyObject *args, int adjoint) {
     }
     const Py_ssize_t rows = adjoint ? pad_h : (pad_h + k[2] - 1) / k[2];
     const Py_ssize_t cols = adjoint ? pad_w : (pad_w + k[3] - 1) / k[3];
-    void *buf = malloc((adjoint ? rows * cols : c * k[2] * k[3] * rows * cols) * item);
+    /* the phase buffer (or col2im's padded plane), then im2col's tables, 8-byte aligned */
+    const Py_ssize_t data = (adjoint ? rows * cols : c * k[2] * k[3] * rows * cols) * item, at = (data + 7) / 8 * 8;
+    char *buf = malloc(at + (adjoint ? 0 : (h + 2 * k[3] + k[0] * k[1]) * (Py_ssize_t)sizeof(Py_ssize_t)));
     if (!buf) {
         release(&b);
         return PyErr_NoMemory();
     }
+    Py_ssize_t *table = (Py_ssize_t *)(buf + at);
     Py_BEGIN_ALLOW_THREADS
-    if (item == 4)
-        (adjoint ? col2im_f32 : im2col_f32)(in, out, n, c, h, w, k, buf, rows, cols);
+    if (adjoint && item == 4)
+        col2im_f32(in, out, n, c, h, w, k, (float *)buf, rows, cols);
+    else if (adjoint)
+        col2im_f64(in, out, n, c, h, w, k, (double *)buf, rows, cols);
+    else if (item == 4)
+        im2col_f32(in, out, n, c, h, w, k, (float *)buf, rows, cols, table);
     else
-        (adjoint ? col2im_f64 : im2col_f64)(in, out, n, c, h, w, k, buf, rows, cols);
+        im2col_f64(in, out, n, c, h, w, k, (double *)buf, rows, cols, table);
     Py_END_ALLOW_THREADS
     free(buf);
     release(&b);
