@@ -42,6 +42,7 @@ from cct.bench.bench import load_average  # noqa: E402
 from cct.config import settings  # noqa: E402
 from cct.engines.choice import describe_layer_engine  # noqa: E402
 from cct.engines.lowering import shared_workspace_bytes  # noqa: E402
+from cct.exec.diff_memory import share_as_the_command_line_does  # noqa: E402
 from cct.proto import caffe_pb2 as pb  # noqa: E402
 from cct.runtime.threads import blas_worker_spin  # noqa: E402
 from cct.solvers.solver import create_solver  # noqa: E402
@@ -83,6 +84,7 @@ def main() -> None:
     net.blobs["data"].reshape(args.batch, 3, 227, 227)
     net.blobs["label"].reshape(args.batch)
     net.reshape()
+    share_as_the_command_line_does(net)  # gradient memory as cct train shares it
     rng = np.random.default_rng(0)
     net.blobs["data"].data[...] = rng.standard_normal(net.blobs["data"].shape).astype(np.float32)
     net.blobs["label"].data[...] = rng.integers(0, 1000, args.batch)

@@ -90,6 +90,7 @@ def cct_worker(conn, batch: int, threads: int, weights: str, variants: tuple[str
     from cct.bench.flops import count_net, sgemm_peak
     from cct.engines.choice import SelectedEngine
     from cct.engines.lowering import LoweringEngine, shared_workspace_bytes
+    from cct.exec.diff_memory import share_as_the_command_line_does
     from cct.proto import caffe_pb2 as pb
     from cct.solvers.solver import create_solver
 
@@ -107,6 +108,7 @@ def cct_worker(conn, batch: int, threads: int, weights: str, variants: tuple[str
     net.blobs["data"].reshape(batch, 3, 227, 227)
     net.blobs["label"].reshape(batch)
     net.reshape()
+    share_as_the_command_line_does(net)  # gradient memory as cct train shares it (CCT_SHARE_DIFFS=0: not)
     x, label = _inputs(batch)
     net.blobs["data"].data[...] = x
     net.blobs["label"].data[...] = label

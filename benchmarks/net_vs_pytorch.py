@@ -108,6 +108,7 @@ def cct_worker(conn, model: str, batch: int | None, phase: str, batch_statistics
     from google.protobuf import text_format
 
     import cct
+    from cct.exec.diff_memory import share_as_the_command_line_does
     from cct.io.prototxt import read_net_param
 
     param = read_net_param(model)
@@ -124,6 +125,7 @@ def cct_worker(conn, model: str, batch: int | None, phase: str, batch_statistics
         net = cct.Net(f.name, cct.TRAIN if phase == "TRAIN" else cct.TEST)
     finally:
         os.unlink(f.name)
+    share_as_the_command_line_does(net, every_layer=True)  # as cct time runs it (CCT_SHARE_DIFFS=0: not)
     try:
         plan = _plan(net)
     except ValueError as e:

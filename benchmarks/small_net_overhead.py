@@ -47,6 +47,7 @@ def cct_worker(conn, threads: int) -> None:
     sys.path.insert(0, str(ROOT))
     os.environ.setdefault("GLOG_minloglevel", "1")
     from cct.bench.flops import count_net, sgemm_peak
+    from cct.exec.diff_memory import share_as_the_command_line_does
     from cct.solvers.solver import create_solver, read_solver_file
 
     p = read_solver_file(SOLVER)
@@ -54,6 +55,7 @@ def cct_worker(conn, threads: int) -> None:
     p.snapshot = 0
     p.max_iter = 1 << 30
     solver = create_solver(p)
+    share_as_the_command_line_does(solver.net)  # as cct train runs it
     solver.step(20)  # warm-up: workspaces, the prefetch queue
     flops, peak = count_net(solver.net).products(), sgemm_peak()
     conn.send(("ready", (flops, peak)))

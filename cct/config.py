@@ -19,6 +19,8 @@ devices               CCT_DEVICES          -devices         cpu, cpu:T, gpu:N li
 split                 CCT_SPLIT            -split           auto (default) | fractions f1,f2,...
 executor              CCT_EXECUTOR         -executor        layer (default) | taskgraph
 workers               CCT_WORKERS          -workers         N | auto (default: the cores), task-graph workers
+share_diffs           CCT_SHARE_DIFFS      -share_diffs     1 (default) | 0: train/time share the memory of
+                                                            gradients never alive at once (cct.exec.diff_memory)
 lowering_max_mb       CCT_LOWERING_MAX_MB                   MiB of lowered matrices, Winograd tiles per call (32;
                                                             on the CPU <= 6 per batch partition at a time)
 fft_memoize           CCT_FFT_MEMOIZE                       1 (default) | 0: keep spectra between passes
@@ -189,6 +191,9 @@ SETTINGS = (
             "how passes run: layer (Caffe's loop, default) or taskgraph (ZNN's task graph, a worker pool)"),
     Setting("workers", "CCT_WORKERS", "workers", count_or_auto,
             "task-graph worker threads: N, or auto (the cores)"),
+    Setting("share_diffs", "CCT_SHARE_DIFFS", "share_diffs", lambda v, n, s: boolean("1" if v is None else v, n, s),
+            "cct train and cct time: blobs whose gradients are never alive at once share their memory (default 1; "
+            "cct.exec.diff_memory); the Python API keeps every blob's gradient as Caffe does"),
     Setting("lowering_max_mb", "CCT_LOWERING_MAX_MB", None, number(1e-6),
             "MiB of lowered matrices (and Winograd tiles) a convolution holds per call (default 32; on the CPU a "
             "batch partition lowers at most 6 at a time)"),

@@ -22,6 +22,7 @@ from cct import log
 from cct.blob import Blob, blob_to_proto, proto_shape, shape_equals_legacy
 from cct.errors import CctError
 from cct.exec.base import Executor
+from cct.exec.diff_memory import DiffSharing, share_diff_memory
 from cct.exec.serial import SerialExecutor
 from cct.graph import GraphError, filter_net, insert_splits
 from cct.layers.base import Layer
@@ -399,6 +400,13 @@ class NetCore:
                 if f"'{name}'" in str(e):
                     raise
                 raise CctError(f"layer '{name}' ({layer.type}): {e}") from None
+
+    def share_diff_memory(self, every_layer: bool = False) -> DiffSharing:
+        """cct's: let blobs whose gradients are never alive at once in a backward pass share their memory
+        (what ``cct train`` and ``cct time`` run; afterwards a blob's ``diff`` is meaningful only during the
+        pass that writes it — :mod:`cct.exec.diff_memory`).  ``every_layer``: every layer's backward runs, as
+        in ``cct time``.  Returns what was shared."""
+        return share_diff_memory(self, every_layer)
 
     # ---- weights -------------------------------------------------------------------------------
     def share_trained_layers_with(self, other: NetCore) -> None:

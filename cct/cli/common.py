@@ -39,6 +39,8 @@ FLAGS = [
          "CCT_WORKERS or auto)."),
     Flag("split", str, "", "Optional; with -devices, each device's share of a batch: auto (by peak FLOPS) or "
          "fractions f1,f2,... summing to 1 (default: CCT_SPLIT or auto)."),
+    Flag("share_diffs", str, "", "Optional; train/time: 1 lets blobs whose gradients are never alive at once share "
+         "their memory, 0 keeps one gradient per blob as Caffe (default: CCT_SHARE_DIFFS or 1)."),
     Flag("plan", str, "", "Optional; train/time: run each layer as this plan file (cct plan -format json "
          "-output) splits it across -devices (sample and channel splits)."),
 ]

@@ -10,6 +10,7 @@ import numpy as np
 from cct import log
 from cct.cli.common import parse_gpus, phase, planned_factory, stages, use_single_device
 from cct.errors import CctError
+from cct.exec.diff_memory import share_as_the_command_line_does
 from cct.flags import Flags
 
 SUMMARY = "benchmark model execution time"
@@ -28,6 +29,9 @@ def main(flags: Flags) -> int:
     use_single_device(parse_gpus(flags.gpu))
     net = Net(flags.model, net_phase, level=flags.level, stages=stages(flags.stage),
               executor=factory() if factory else None)
+    sharing = share_as_the_command_line_does(net, every_layer=True)
+    if sharing is not None:
+        log.info("%s", sharing.describe())
     log.info("Performing Forward")
     log.info("Initial loss: %s", log.fmt(np.float32(net.forward_prefilled())))
     log.info("Performing Backward")

@@ -6,6 +6,7 @@ from typing import Any
 from cct import log
 from cct.cli.common import parse_gpus, planned_factory, stages
 from cct.errors import CctError
+from cct.exec.diff_memory import share_as_the_command_line_does
 from cct.flags import Flag, Flags
 
 SUMMARY = "train or finetune a model"
@@ -96,6 +97,9 @@ def main(flags: Flags) -> int:
             root = trainer.root
         else:
             trainer = root = create_solver(param, source=flags.solver, executor_factory=factory)
+            sharing = share_as_the_command_line_does(root.net)
+            if sharing is not None:
+                log.info("Training net: %s", sharing.describe())
         root.set_action_function(handler.get_action)
         for solver in getattr(trainer, "solvers", [root]):
             solver.stop_on_nan = flags.stop_on_nan
