@@ -53,7 +53,7 @@ RATES_VERSION = 6
 # and write the full layout's operands as they lie; 20: up to 64 points; 21: type 1's 2-D lowering by the compiled
 # kernel; 22: types 1 and 2's 2-D lowering and col2im compiled): entries measured by another version are measured
 # again
-ENGINE_MEASURE_VERSION = 23
+ENGINE_MEASURE_VERSION = 24
 # measured images per partition: enough that the largest buffer of all partitions together exceeds this
 # (out of the last-level cache, like the full layer) and that a GEMM has this many columns, at most the
 # largest of the candidates' chunks of a partition
@@ -419,11 +419,13 @@ def autotune_conv_engine(g: ConvGeometry, dtype: Any = np.float32, strategy: int
     hand the cores over, the allocator adapts —, the best of ``ENGINE_AUTOTUNE_ROUNDS`` steps).  A layer
     ``predicted`` (seconds) to take longer than ``ENGINE_AUTOTUNE_SECONDS`` is measured on fewer images and
     scaled to the batch — the FFT engine's kernel transforms, done once per batch, then count for more than in
-    the layer, and a few images' spectra stay in the caches where the batch's do not —; the candidates within
-    ``FULL_BATCH_WINDOW`` of the fastest are then measured again, in the other order, on the whole batch when
-    that is predicted to take at most ``FULL_BATCH_SECONDS`` (that measurement decides; on a layer measured
-    whole the first time, the better of the two counts).  Cached per geometry, dtype, thread setting, lowering
-    and candidate set; None when nothing is cached and the net's measuring budget is spent."""
+    the layer, and a few images' spectra stay in the caches where the batch's do not —, and on a quarter of
+    those images, which tells the once-per-call part of a step (:func:`_once_per_call_estimate`); the
+    candidates that may be within ``FULL_BATCH_WINDOW`` of the fastest are then measured again, in the other
+    order, on the whole batch when that is predicted to take at most ``FULL_BATCH_SECONDS`` (that measurement
+    decides; on a layer measured whole the first time, the better of the two counts).  Cached per geometry,
+    dtype, thread setting, lowering and candidate set; None when nothing is cached and the net's measuring
+    budget is spent."""
     from cct.engines.lowering import strategy_fallback
 
     strategy = strategy if strategy_fallback(strategy, g) is None else 1
@@ -441,15 +443,18 @@ def autotune_conv_engine(g: ConvGeometry, dtype: Any = np.float32, strategy: int
     return result
 
 
-def _fastest_within(scaled: dict[str, float], seconds: float) -> list[str]:
-    """The candidates measured within ``FULL_BATCH_WINDOW`` of the fastest, fastest first, as many as take at
-    most ``seconds`` together (all of them: a layer's steps measured again on the whole batch): on part of the
-    batch an engine's once-per-call work counts for more than in the layer (the Winograd and FFT engines'
+def _fastest_within(scaled: dict[str, float], seconds: float,
+                    optimistic: dict[str, float] | None = None) -> list[str]:
+    """The candidates that may be the fastest on the whole batch — ``optimistic`` estimate (default: the
+    ``scaled`` one) within ``FULL_BATCH_WINDOW`` of the fastest ``scaled`` one —, by optimistic time, as many as
+    take at most ``seconds`` together (all of them: a layer's steps measured again on the whole batch): on part of
+    the batch an engine's once-per-call work counts for more than in the layer (the Winograd and FFT engines'
     kernel transforms) and its chunks hold fewer images — CaffeNet's conv3 measured on 16 of its 64 images:
     F(4x4,3x3) 1.3x slower than F(2x2,3x3); on all 64 3% faster, in the net 8% (AVX2 kernels) —, so the closest
     candidates are the ones to measure again when not all of them fit."""
+    optimistic = optimistic or scaled
     fastest = min(scaled.values())
-    close = sorted((t, name) for name, t in scaled.items() if t <= FULL_BATCH_WINDOW * fastest)
+    close = sorted((optimistic[name], name) for name in scaled if optimistic[name] <= FULL_BATCH_WINDOW * fastest)
     picked: list[str] = []
     total = 0.0
     for t, name in close:
@@ -458,6 +463,21 @@ def _fastest_within(scaled: dict[str, float], seconds: float) -> list[str]:
             break
         picked.append(name)
     return picked
+
+
+def _once_per_call_estimate(at_n: dict[str, float], at_m: dict[str, float], n: int, m: int,
+                            whole: int) -> dict[str, float]:
+    """Whole-batch seconds of each candidate if its step is a fixed part plus a part per image — the line through
+    its times at ``m`` and ``n`` images (at most ``n``'s time scaled, at least ``n``'s own): what a step with
+    once-per-call work (the FFT engine's kernel transforms) takes on the batch, where scaling the few images'
+    time by the batch multiplies that work too (CaffeNet's conv2, the FFT's full layout: 84 ms on 8 images,
+    109 on 16, 284 on 64 — 668 scaled from 8). An optimistic estimate (a cache-bound step grows faster than
+    the line): it only decides which candidates are measured again on the whole batch."""
+    out = {}
+    for name, t in at_n.items():
+        per_image = max(0.0, (t - at_m[name]) / (n - m))
+        out[name] = min(t * whole / n, max(t, t + per_image * (whole - n)))
+    return out
 
 
 def _measure_conv_engines(g: ConvGeometry, dtype: Any, strategy: int, predicted: float | None, fft: bool = True,
@@ -486,8 +506,15 @@ def _measure_conv_engines(g: ConvGeometry, dtype: Any, strategy: int, predicted:
         engines.update({f"winograd {m}": WinogradEngine(m, workspace=Workspace()) for m in TILES})
     best = _measure_engines(engines, replace(g, num=n), dtype, effort.engine_rounds, settle=ENGINE_SETTLE_SECONDS)
     scaled = {name: t * g.num / n for name, t in best.items()}
-    close = _fastest_within(scaled, FULL_BATCH_SECONDS / (effort.engine_rounds + SETTLE_STEPS))
-    again_whole = len(close) > 1
+    optimistic = scaled
+    if 1 < n < g.num and len(engines) > 1:  # how much of a step is once per call: its time on fewer images
+        m = max(1, n // 4)
+        fewer = _measure_engines(engines, replace(g, num=m), dtype, effort.engine_rounds, settle=ENGINE_SETTLE_SECONDS)
+        optimistic = _once_per_call_estimate(best, fewer, n, m, g.num)
+    close = _fastest_within(scaled, FULL_BATCH_SECONDS / (effort.engine_rounds + SETTLE_STEPS), optimistic)
+    # measured again on the whole batch: a close call, or a candidate the estimates put ahead of the fastest on
+    # part of the batch (a step with once-per-call work: its whole-batch time is what decides)
+    again_whole = len(close) > 1 or (len(close) == 1 and close[0] != min(scaled, key=scaled.__getitem__))
     if again_whole:
         # a close call is measured again on the whole batch, the engines in the other order (drift hits both).
         # Measured on part of the batch, the whole batch decides (cache-resident spectra and tiles of a few

@@ -113,12 +113,14 @@ def test_a_close_call_on_part_of_the_batch_is_measured_again_on_the_whole_batch(
 
     monkeypatch.setattr(autotune, "_measure_engines", measure)
     result = autotune._measure_conv_engines(conv2, np.float32, 2, 1.0)  # 1 s predicted: part of the batch
-    assert sizes[0][0] < conv2.num and sizes[1][0] == conv2.num and "lowering" in sizes[1][1]
+    # part of the batch, a quarter of that part (the steps' once-per-call share), then the whole batch
+    assert sizes[0][0] < conv2.num and sizes[1][0] == sizes[0][0] // 4
+    assert sizes[2][0] == conv2.num and "lowering" in sizes[2][1]
     assert all(result["lowering"] < t for name, t in result.items() if name.startswith("fft"))
     sizes.clear()  # a clear call on part of the batch is not measured again on the whole batch ...
     monkeypatch.setattr(autotune, "FULL_BATCH_WINDOW", 1.05)
     autotune._measure_conv_engines(conv2, np.float32, 2, 1.0)
-    assert sizes[0][0] < conv2.num and sizes[1:] == [(sizes[0][0], ["lowering"])]  # ... the beaten lowering is
+    assert sizes[0][0] < conv2.num and sizes[2:] == [(sizes[0][0], ["lowering"])]  # ... the beaten lowering is
 
 
 def test_when_not_all_close_calls_fit_the_fastest_are_measured_again_on_the_whole_batch(monkeypatch):
@@ -138,12 +140,38 @@ def test_when_not_all_close_calls_fit_the_fastest_are_measured_again_on_the_whol
 
     monkeypatch.setattr(autotune, "_measure_engines", measure)
     result = autotune._measure_conv_engines(g, np.float32, 2, 1.0, fft=True, winograd=True)
-    assert sizes[0][0] < g.num and sizes[1] == (g.num, ["winograd 2", "winograd 4"])
+    assert sizes[0][0] < g.num and sizes[2] == (g.num, ["winograd 2", "winograd 4"])
     assert min(result, key=result.__getitem__) == "winograd 4"
     assert autotune._fastest_within(part, 0.6) == ["winograd 2", "winograd 4"]  # 0.419 s fit, 0.639 s do not
     assert autotune._fastest_within(part, 2.0) == sorted(part, key=part.__getitem__)
     assert autotune._fastest_within(part, 0.2) == []
     assert autotune._fastest_within({"lowering": 0.3, "fft full": 0.5}, 10.0) == ["lowering"]  # 0.5 is not close
+
+
+def test_a_step_with_once_per_call_work_is_measured_on_the_whole_batch(monkeypatch):
+    """On part of the batch a step's once-per-call work (the FFT's kernel transforms) is scaled with the images:
+    CaffeNet's conv2 at 64 images, its full FFT layout 84 ms on 8 images and 284 ms on 64 (668 scaled), beside a
+    layout whose time grows with the images.  The time on a quarter of the images tells the once-per-call part;
+    the layout it puts ahead is measured on the whole batch, where it wins, even when the two do not both fit the
+    whole-batch time."""
+    g = ConvGeometry(64, 96, 256, 2, (27, 27), (5, 5), (1, 1), (2, 2), (1, 1))
+    step = {"fft full": (0.070, 0.0037), "fft lifted": (0.0, 0.0090), "lowering": (0.0, 0.0098)}  # s, s per image
+    sizes = []
+
+    def measure(engines, geometry, dtype, rounds, settle=0.0):
+        sizes.append((geometry.num, sorted(engines)))
+        return {name: step[name][0] + step[name][1] * geometry.num for name in engines}
+
+    monkeypatch.setattr(autotune, "_measure_engines", measure)
+    monkeypatch.setattr(autotune, "FULL_BATCH_SECONDS", 2.0)  # 0.33 s of single steps: the lifted layout won't fit
+    result = autotune._measure_conv_engines(g, np.float32, 1, 1.6)  # measured on 10 images: full looks slowest
+    assert sizes[0] == (10, ["fft full", "fft lifted", "lowering"]) and sizes[1][0] == 2
+    assert sizes[2] == (g.num, ["fft full"])
+    assert result["fft full"] == pytest.approx(0.070 + 0.0037 * 64)
+    assert min(result, key=result.__getitem__) == "fft full"
+    part = {"fft full": 0.050 + 0.0037 * 10, "fft lifted": 0.090}  # on 10 images, and on 2
+    line = autotune._once_per_call_estimate(part, {"fft full": 0.0574, "fft lifted": 0.018}, 10, 2, 64)
+    assert line["fft full"] == pytest.approx(0.050 + 0.0037 * 64) and line["fft lifted"] == pytest.approx(0.576)
 
 
 def test_a_beaten_lowering_engine_is_measured_again_and_keeps_its_better_time(monkeypatch):
