@@ -30,6 +30,7 @@ def train(param: pb.SolverParameter, *, source: str, size: int, variable: str, s
           overlap: str = "lee", chunk_split: str = "auto", replicate_fc: int = 0, timeout: float = 600.0,
           action: Callable[[], int] | None = None, stop_on_nan: bool = False) -> None:
     """Train ``param`` as this process's rank of an MPI job of ``size`` ranks (see the module docstring)."""
+    from cct.exec.diff_memory import share_as_the_command_line_does
     from cct.solvers import create_solver
 
     if overlap not in OVERLAP_MODES:
@@ -53,6 +54,9 @@ def train(param: pb.SolverParameter, *, source: str, size: int, variable: str, s
         mode.set_solver_rank(rank)
         mode.set_multiprocess(True)
         solver = create_solver(param, source=source)
+        sharing = share_as_the_command_line_does(solver.net)
+        if sharing is not None:
+            log.info("Training net: %s", sharing.describe())
         if overlap == "none":
             solver.add_callback(ExchangeCallback(exchange, solver, broadcast=False))
             solver.add_callback(BlockingStats(solver, exchange))
