@@ -24,7 +24,8 @@ InnerProduct layers: forward, then the data and weight gradients, conv1's data g
 time of the whole iteration; the peak is a 2048³ float32 matmul on the same threads, measured in the cct
 worker), and each worker's peak RSS; for cct also the bytes held in convolution workspaces (all
 conv layers of all variants share the thread's workspace: it is sized by the largest layer × partitions).
-``--variants net`` alone gives the peak RSS of exactly what ``cct time`` / ``cct train`` run.
+``--variants net`` alone gives the peak RSS of exactly what ``cct time`` / ``cct train`` run (gradient memory
+shared as they share it: ``CCT_SHARE_DIFFS=0`` keeps one gradient per blob).
 The cct worker builds its engines before timing: ``net`` and ``auto`` measure close calls once per geometry
 (cached in ``~/.cache/cct``; a cold cache adds some seconds there, never inside the timed iterations).
 """
