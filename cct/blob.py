@@ -223,6 +223,11 @@ class Blob:
                     setattr(self, attr, buf)
         return buf
 
+    def allocated_buffer(self, what: str = "data") -> _Buffer | None:
+        """The buffer behind ``data`` or ``diff`` if there is one yet (None: not allocated; nothing allocated
+        here): blobs that share memory return the same object."""
+        return self._data_buf if what == "data" else self._diff_buf
+
     def set_buffer(self, what: str, buf: _Buffer) -> None:
         """Use ``buf`` (another blob's :meth:`buffer`, or an executor's device copy of one) for ``data`` or
         ``diff``; it must hold the blob's count."""

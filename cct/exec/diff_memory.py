@@ -148,5 +148,8 @@ def share_diff_memory(net: NetCore, every_layer: bool = False) -> DiffSharing:
 def _groups(blobs: list[Blob]) -> dict[int, int]:
     """Per blob (by id) its group's index: blobs that already share one gradient buffer are one group."""
     index: dict[Any, int] = {}
-    return {id(b): index.setdefault(id(b._diff_buf) if b._diff_buf is not None else ("blob", id(b)), len(index))
-            for b in blobs}
+    groups = {}
+    for b in blobs:
+        buf = b.allocated_buffer("diff")
+        groups[id(b)] = index.setdefault(id(buf) if buf is not None else ("blob", id(b)), len(index))
+    return groups
