@@ -127,8 +127,10 @@ def test_other_executors_leave_the_blobs_alone(tmp_path, monkeypatch):
     assert sharing.buffers == 0 and "the passes run on" in sharing.describe()
 
 
-@pytest.mark.parametrize("value, shared", [(None, True), ("0", False)])
-def test_cct_time_shares_unless_told_not_to(tmp_path, monkeypatch, value, shared):
+@pytest.mark.parametrize("value, flags, shared", [(None, [], True), ("0", [], False),
+                                                  (None, ["-share_diffs", "0"], False),
+                                                  ("0", ["-share_diffs", "1"], True)])  # the flag wins
+def test_cct_time_shares_unless_told_not_to(tmp_path, monkeypatch, value, flags, shared):
     from cct.cli import main
     from tests.solvers.helpers import captured_log
 
@@ -137,7 +139,7 @@ def test_cct_time_shares_unless_told_not_to(tmp_path, monkeypatch, value, shared
     if value is not None:
         monkeypatch.setenv("CCT_SHARE_DIFFS", value)
     with captured_log() as buf:
-        assert main(["time", "-model", str(path), "-iterations", "1"]) == 0
+        assert main(["time", "-model", str(path), "-iterations", "1"] + flags) == 0
     assert ("shared buffers" in buf.getvalue()) == shared
 
 
