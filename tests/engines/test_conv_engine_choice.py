@@ -349,12 +349,12 @@ def test_a_net_keeps_many_spectra_on_the_usual_margin_within_its_budget(monkeypa
 
 def test_the_models_alone_never_trade_many_spectra_for_a_predicted_gain():
     """Where nothing is measured (autotune off, or the net's budget spent) the predicted FFT time must beat the
-    lowering's by the margin a measured one needs (5%), and an FFT keeping more than KEPT_BYTES of spectra between
-    the passes is left to a measurement however fast predicted."""
+    lowering's by the model's error, MODEL_FFT_MARGIN (20%; a measured one needs 5%), and an FFT keeping more than
+    KEPT_BYTES of spectra between the passes is left to a measurement however fast predicted."""
     conv2 = ConvGeometry(64, 96, 256, 2, (27, 27), (5, 5), (1, 1), (2, 2), (1, 1))
     small = ConvGeometry(1, 16, 16, 1, (30, 30, 30), (3, 3, 3), (1, 1, 1), (0, 0, 0), (1, 1, 1))
-    for g, t_low, expected in ((conv2, 0.107, False), (conv2, 0.5, False), (small, 0.107, True),
-                               (small, 0.104, False)):
+    for g, t_low, expected in ((conv2, 0.121, False), (conv2, 0.5, False), (small, 0.121, True),
+                               (small, 0.119, False), (small, 0.107, False)):
         assert choice._fft_predicted_faster(g, np.float32, t_low, 0.100) == expected, (g, t_low)
     assert not choice._fft_predicted_faster(small, np.float32, 0.0015, 0.0010)  # saves under PREFER_TYPE1_SECONDS
 
