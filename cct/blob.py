@@ -88,6 +88,12 @@ class _Buffer:
             return self.version
 
 
+def new_buffer(xp: ModuleType, capacity: int, dtype: Any) -> _Buffer:
+    """A zero-filled buffer of ``capacity`` values for blobs to share (:meth:`Blob.set_buffer`): a memory plan's
+    (:mod:`cct.exec.diff_memory`)."""
+    return _Buffer(xp, capacity, dtype)
+
+
 class Blob:
     """An N-D float32 array of data and the gradient (diff) of the same shape."""
 

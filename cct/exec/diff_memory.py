@@ -27,7 +27,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from cct.blob import Blob, _Buffer
+from cct.blob import Blob, new_buffer
+from cct.config import settings
+from cct.exec.serial import LayerRunner, SerialExecutor
 
 if TYPE_CHECKING:  # pragma: no cover
     from cct.net import NetCore
@@ -43,7 +45,7 @@ class DiffSharing:
     bytes_after: int = 0     # the shared buffers' bytes
     kept: int = 0            # blobs needing a gradient that keep their own (see the module docstring)
     reason: str = ""
-    slots: list[list[Blob]] = field(default_factory=list, repr=False)
+    slots: list[list[Blob]] = field(default_factory=list, repr=False)  # the blobs on each shared buffer
 
     def describe(self) -> str:
         if not self.buffers:
@@ -55,8 +57,6 @@ class DiffSharing:
 
 def runs_in_layer_order(net: NetCore) -> bool:
     """Whether ``net``'s passes run layer after layer on the host's blobs (the serial executor, plain runner)."""
-    from cct.exec.serial import LayerRunner, SerialExecutor
-
     ex = net.executor
     return type(ex) is SerialExecutor and type(ex.runner) is LayerRunner
 
@@ -64,8 +64,6 @@ def runs_in_layer_order(net: NetCore) -> bool:
 def share_as_the_command_line_does(net: NetCore, every_layer: bool = False) -> DiffSharing | None:
     """``cct train`` / ``cct time``: :func:`share_diff_memory` unless the ``share_diffs`` setting is off
     (``-share_diffs 0``, ``CCT_SHARE_DIFFS=0``: then None). Benchmarks call it to run what the commands run."""
-    from cct.config import settings
-
     return share_diff_memory(net, every_layer) if settings.get("share_diffs") else None
 
 
@@ -133,7 +131,7 @@ def share_diff_memory(net: NetCore, every_layer: bool = False) -> DiffSharing:
         return DiffSharing(reason=f"blobs of {len(dtypes)} dtypes")
     dtype = dtypes.pop()
     for cap, taken in slots:
-        buf = _Buffer(np, cap, dtype)
+        buf = new_buffer(np, cap, dtype)
         group_blobs = [b for g in taken for b in members[g]]
         for blob in group_blobs:
             blob.set_buffer("diff", buf)
