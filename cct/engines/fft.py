@@ -193,6 +193,33 @@ def _spatial_first(a: Any) -> Any:
     return out
 
 
+def _lifted_first(a: Any, pad: int) -> Any:
+    """``a`` (N, C, s0, *rest) as a new contiguous (*rest, pad + s0 + pad, N, C) array, zero rows around ``s0``
+    (the lifted layout's operand): image by image (each image's block is in the cache while it is moved; one
+    transposed copy of the whole array gathers every channel from a different plane: VGG16's conv3_1 output
+    gradient at 8 images, 6.4M values, 94 ms; this way 13-16 ms on two cores).  Arrays under
+    ``MOVE_PER_IMAGE_MIN`` values are one transposed copy."""
+    nd = a.ndim - 2
+    n, c, s0 = a.shape[:3]
+    rest = a.shape[3:]
+    out = np.empty(rest + (s0 + 2 * pad, n, c), dtype=a.dtype)
+    if pad:
+        out[(slice(None),) * (nd - 1) + (slice(0, pad),)] = 0
+        out[(slice(None),) * (nd - 1) + (slice(pad + s0, None),)] = 0
+    inside = (slice(None),) * (nd - 1) + (slice(pad, pad + s0),)
+    if a.size < MOVE_PER_IMAGE_MIN:
+        out[inside] = a.transpose(tuple(range(3, 2 + nd)) + (2, 0, 1))
+        return out
+    order = tuple(range(2, 1 + nd)) + (1, 0)  # one image (C, s0, *rest) -> (*rest, s0, C)
+
+    def body(_part: int, i0: int, i1: int) -> None:
+        for i in range(i0, i1):
+            np.copyto(out[inside + (i,)], a[i].transpose(order))
+
+    run_partitions(batch_ranges(n, partitions_for(n, a[0].size)), body)
+    return out
+
+
 def _transform_flops(size: tuple[int, ...], block: tuple[int, ...]) -> float:
     """5·n·log2(n) per line of the pruned transform of a ``block`` in ``size`` (real axis at half cost)."""
     nd = len(size)
@@ -447,13 +474,7 @@ class FFTEngine(ConvEngine):
         rest = tuple(range(3, 2 + nd))
         if role == "w":
             return np.ascontiguousarray(a.transpose(rest + (0, 2, 1)))
-        t = a.transpose(rest + (2, 0, 1))
-        p0 = g.pad[0]
-        if role == "dy" or not p0:
-            return np.ascontiguousarray(t)
-        block = np.zeros(t.shape[:nd - 1] + (t.shape[nd - 1] + 2 * p0,) + t.shape[nd:], dtype=a.dtype)
-        block[(slice(None),) * (nd - 1) + (slice(p0, p0 + t.shape[nd - 1]),)] = t
-        return block
+        return _lifted_first(a, 0 if role == "dy" else g.pad[0])
 
     def _spectrum(self, role: str, a: Any, keep: bool = True) -> Any:
         """Operand ``role`` in the frequency domain, as the matrices of the per-frequency products, from the

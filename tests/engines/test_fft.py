@@ -351,7 +351,8 @@ def test_memo_budget_turns_memoization_off_and_says_so(monkeypatch):
 
 @pytest.mark.parametrize("partitions,per_image", [(1, True), (2, True), (2, False)])
 def test_layout_moves_equal_the_transposed_copies(partitions, per_image, monkeypatch):
-    """The engine's moves between (N, C, *spatial) and spatial-first — image by image on one partition or split
+    """The engine's moves between (N, C, *spatial) and spatial-first (or, lifted, the first spatial axis after the
+    others, zero rows around it) — image by image on one partition or split
     over two, or (small arrays) as one copy; from a contiguous or strided signal, into a contiguous or strided
     output — are the plain transposed copies, value for value."""
     from cct.engines import fft
@@ -371,6 +372,12 @@ def test_layout_moves_equal_the_transposed_copies(partitions, per_image, monkeyp
         wide = np.zeros((N, G * C, 6, 5), np.float32)
         fft.FFTEngine._write(sig, wide[:, :, 1:5, 1:4], spatial)  # a strided output
         np.testing.assert_array_equal(wide[:, :, 1:5, 1:4], expected)
+    for shape, pad in (((5, 6, 4, 3), 2), ((5, 6, 4, 3), 0), ((3, 2, 4, 3, 5), 1)):  # the lifted layout's operands
+        a = rng.standard_normal(shape).astype(np.float32)
+        nd = a.ndim - 2
+        moved = np.moveaxis(a, (0, 1, 2), (nd, nd + 1, nd - 1))  # (*rest, s0, N, C)
+        padded = np.pad(moved, [(0, 0)] * (nd - 1) + [(pad, pad), (0, 0), (0, 0)])
+        np.testing.assert_array_equal(fft._lifted_first(a, pad), padded)
 
 
 @pytest.mark.parametrize("size,block_shape,step,where", [
