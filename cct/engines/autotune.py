@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import statistics
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
@@ -90,6 +91,12 @@ FULL_BATCH_SECONDS = 3.0
 # a 24->24 3^3 layer 57, 34 and 17 ms, then 14 ms with spikes to 20 (the allocator adapts to the engine's arrays)
 ENGINE_SETTLE_SECONDS = 0.25
 SETTLE_STEPS = 3
+# the models' error on this machine: each whole-batch measurement of the engine autotune keeps measured / predicted
+# seconds per engine and layout (cache section "model_error", per geometry); where the models alone decide, their
+# predictions are scaled by the median of those kept (:func:`model_error`), within this range.  On a 2-core Intel
+# Xeon the FFT's full layout ran 0.56-0.69x its prediction on six 2-D layers (1.27x on VGG16's conv2_2), the
+# lifted 0.94-1.06x (1.40x), the lowering 0.75-1.01x
+MODEL_ERROR_RANGE = (0.5, 2.0)
 _rates_memo: dict[str, MachineRates] = {}
 
 
@@ -524,6 +531,8 @@ def _measure_conv_engines(g: ConvGeometry, dtype: Any, strategy: int, predicted:
         again = dict(reversed([(name, engines[name]) for name in close]))
         second = _measure_engines(again, g, dtype, effort.engine_rounds, settle=ENGINE_SETTLE_SECONDS)
         scaled.update(second if n < g.num else {name: min(scaled[name], t) for name, t in second.items()})
+    _record_model_error(g, dtype, strategy, {name: scaled[name] for name in (
+        engines if n == g.num else close if again_whole else ())})
     if min(scaled, key=scaled.__getitem__) != "lowering" and not (again_whole and "lowering" in close):
         # the lowering engine is what another must beat, by a margin (cct.engines.choice): one spike in its single
         # measurement would hand the layer over (CaffeNet's conv4 at 64 images measured 288 ms once against 204 ms
@@ -533,3 +542,33 @@ def _measure_conv_engines(g: ConvGeometry, dtype: Any, strategy: int, predicted:
                                  settle=ENGINE_SETTLE_SECONDS)
         scaled["lowering"] = min(scaled["lowering"], third["lowering"] * g.num / n)
     return scaled
+
+
+def _model_error_key(g: ConvGeometry, dtype: Any) -> str:
+    return f"{geometry_key(g, dtype)}-v{ENGINE_MEASURE_VERSION}"
+
+
+def _record_model_error(g: ConvGeometry, dtype: Any, strategy: int, measured: dict[str, float]) -> None:
+    """Keep measured / predicted seconds of each of ``measured`` (whole-batch times of the lowering engine at
+    ``strategy`` and of the FFT engine's layouts; the Winograd engine has no model) on ``g``."""
+    from cct.engines.fft import FFTEngine
+    from cct.engines.lowering import LoweringEngine
+
+    rates = machine_rates()
+    predicted = {e.variant: e.seconds for e in FFTEngine.estimates(g, dtype, rates)}
+    predicted["lowering"] = next(e.seconds for e in LoweringEngine.estimates(g, dtype, rates)
+                                 if e.variant == f"lowering {strategy}")
+    ratios = {name: t / predicted[name] for name, t in measured.items() if predicted.get(name, 0) > 0}
+    if ratios:
+        _write_cache({"model_error": {_model_error_key(g, dtype): ratios}})
+
+
+def model_error(name: str) -> float:
+    """How far the model of ``name`` (``"lowering"``, ``"fft full"``, ``"fft lifted"``) errs on this machine and
+    thread setting: the median of measured / predicted seconds over the layers the engine autotune measured on
+    their whole batch (kept in the cache), within ``MODEL_ERROR_RANGE``; 1 where none was measured."""
+    suffix = f"-{_threads_key()}-v{ENGINE_MEASURE_VERSION}"
+    ratios = [float(entry[name]) for key, entry in _read_cache().get("model_error", {}).items()
+              if key.endswith(suffix) and name in entry]
+    lo, hi = MODEL_ERROR_RANGE
+    return min(hi, max(lo, statistics.median(ratios))) if ratios else 1.0

@@ -47,7 +47,7 @@ import numpy as np
 
 from cct.config import settings
 from cct.engines import conv_engine_class, create_conv_engine
-from cct.engines.autotune import autotune, autotune_conv_engine, machine_rates, net_ledger
+from cct.engines.autotune import autotune, autotune_conv_engine, machine_rates, model_error, net_ledger
 from cct.engines.base import ConvEngine, ConvGeometry
 from cct.engines.cost_model import MachineRates, estimate_seconds, layer_costs
 from cct.errors import CctError
@@ -242,9 +242,9 @@ def choose_conv_engine(g: ConvGeometry, dtype: Any = np.float32, xp: Any = None,
     the net being built still has room for them in ``KEPT_BUDGET_BYTES``: the first such layers in build
     order spend it) — the smaller Winograd tile when it is within
     ``WINOGRAD_TILE_WINDOW`` of the larger (it is the more accurate).  With
-    autotune off (``CCT_AUTOTUNE=0``) the FFT model decides (:func:`_fft_predicted_faster`: never for an FFT
-    keeping more than ``KEPT_BYTES`` of spectra); with it forced on, every applicable layer is
-    measured."""
+    autotune off (``CCT_AUTOTUNE=0``), or the net's measuring budget spent, the models decide, each scaled by its
+    error measured on this machine (:func:`_engine_by_models`; :func:`_fft_predicted_faster`: never for an FFT
+    keeping more than ``KEPT_BYTES`` of spectra); with autotune forced on, every applicable layer is measured."""
     if choice == "lowering":
         return "lowering", ""
     wino_ok, wino_why = winograd_applies(g, xp)
@@ -278,17 +278,15 @@ def choose_conv_engine(g: ConvGeometry, dtype: Any = np.float32, xp: Any = None,
     if fft and tune is not True:  # else the usual case: the layer's log line shows both predictions
         fft = t_low - t_fft / FAST_FFT_WINDOW >= PREFER_TYPE1_SECONDS
     if fft and tune is False:
-        if _fft_predicted_faster(g, dtype, t_low, t_fft):
-            return "fft", f"engine by cost model (lowering predicted {t_low * 1e3:.3g} ms)"
-        return "lowering", f"engine by cost model (fft predicted {t_fft * 1e3:.3g} ms)"
+        return _engine_by_models(g, dtype, t_low, "engine by cost model")
     if not fft and not wino:
         return "lowering", fft_why
     strategy = choose_strategy(g, dtype)[0] if lowering == "auto" else int(lowering)
     measured = autotune_conv_engine(g, dtype, strategy, max(t_low, t_fft), fft=fft, winograd=wino)
     if measured is None:  # the net's measuring budget is spent: the calibrated models decide
-        name = "fft" if fft and _fft_predicted_faster(g, dtype, t_low, t_fft) else "lowering"
-        return name, f"engine by cost model, autotune budget spent (lowering {t_low * 1e3:.3g} ms" + (
-            f", fft {t_fft * 1e3:.3g} ms predicted)" if fft else " predicted)")
+        if not fft:
+            return "lowering", f"engine by cost model, autotune budget spent (lowering {t_low * 1e3:.3g} ms predicted)"
+        return _engine_by_models(g, dtype, t_low, "engine by cost model, autotune budget spent")
     # a measured tie keeps the lowering engine (Caffe's summation order, no spectra or tiles to hold): another
     # engine qualifies when the lowering engine takes over PREFER_TYPE1_FRACTION longer (no absolute floor: a
     # layer measured at all is one where the models saw PREFER_TYPE1_SECONDS to gain, and a 16->16 3^3 layer's
@@ -314,7 +312,25 @@ def choose_conv_engine(g: ConvGeometry, dtype: Any = np.float32, xp: Any = None,
     return name, "engine autotuned: " + ", ".join(f"{k} {t * 1e3:.3g} ms" for k, t in measured.items())
 
 
-def _fft_predicted_faster(g: ConvGeometry, dtype: Any, t_low: float, t_fft: float) -> bool:
+def _engine_by_models(g: ConvGeometry, dtype: Any, t_low: float, why: str) -> tuple[str, str]:
+    """(engine, reason) where the models alone decide between the lowering engine (predicted ``t_low``) and the FFT
+    engine's layouts: each prediction scaled by its model's measured error on this machine
+    (:func:`cct.engines.autotune.model_error`: the engine autotune's whole-batch measurements so far), the faster
+    FFT layout taken when :func:`_fft_predicted_faster` says it beats the lowering."""
+    from cct.engines.fft import FFTEngine
+
+    est = FFTEngine.estimate(g, np.dtype(dtype).itemsize, machine_rates())
+    error = {name: model_error(name) for name in ("lowering", "fft full", "fft lifted")}
+    fft = {k: est[k]["seconds"] * error[f"fft {k}"] for k in ("full", "lifted") if k in est}
+    layout = min(fft, key=fft.__getitem__)
+    low = t_low * error["lowering"]
+    name = f"fft {layout}" if _fft_predicted_faster(g, dtype, low, fft[layout], layout) else "lowering"
+    scaled = [f"{k} x{e:.2f}" for k, e in error.items() if e != 1.0 and (k == "lowering" or k == f"fft {layout}")]
+    return name, f"{why} (lowering {low * 1e3:.3g} ms, fft {layout} {fft[layout] * 1e3:.3g} ms predicted" + (
+        f"; scaled by the models' measured error here: {', '.join(scaled)})" if scaled else ")")
+
+
+def _fft_predicted_faster(g: ConvGeometry, dtype: Any, t_low: float, t_fft: float, layout: str | None = None) -> bool:
     """Whether the models' FFT time beats the lowering's by at least ``PREFER_TYPE1_SECONDS`` and by the factor
     ``MODEL_FFT_MARGIN`` (the model's error, larger than the 5% a measured FFT must show), and never where every
     FFT layout keeps more than ``KEPT_BYTES`` of spectra between the passes: that much memory only for a measured
@@ -322,11 +338,11 @@ def _fft_predicted_faster(g: ConvGeometry, dtype: Any, t_low: float, t_fft: floa
     64 images with AVX2 kernels, a cold cache: the models put conv4 and conv5 on the FFT, predicted 40% faster
     and in the net 0.9-1.05x the alternatives, and with conv2's measured FFT the net held 2106 MiB, 1.19x
     PyTorch's; conv3-5 predicted 6-11% faster had measured 2-8% slower with 400 MiB more).  The layout counted is
-    the one the engine runs (its model's choice), not the one keeping least."""
+    the one that would run (``layout``; default the engine model's choice), not the one keeping least."""
     from cct.engines.fft import FFTEngine
 
     est = FFTEngine.estimate(g, np.dtype(dtype).itemsize, machine_rates())
-    if settings.get("fft_memoize") and est[est["choice"]]["memo_bytes"] > KEPT_BYTES:
+    if settings.get("fft_memoize") and est[layout or est["choice"]]["memo_bytes"] > KEPT_BYTES:
         return False
     return t_low - t_fft >= PREFER_TYPE1_SECONDS and t_low >= t_fft * MODEL_FFT_MARGIN
 

@@ -117,6 +117,8 @@ def test_a_close_call_on_part_of_the_batch_is_measured_again_on_the_whole_batch(
     assert sizes[0][0] < conv2.num and sizes[1][0] == sizes[0][0] // 4
     assert sizes[2][0] == conv2.num and "lowering" in sizes[2][1]
     assert all(result["lowering"] < t for name, t in result.items() if name.startswith("fft"))
+    kept = measured._read_cache()["model_error"]  # the models' error: from the whole-batch times only
+    assert [sorted(entry) for entry in kept.values()] == [sizes[2][1]]
     sizes.clear()  # a clear call on part of the batch is not measured again on the whole batch ...
     monkeypatch.setattr(autotune, "FULL_BATCH_WINDOW", 1.05)
     autotune._measure_conv_engines(conv2, np.float32, 2, 1.0)
@@ -393,7 +395,48 @@ def test_autotune_off_decides_by_the_models(monkeypatch):
     _no_measuring(monkeypatch)
     settings.set("autotune", False)
     name, reason = choice.choose_conv_engine(BIG_7)
-    assert name == "fft" and reason.startswith("engine by cost model")
+    assert name.startswith("fft ") and reason.startswith("engine by cost model")
+
+
+def test_where_the_models_decide_they_are_scaled_by_their_measured_error(monkeypatch):
+    """Each whole-batch measurement keeps measured / predicted seconds per engine and layout; where the models alone
+    decide (autotune off, or the net's budget spent), each prediction is scaled by the median of those kept on this
+    machine and thread setting (within MODEL_ERROR_RANGE), the FFT layout chosen by the scaled predictions too."""
+    from cct.engines.cost_model import DEFAULT_RATES
+
+    monkeypatch.setattr(choice, "machine_rates", lambda *a, **k: DEFAULT_RATES)
+    monkeypatch.setattr(autotune, "machine_rates", lambda *a, **k: DEFAULT_RATES)
+    _no_measuring(monkeypatch)
+    settings.set("autotune", False)
+    predicted = {e.variant: e.seconds for e in FFTEngine.estimates(BIG_7, np.float32, DEFAULT_RATES)}
+    t_low = choice._lowering_prediction(BIG_7, "auto", DEFAULT_RATES)
+    assert predicted["fft lifted"] < predicted["fft full"] < t_low / choice.MODEL_FFT_MARGIN  # 27, 56 and 94 ms
+    assert [autotune.model_error(k) for k in ("lowering", "fft full", "fft lifted")] == [1.0] * 3
+    name, reason = choice.choose_conv_engine(BIG_7)
+    assert name == "fft lifted" and "scaled" not in reason
+
+    def keep(g, **ratios):  # as the engine autotune keeps a layer's whole-batch times
+        model = {e.variant: e.seconds for e in FFTEngine.estimates(g, np.float32, DEFAULT_RATES)
+                 + LoweringEngine.estimates(g, np.float32, DEFAULT_RATES)}
+        model["lowering"] = model["lowering 1"]
+        autotune._record_model_error(g, np.float32, 1, {k.replace("_", " "): r * model[k.replace("_", " ")]
+                                                        for k, r in ratios.items()})
+
+    layers = [BIG_7] + [ConvGeometry(1, 16, 16, 1, (30 + i, 30, 30), (7, 7, 7), (1, 1, 1), (0, 0, 0), (1, 1, 1))
+                        for i in (1, 2)]
+    for g, lifted, full in zip(layers, (3.0, 2.5, 0.9), (0.55, 0.6, 0.7)):
+        keep(g, fft_lifted=lifted, fft_full=full)
+    measured._write_cache({"model_error": {"another-machine-v1": {"fft full": 0.1, "lowering": 0.1}}})
+    assert autotune.model_error("fft lifted") == 2.0  # median 2.5, at most MODEL_ERROR_RANGE[1]
+    assert autotune.model_error("fft full") == pytest.approx(0.6) and autotune.model_error("lowering") == 1.0
+    name, reason = choice.choose_conv_engine(BIG_7)  # lifted 2 x 27 ms, full 0.6 x 56 ms: the full layout
+    assert name == "fft full" and "fft full x0.60" in reason and "lifted" not in reason
+    eng = choice.SelectedEngine("auto")
+    eng.configure(BIG_7)
+    assert eng.name == "fft" and not eng.inner.lifted
+    for g in layers:  # each layer's entry replaced: both layouts 2.5x slower than modelled, the lowering 0.5x
+        keep(g, fft_lifted=2.5, fft_full=2.5, lowering=0.5)
+    assert choice.choose_conv_engine(BIG_7)[0] == "lowering"  # 47 ms against 2 x 27 ms
 
 
 def test_autotune_measures_once_and_caches(monkeypatch):
