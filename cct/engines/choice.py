@@ -18,8 +18,9 @@ cost models (:func:`cct.engines.estimate_convolution`).
 
 Engine ``auto`` per layer (:func:`choose_conv_engine`, ZNN's layerwise autotuning): the lowering engine where
 the FFT engine does not apply, the layer is strided, or the FFT engine cannot plausibly save
-``PREFER_TYPE1_SECONDS`` (its model's prediction divided by ``FAST_FFT_WINDOW``), and the Winograd engine does not
-apply or the layer is too small to be worth measuring; otherwise the candidates measured on the layer
+``PREFER_TYPE1_SECONDS`` (its model's prediction divided by ``FAST_MEASURE_WINDOW``), and the Winograd engine does not
+apply, the layer is too small to be worth measuring or the Winograd engine cannot plausibly save that either;
+otherwise the candidates measured on the layer
 (:func:`cct.engines.autotune.autotune_conv_engine`) and the fastest taken when the lowering engine takes over
 ``PREFER_TYPE1_FRACTION`` longer.
 
@@ -65,12 +66,14 @@ CLOSE_CALL_MIN_SECONDS = 0.02
 # ... where the calibrated model finds another lowering within this factor of its best (a close call);
 # only those candidates are measured
 AUTOTUNE_WINDOW = 1.15
-# auto engine choice with -autotune fast, where a measurement must be worth its time: the FFT engine measured only
-# where its prediction is within this factor of a gain (-autotune full measures it wherever it applies); the
-# model runs up to ~1.3x pessimistic on small 3-D layers (a 16->16 3^3 layer on 30^3: lifted FFT predicted 10.5
-# ms, ran 8.3 against lowering's 10.4) and a fresh calibration moves it by ~10%: at 1.3 such a layer was measured
-# in some runs only
-FAST_FFT_WINDOW = 1.5
+# auto engine choice with -autotune fast, where a measurement must be worth its time: the FFT and Winograd engines
+# measured only where their prediction is within this factor of a gain (-autotune full measures them wherever they
+# apply); the FFT model runs up to ~1.3x pessimistic on small 3-D layers (a 16->16 3^3 layer on 30^3: lifted FFT
+# predicted 10.5 ms, ran 8.3 against lowering's 10.4) and a fresh calibration moves it by ~10%: at 1.3 such a layer
+# was measured in some runs only.  (The Winograd model errs the other way: on a 2-core Intel Xeon F(4x4,3x3) ran
+# 2-2.3x its prediction on CaffeNet's conv3 and VGG16's conv1_1 — whose 3 input channels leave the transforms all
+# the work: predicted 195 ms against the lowering's 79, measured in 3 of a fresh net's 5 s of autotuning)
+FAST_MEASURE_WINDOW = 1.5
 # ... over this fraction for an engine that keeps more than KEPT_BYTES between a layer's passes (the FFT engine's
 # spectra): measured alone it has the caches to itself, in a net it does not, and each pass allocates and faults
 # in hundreds of MiB — CaffeNet's conv2 at 64 images, FFT against lowering: AVX-512 kernels, 7% faster alone, 25%
@@ -208,6 +211,14 @@ def predicted_fft_seconds(g: ConvGeometry, dtype: Any = np.float32, rates: Machi
     return float(est[est["choice"]]["seconds"])
 
 
+def predicted_winograd_seconds(g: ConvGeometry, dtype: Any = np.float32, rates: MachineRates | None = None) -> float:
+    """The Winograd engine's predicted forward+backward seconds for ``g``, its faster tile (its own model at
+    ``rates``, default the machine's as cached; nothing measured)."""
+    from cct.engines.winograd import WinogradEngine
+
+    return min(e.seconds for e in WinogradEngine.estimates(g, dtype, rates or machine_rates()))
+
+
 def _lowering_prediction(g: ConvGeometry, lowering: int | str, rates: MachineRates | None = None) -> float:
     predicted = predicted_seconds(g, rates)
     if lowering != "auto" and lowering in predicted:
@@ -231,10 +242,11 @@ def choose_conv_engine(g: ConvGeometry, dtype: Any = np.float32, xp: Any = None,
     ``winograd``: the Winograd engine wherever it applies (3x3, stride 1, 2-D, CPU), the lowering engine
     elsewhere with the reason.  ``auto``: the candidates beside the lowering engine are the FFT engine, where
     it applies and the two models (:func:`predicted_seconds`, :func:`predicted_fft_seconds`) leave it a chance
-    to save ``PREFER_TYPE1_SECONDS`` even at ``FAST_FFT_WINDOW`` times its prediction, and the Winograd engine,
-    where it applies and the layer is predicted to take ``AUTOTUNE_MIN_SECONDS`` or more (its transforms cost
-    some float32 precision, so small layers keep the lowering engine's sums; it has no calibrated model, so
-    with autotune off it runs only when forced).  With no candidate the lowering engine runs (small layers,
+    to save ``PREFER_TYPE1_SECONDS`` even at ``FAST_MEASURE_WINDOW`` times its prediction, and the Winograd engine,
+    where it applies, the layer is predicted to take ``AUTOTUNE_MIN_SECONDS`` or more and the Winograd model leaves
+    it the same chance (its transforms cost some float32 precision, so small layers keep the lowering engine's
+    sums; its model, 2x optimistic on some machines, only rules measurements out, so with autotune off it runs
+    only when forced).  With no candidate the lowering engine runs (small layers,
     most strided ones: they keep Caffe's summation order); otherwise all are measured on the layer
     (:func:`autotune_conv_engine`, cached) and the fastest taken when the lowering engine takes over
     ``PREFER_TYPE1_FRACTION`` (5%) longer (``KEPT_FRACTION``, 40%, for an FFT layout that keeps more than
@@ -272,11 +284,13 @@ def choose_conv_engine(g: ConvGeometry, dtype: Any = np.float32, xp: Any = None,
     if (not fft_why or wino_ok) and t_low >= PREFER_TYPE1_SECONDS:
         rates = machine_rates(calibrate_if_missing=True)
         t_low = _lowering_prediction(g, lowering, rates)
-    wino = wino_ok and tune is not False and (tune is True or t_low >= AUTOTUNE_MIN_SECONDS)
+    wino = wino_ok and tune is not False and (tune is True or (
+        t_low >= AUTOTUNE_MIN_SECONDS
+        and t_low - predicted_winograd_seconds(g, dtype, rates) / FAST_MEASURE_WINDOW >= PREFER_TYPE1_SECONDS))
     fft = not fft_why
     t_fft = predicted_fft_seconds(g, dtype, rates) if fft else 0.0
     if fft and tune is not True:  # else the usual case: the layer's log line shows both predictions
-        fft = t_low - t_fft / FAST_FFT_WINDOW >= PREFER_TYPE1_SECONDS
+        fft = t_low - t_fft / FAST_MEASURE_WINDOW >= PREFER_TYPE1_SECONDS
     if fft and tune is False:
         return _engine_by_models(g, dtype, t_low, "engine by cost model")
     if not fft and not wino:

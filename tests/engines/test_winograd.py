@@ -182,6 +182,31 @@ def test_auto_measures_winograd_on_big_layers_and_takes_the_fastest(monkeypatch)
     assert eng.name == "winograd" and eng.inner.tile == 4
 
 
+def test_auto_does_not_measure_winograd_where_its_model_leaves_it_no_chance(monkeypatch):
+    """VGG16's conv1_1 at 8 images: 3 input channels leave the Winograd transforms all the work (predicted 195 ms
+    against the lowering's 79 at the default rates): not worth a measurement of the fast autotune's budget."""
+    from cct.engines.cost_model import DEFAULT_RATES
+
+    monkeypatch.setattr(choice, "machine_rates", lambda *a, **k: DEFAULT_RATES)
+    calls = []
+
+    def measured(g, dtype, strategy, predicted, fft=True, winograd=False):
+        calls.append(winograd)
+        return {"lowering": 0.30, **({"winograd 4": 0.40, "winograd 2": 0.60} if winograd else {})}
+
+    monkeypatch.setattr(choice, "autotune_conv_engine", measured)
+    conv1_1 = ConvGeometry(8, 3, 64, 1, (224, 224), (3, 3), (1, 1), (1, 1), (1, 1))
+    t_low = min(choice.predicted_seconds(conv1_1, DEFAULT_RATES).values())
+    assert t_low >= choice.AUTOTUNE_MIN_SECONDS  # big enough to measure, but ...
+    assert choice.predicted_winograd_seconds(conv1_1, np.float32, DEFAULT_RATES) / choice.FAST_MEASURE_WINDOW > t_low
+    assert choice.choose_conv_engine(conv1_1)[0] == "lowering" and calls == []  # nothing measured
+    choice.choose_conv_engine(BIG_3)
+    assert calls[-1] is True  # CaffeNet's conv3: measured
+    settings.set("autotune", True)  # -autotune full measures wherever the engine applies
+    choice.choose_conv_engine(conv1_1)
+    assert calls[-1] is True
+
+
 def test_auto_prefers_the_more_accurate_tile_when_it_is_as_fast(monkeypatch):
     monkeypatch.setattr(choice, "autotune_conv_engine",
                         lambda *a, **k: {"lowering": 0.30, "winograd 4": 0.200, "winograd 2": 0.205})
