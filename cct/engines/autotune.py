@@ -38,6 +38,7 @@ from cct.engines.measured import (
     _read_cache,
     _threads_key,
     _write_cache,
+    stand_in,
 )
 from cct.runtime.memory import release_freed_memory
 
@@ -319,9 +320,9 @@ def _measure_engines(engines: dict[Any, ConvEngine], g: ConvGeometry, dtype: Any
     adapts to its arrays: a 24->24 3^3 FFT step measured 20 ms interleaved with lowering steps and 13 ms
     steady."""
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((g.num, g.in_channels) + g.in_shape).astype(dtype)
-    w = (0.1 * rng.standard_normal((g.out_channels, g.in_channels // g.group) + g.kernel)).astype(dtype)
-    dy = rng.standard_normal((g.num, g.out_channels) + g.out_shape).astype(dtype)
+    x = stand_in(rng, (g.num, g.in_channels) + g.in_shape, dtype)
+    w = stand_in(rng, (g.out_channels, g.in_channels // g.group) + g.kernel, dtype, 0.2)
+    dy = stand_in(rng, (g.num, g.out_channels) + g.out_shape, dtype)
     y, dx, dw = np.empty_like(dy), np.empty_like(x), np.zeros_like(w)
     first = [float(a.flat[0]) for a in (x, w, dy)]
     steps = [0]

@@ -1080,11 +1080,11 @@ class LoweringEngine(ConvEngine):
         layout = self._layouts.get(key)
         if layout is not None:
             return layout
-        from cct.engines.measured import _concurrent, measured_choice
+        from cct.engines.measured import _concurrent, measured_choice, stand_in
 
         rng = np.random.default_rng(0)
-        col = [rng.standard_normal((L.K, columns), dtype=np.float32).astype(dtype, copy=False) for _ in range(parts)]
-        dz = [rng.standard_normal((L.M, columns), dtype=np.float32).astype(dtype, copy=False) for _ in range(parts)]
+        col = [stand_in(rng, (L.K, columns), dtype) for _ in range(parts)]
+        dz = [stand_in(rng, (L.M, columns), dtype) for _ in range(parts)]
         outs = [[np.empty((L.K, L.M), dtype), np.empty((L.M, L.K), dtype)] for _ in range(parts)]
         ways = {"kxm": _concurrent(parts, lambda p: lambda: np.matmul(col[p], dz[p].T, out=outs[p][0])),
                 "mxk": _concurrent(parts, lambda p: lambda: np.matmul(dz[p], col[p].T, out=outs[p][1]))}
