@@ -21,8 +21,8 @@ import contextlib
 import math
 import statistics
 import time
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -75,9 +75,13 @@ ENGINE_AUTOTUNE_SECONDS = 0.25
 ENGINE_AUTOTUNE_ROUNDS = 3
 # ... both FFT layouts (all axes transformed, or the first lifted) measured when predicted within this factor
 FFT_LAYOUT_WINDOW = 1.5
-# -autotune fast (the default) measures a net's close calls, in build order, for at most this many seconds in
-# all; the close calls after that are decided by the cost model (and measured by a later run, budget allowing)
+# -autotune fast (the default) measures a net's close calls, largest layers first, for at most this many seconds in
+# all, or this many times the predicted forward + backward seconds of the layers awaiting a measurement where that
+# is more (a measurement takes ~10-15 of the layer's steps: VGG16's conv1_2 at 8 images 3-5 s, a third of a 2-core
+# machine's iteration); the close calls after that are decided by the cost model (and measured by a later run,
+# budget allowing)
 FAST_BUDGET_SECONDS = 2.0
+FAST_BUDGET_ITERATIONS = 2.0
 # ... with steps of at least this many predicted seconds: at fewer images the FFT engine's once-per-batch kernel
 # transforms and the lowering engine's per-chunk overheads weigh more than in the layer (CaffeNet's conv2 at 64
 # images: measured on 5 images the FFT engine took 1.8x its per-image time at 64 and lowering 1.2x, on 20 within
@@ -121,12 +125,62 @@ class Ledger:
     engine_rounds: int = 2
     lowering_rounds: int = 1
     kept: float = 0.0
+    # fast: the engine measurements the layers ask for while the net is built are put off (putting_off) until the
+    # whole net is known, then made largest layer first (measure_deferred): in build order VGG16 at 8 images spent
+    # the budget on conv1_1 and conv1_2 and left its 13 biggest layers to the models
+    putting: bool = False
+    put_off: int = 0
+    deferred: dict[str, list[Any]] = field(default_factory=dict)  # key: [seconds, [callbacks]]
 
     def may_measure(self) -> bool:
         if self.spent < self.budget:
             return True
         self.skipped += 1
         return False
+
+    def defers(self) -> bool:
+        """Whether measurements asked for while the net is built wait for :meth:`measure_deferred` (fast mode:
+        within a budget, the biggest layers first)."""
+        return self.mode == "fast"
+
+    @contextlib.contextmanager
+    def putting_off(self) -> Iterator[Callable[[], bool]]:
+        """Within the block, an engine measurement not in the cache is put off (:func:`autotune` and
+        :func:`autotune_conv_engine` return None, the models decide for now); yields a callable telling whether one
+        was."""
+        before, outer = self.put_off, self.putting
+        self.putting = True
+        try:
+            yield lambda: self.put_off > before
+        finally:
+            self.putting = outer
+
+    def defer(self, key: str, seconds: float, again: Callable[[], Any]) -> None:
+        """Call ``again`` (choosing a layer's engine once more, measuring now) from :meth:`measure_deferred`; the
+        layers of the geometry ``key`` (their predicted ``seconds`` summed) in order of that sum, largest first."""
+        entry = self.deferred.setdefault(key, [0.0, []])
+        entry[0] += seconds
+        entry[1].append(again)
+
+    def measure_deferred(self) -> None:
+        """The deferred choices (:meth:`defer`), largest first, each measuring while the budget lasts — at least
+        ``FAST_BUDGET_ITERATIONS`` times their layers' predicted seconds — (the first layer of a geometry measures
+        it, the others find it in the cache)."""
+        entries = sorted(self.deferred.values(), key=lambda entry: -entry[0])
+        self.budget = max(self.budget, FAST_BUDGET_ITERATIONS * sum(entry[0] for entry in entries))
+        self.deferred = {}
+        for _seconds, calls in entries:
+            for again in calls:
+                again()
+
+
+def _put_off() -> bool:
+    """Whether a measurement asked for now waits for the whole net (:meth:`Ledger.putting_off`)."""
+    ledger = _ledger.get()
+    if ledger is not None and ledger.putting:
+        ledger.put_off += 1
+        return True
+    return False
 
 
 @contextlib.contextmanager
@@ -142,6 +196,7 @@ def measuring_session() -> Iterator[Ledger]:
     token = _ledger.set(ledger)
     try:
         yield ledger
+        ledger.measure_deferred()
     finally:
         _ledger.reset(token)
         if ledger.measured:  # the candidates' buffers are garbage now: back to the kernel, not kept in the heap
@@ -378,7 +433,7 @@ def autotune(g: ConvGeometry, dtype: Any = np.float32, candidates: Any = None,
     cached = _read_cache().get("autotune", {}).get(key) or {}
     if all(str(s) in cached for s in wanted):
         return {s: float(cached[str(s)]) for s in wanted}
-    if not _may_measure():
+    if _put_off() or not _may_measure():
         return None
     with _charged():
         result = _autotune_lowerings(g, dtype, wanted, images)
@@ -443,7 +498,7 @@ def autotune_conv_engine(g: ConvGeometry, dtype: Any = np.float32, strategy: int
     if cached and "lowering" in cached and (not fft or any(k.startswith("fft ") for k in cached)) \
             and (not winograd or any(k.startswith("winograd ") for k in cached)):
         return {k: float(t) for k, t in cached.items()}
-    if not _may_measure():
+    if _put_off() or not _may_measure():
         return None
     with _charged():
         result = _measure_conv_engines(g, dtype, strategy, predicted, fft, winograd)

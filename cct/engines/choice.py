@@ -13,8 +13,9 @@ cost models (:func:`cct.engines.estimate_convolution`).
   to type 1 and says why) or choose per layer;
 * ``autotune`` = ``fast`` (``auto``) | ``full`` (``1``) | ``off`` (``0``): whether ``auto`` measures the
   candidates on the layer's geometry (forward + backward, at its first reshape; cached) — where the models leave
-  a close call, within a budget of a few seconds per net (:data:`cct.engines.autotune.FAST_BUDGET_SECONDS`;
-  later close calls go by the calibrated models), for every layer, or never (the models alone).
+  a close call, within a budget per net (:data:`cct.engines.autotune.FAST_BUDGET_SECONDS`, or twice the predicted
+  time of the layers awaiting a measurement where that is more; the largest layers measured first, the rest go by
+  the calibrated models, scaled by their measured error), for every layer, or never (the models alone).
 
 Engine ``auto`` per layer (:func:`choose_conv_engine`, ZNN's layerwise autotuning): the lowering engine where
 the FFT engine does not apply, the layer is strided, or the FFT engine cannot plausibly save
@@ -172,6 +173,12 @@ class SelectedEngine(ConvEngine):
         changed = self.inner.configure(geometry, dtype, xp) or changed
         self.geometry, self._key = geometry, key
         return changed
+
+    def choose_again(self, geometry: ConvGeometry, dtype: Any = None, xp: Any = None) -> bool:
+        """:meth:`configure` choosing anew (a choice made while the net's measurements were put off:
+        :meth:`cct.engines.autotune.Ledger.putting_off`)."""
+        self._key = None
+        return self.configure(geometry, dtype, xp)
 
     def describe(self) -> str:
         text = self._engine().describe()

@@ -548,10 +548,38 @@ def test_a_1x1_convolution_is_never_measured_against_fft(monkeypatch):
     assert choice.choose_conv_engine(g) == ("lowering", "not fft: a 1x1 kernel")
 
 
+def test_fast_autotune_measures_the_biggest_layers_first(monkeypatch):
+    """The engine measurements a net's layers ask for while it is built wait until all of it is known, then go
+    largest first: with a budget that pays for one, the second layer (4x the first's arithmetic) is measured and
+    the first left to the models — each layer's engine line logged once, with its final choice."""
+    monkeypatch.setattr(autotune, "FAST_BUDGET_SECONDS", 1e-9)
+    monkeypatch.setattr(autotune, "FAST_BUDGET_ITERATIONS", 0.0)
+    layers = ['layer { name: "in" type: "Input" top: "c0" '
+              'input_param { shape { dim: 1 dim: 4 dim: 30 dim: 30 dim: 30 } } }']
+    for i in (1, 2):
+        layers.append(f'layer {{ name: "c{i}" type: "Convolution" bottom: "c{i - 1}" top: "c{i}" convolution_param '
+                      f'{{ num_output: 16 kernel_size: 7 pad: 3 weight_filler {{ type: "xavier" }} }} }}')
+    from cct.io.prototxt import parse_net_param
+    from cct.pycaffe import Net
+
+    settings.set("autotune", "fast")
+    param = parse_net_param("\n".join(layers))
+    param.state.phase = 1
+    with captured_log() as buf:
+        net = Net.from_param(param, "largest_first.prototxt")
+    first, second = (layer.engine.describe() for layer in net.layers[1:])
+    assert "engine autotuned" in second and "autotune budget spent" in first
+    lines = [m for m in messages(buf.getvalue()) if m.startswith("Convolution layer c")]
+    assert [m.split(":")[0] for m in lines] == ["Convolution layer c2", "Convolution layer c1"]
+    assert "engine autotuned" in lines[0] and "autotune budget spent" in lines[1]
+    settings.reset()
+
+
 def test_fast_autotune_stops_measuring_when_the_nets_budget_is_spent(monkeypatch):
     """A net's measurements share one budget; past it, close calls go by the cost model — with the real
     measuring functions, not stand-ins, and a budget so small that only the first measurement happens."""
     monkeypatch.setattr(autotune, "FAST_BUDGET_SECONDS", 1e-9)
+    monkeypatch.setattr(autotune, "FAST_BUDGET_ITERATIONS", 0.0)
     layers = ['layer { name: "in" type: "Input" top: "c0" '
               'input_param { shape { dim: 1 dim: 16 dim: 30 dim: 30 dim: 30 } } }']
     for i, outputs in ((1, 16), (2, 12)):  # two geometries: the second is not in the cache the first filled
