@@ -85,8 +85,8 @@ FAST_MEASURE_WINDOW = 1.5
 # margin now guards memory, and a net's first KEPT_BUDGET_BYTES of such spectra go on the usual margin.)
 KEPT_FRACTION = 0.40
 KEPT_BYTES = 64 << 20
-# a net may keep this many bytes of such spectra (layers keeping over KEPT_BYTES each) on the usual margin, in build
-# order; beyond it KEPT_FRACTION holds: CaffeNet's conv2 (67.5 MiB) on the FFT with AVX-512 kernels, 1.25x
+# a net may keep this many bytes of such spectra (layers keeping over KEPT_BYTES each) on the usual margin, in the
+# order they are chosen (with -autotune fast the measured ones largest first); beyond it KEPT_FRACTION holds: CaffeNet's conv2 (67.5 MiB) on the FFT with AVX-512 kernels, 1.25x
 # lowering's speed in the autotune, ran the iteration 10% faster with peak RSS 1.02x PyTorch's.  Since the short
 # transforms are DFT matrix products (no scipy.fft copies as large as the spectra), conv2, conv3 and conv4 on the
 # FFT (250 MiB) ran CaffeNet at 0.52x PyTorch's time with 1.065x its peak RSS (AVX-512 kernels; at 128 MiB conv2
@@ -258,8 +258,8 @@ def choose_conv_engine(g: ConvGeometry, dtype: Any = np.float32, xp: Any = None,
     (:func:`autotune_conv_engine`, cached) and the fastest taken when the lowering engine takes over
     ``PREFER_TYPE1_FRACTION`` (5%) longer (``KEPT_FRACTION``, 40%, for an FFT layout that keeps more than
     ``KEPT_BYTES`` of spectra between the passes, over the lowering and every other qualified engine, unless
-    the net being built still has room for them in ``KEPT_BUDGET_BYTES``: the first such layers in build
-    order spend it) — the smaller Winograd tile when it is within
+    the net being built still has room for them in ``KEPT_BUDGET_BYTES``: the first such layers chosen
+    spend it) — the smaller Winograd tile when it is within
     ``WINOGRAD_TILE_WINDOW`` of the larger (it is the more accurate).  With
     autotune off (``CCT_AUTOTUNE=0``), or the net's measuring budget spent, the models decide, each scaled by its
     error measured on this machine (:func:`_engine_by_models`; :func:`_fft_predicted_faster`: never for an FFT
