@@ -29,13 +29,14 @@ Lowering ``auto`` per layer (:func:`choose_strategy`):
 
 1. only type 1 applies (strided, 1x1, 1-D) → type 1;
 2. the cost model (:mod:`cct.engines.cost_model`) predicts no lowering saves ``PREFER_TYPE1_SECONDS`` (1 ms)
-   over type 1 → type 1: small layers gain nothing measurable, and type 1 sums in Caffe's order, so its
+   over type 1 (with ``autotune`` fast, even at ``AUTOTUNE_WINDOW`` times its prediction) → type 1: small layers
+   gain nothing measurable, and type 1 sums in Caffe's order, so its
    float32 results are the closest to Caffe's;
 3. the cost model with this machine's rates (:func:`cct.engines.autotune.calibrate`: measured once per
    machine in well under a second, cached) — GEMM speed as a function of shape, the engine's own copy and
    slice-add rates;
 4. a layer predicted to take ``CLOSE_CALL_MIN_SECONDS`` (20 ms) or more, where another lowering is predicted
-   within ``AUTOTUNE_WINDOW`` (15%) of the best (a close call: the model's error is about that) → those
+   within ``AUTOTUNE_WINDOW`` (1.5x) of the best (a close call: the model errs by up to that) → those
    candidates measured (:func:`cct.engines.autotune.autotune`: one chunk of the layer, cached per geometry),
    the fastest wins; a clear winner is taken as predicted;
 5. a smaller layer → the prediction, but type 1 unless another is predicted ``PREFER_TYPE1_FRACTION`` (5%)
@@ -65,8 +66,10 @@ AUTOTUNE_MIN_SECONDS = 0.05
 # each other where 3 ran 10% faster (AVX-512 kernels, once lowering became a compiled kernel)
 CLOSE_CALL_MIN_SECONDS = 0.02
 # ... where the calibrated model finds another lowering within this factor of its best (a close call);
-# only those candidates are measured
-AUTOTUNE_WINDOW = 1.15
+# only those candidates are measured.  The model's error: within 10% on a 2-core AMD EPYC, but on a 2-core Intel
+# Xeon (AVX-512 kernels) lowering 3 ran 1.15-1.54x its prediction on the CcT sweep (1 and 2: 0.9-1.25x), and at
+# d/o = 8 it was predicted 1.42x faster than lowering 2 and ran 10% slower
+AUTOTUNE_WINDOW = 1.5
 # auto engine choice with -autotune fast, where a measurement must be worth its time: the FFT and Winograd engines
 # measured only where their prediction is within this factor of a gain (-autotune full measures them wherever they
 # apply); the FFT model runs up to ~1.3x pessimistic on small 3-D layers (a 16->16 3^3 layer on 30^3: lifted FFT
@@ -85,12 +88,13 @@ FAST_MEASURE_WINDOW = 1.5
 # margin now guards memory, and a net's first KEPT_BUDGET_BYTES of such spectra go on the usual margin.)
 KEPT_FRACTION = 0.40
 KEPT_BYTES = 64 << 20
-# a net may keep this many bytes of such spectra (layers keeping over KEPT_BYTES each) on the usual margin, in the
-# order they are chosen (with -autotune fast the measured ones largest first); beyond it KEPT_FRACTION holds: CaffeNet's conv2 (67.5 MiB) on the FFT with AVX-512 kernels, 1.25x
-# lowering's speed in the autotune, ran the iteration 10% faster with peak RSS 1.02x PyTorch's.  Since the short
-# transforms are DFT matrix products (no scipy.fft copies as large as the spectra), conv2, conv3 and conv4 on the
-# FFT (250 MiB) ran CaffeNet at 0.52x PyTorch's time with 1.065x its peak RSS (AVX-512 kernels; at 128 MiB conv2
-# alone, 0.61x and 1.04x); with AVX2 kernels all four (conv3 and conv4 40% faster) 0.44x with 1.055x.
+# a net may keep this many bytes of such spectra (layers keeping over KEPT_BYTES each) on the usual margin, in the order
+# they are chosen (with -autotune fast the measured ones largest first); beyond it KEPT_FRACTION holds: CaffeNet's conv2
+# (67.5 MiB) on the FFT with AVX-512 kernels, 1.25x lowering's speed in the autotune, ran the iteration 10% faster with
+# peak RSS 1.02x PyTorch's.  Since the short transforms are DFT matrix products (no scipy.fft copies as large as the
+# spectra), conv2, conv3 and conv4 on the FFT (250 MiB) ran CaffeNet at 0.52x PyTorch's time with 1.065x its peak RSS
+# (AVX-512 kernels; at 128 MiB conv2 alone, 0.61x and 1.04x); with AVX2 kernels all four (conv3 and conv4 40% faster)
+# 0.44x with 1.055x.
 KEPT_BUDGET_BYTES = 256 << 20
 # where the models alone decide (autotune off, or the net's measuring budget spent), the FFT must be predicted
 # faster than the lowering by this factor, not by the 5% a measurement must show: the FFT model errs by more than
@@ -416,8 +420,10 @@ def choose_strategy(g: ConvGeometry, dtype: Any = np.float32) -> tuple[int, str]
         if measured is not None:
             return min(measured, key=measured.__getitem__), "autotuned"
     best = min(predicted, key=predicted.__getitem__)
-    if predicted[1] - predicted[best] < PREFER_TYPE1_SECONDS:
-        return 1, "cost model"  # nothing measurable to gain: keep Caffe's summation order
+    # nothing measurable to gain (where a close call would be measured: even at the model's error): keep Caffe's
+    # summation order
+    if predicted[1] - predicted[best] / (AUTOTUNE_WINDOW if tune == "auto" else 1.0) < PREFER_TYPE1_SECONDS:
+        return 1, "cost model"
     predicted = predicted_seconds(g, machine_rates(calibrate_if_missing=True))
     best = min(predicted, key=predicted.__getitem__)
     if tune == "auto" and predicted[best] >= CLOSE_CALL_MIN_SECONDS:
