@@ -2,7 +2,7 @@
 
 * :func:`calibrate` — the cost model's rates (:class:`~cct.engines.cost_model.MachineRates`): the GEMM peak
   and its half-speed shapes, and the lowering engine's own lowering, col2im, lifting and transposing, timed
-  through :meth:`LoweringEngine.probe` on a probe layer larger than the caches (well under a second, once per
+  through :meth:`LoweringEngine.probe` on a probe layer larger than the caches (about a second, once per
   machine and thread setting); :func:`machine_rates` returns them (calibrated, cached, or the defaults);
 * :func:`autotune` — the lowerings measured on one chunk of a layer's geometry;
 * :func:`autotune_conv_engine` — the lowering engine against the FFT engine's layouts on a layer;
@@ -43,8 +43,9 @@ from cct.engines.measured import (
 from cct.runtime.memory import release_freed_memory
 
 # of calibrate()'s probes (4: lowering with the images innermost on small outputs; 5: type 1's 2-D lowering
-# by the compiled kernel; 6: and its col2im): rates cached by another version are measured again
-RATES_VERSION = 6
+# by the compiled kernel; 6: and its col2im; 7: all probes timed in interleaved rounds): rates cached by another
+# version are measured again
+RATES_VERSION = 7
 # of autotune_conv_engine's method (7: each engine steady in a block, operands new each step; close calls on the whole
 # batch; 8: close calls measured twice, in both orders; 9: the lowerings' images-innermost layout; 10: the FFT's
 # full layout costed as GEMMs over a batch; 11: Winograd's own weight gradient; 12: the lowering measured again
@@ -250,105 +251,112 @@ def machine_rates(calibrate_if_missing: bool = False) -> MachineRates:
     return rates
 
 
-def _best_time(fn: Any, repeat: int = 3) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        t = time.perf_counter()
+# calibrate() times its probes in interleaved rounds, at least this many and for at least this long (each probe's
+# best counts): on a shared 2-core Intel Xeon VM six calibrations a minute apart, each probe timed 3-5 times in a
+# row, measured the GEMM peak at 119-226 GFLOP/s and the FFT rate at 4.4-9.0 GFLOP/s, uncorrelated — each probe
+# caught the machine in another state, and the models' ratios moved by 1.5x
+CALIBRATE_ROUNDS = 5
+CALIBRATE_SECONDS = 1.0
+
+
+def _interleaved_best(probes: dict[str, Any], rounds: int = CALIBRATE_ROUNDS,
+                      seconds: float = CALIBRATE_SECONDS) -> dict[str, float]:
+    """Best seconds of each of ``probes`` (callables), after one untimed call each, timed in turn round after
+    round — at least ``rounds`` rounds and ``seconds`` seconds (at most 4x ``rounds``) —, so that a spell of the
+    machine's noise costs each probe some rounds, not its whole measurement."""
+    for fn in probes.values():
         fn()
-        best = min(best, time.perf_counter() - t)
+    best = {name: math.inf for name in probes}
+    start, done = time.perf_counter(), 0
+    while done < rounds or (time.perf_counter() - start < seconds and done < 4 * rounds):
+        for name, fn in probes.items():
+            t = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - t)
+        done += 1
     return best
 
 
 def calibrate(save: bool = True) -> MachineRates:
-    """Measure the cost model's rates on this machine, with the partitions a big layer runs (well under a
-    second), and cache them: the GEMM peak and its half-speed shapes, and the lowering engine's own
-    lowering, col2im, lifting + unlifting and transposing on a probe layer larger than the caches."""
+    """Measure the cost model's rates on this machine, with the partitions a big layer runs (about a second:
+    the probes timed in interleaved rounds, :func:`_interleaved_best`), and cache them: the GEMM peak and its
+    half-speed shapes; the lowering engine's own lowering, col2im, lifting + unlifting and transposing on a probe
+    layer larger than the caches; the FFT engine's transform rate (2-D real transforms of 30x30 planes, ZNN's
+    sizes, on the engine's FFT threads) and its fixed cost per forward + backward (a tiny 3-D layer's measured
+    step less what the model predicts for its work)."""
+    import scipy.fft
+
+    from cct.engines.fft import FFTEngine, _transform_flops
+    from cct.engines.fft_plan import fft_workers
     from cct.engines.lowering import LoweringEngine, Workspace
     from cct.runtime.partition import partitions_for
 
     parts = partitions_for(1 << 10)
     rng = np.random.default_rng(0)
+    probes: dict[str, Any] = {}
 
-    def rate(make: Any, work: float, repeat: int = 3) -> float:
-        """``work`` per partition / the best time of all partitions running ``make(part)()`` at once."""
-        fn = _concurrent(parts, make)
-        fn()
-        return parts * work / _best_time(fn, repeat)
-
-    def gemm(m: int, k: int, n: int) -> float:
+    def gemm(m: int, k: int, n: int) -> Any:
         def make(_p: int) -> Any:
-            a = rng.standard_normal((m, k), dtype=np.float32)
-            b = rng.standard_normal((k, n), dtype=np.float32)
+            a, b = stand_in(rng, (m, k), np.float32), stand_in(rng, (k, n), np.float32)
             c = np.empty((m, n), dtype=np.float32)
             return lambda: np.matmul(a, b, out=c)
-        return rate(make, 2.0 * m * k * n, 5)
+        return _concurrent(parts, make)
 
     big, small = (256, 512, 2048), 16
-    rate_big = gemm(*big)
-    m0 = small * max(0.0, rate_big / gemm(small, big[1], big[2]) - 1)
-    k0 = small * max(0.0, rate_big / gemm(big[0], small, big[2]) - 1)
-    n0 = small * max(0.0, rate_big / gemm(big[0], big[1], small) - 1)
-    peak = rate_big / (big[0] / (big[0] + m0) * big[1] / (big[1] + k0) * big[2] / (big[2] + n0))
+    probes.update({"gemm": gemm(*big), "gemm m": gemm(small, big[1], big[2]), "gemm k": gemm(big[0], small, big[2]),
+                   "gemm n": gemm(big[0], big[1], small)})
 
     # per partition: 16 images of a 64 -> 64 channel 3x3 layer on 28x28 (lowered matrix 29 MB)
     g = ConvGeometry(16, 64, 64, 1, (28, 28), (3, 3), (1, 1), (1, 1), (1, 1))
-    x = rng.standard_normal((g.num, g.in_channels) + g.in_shape, dtype=np.float32)
-    dy = rng.standard_normal((g.num, g.out_channels) + g.out_shape, dtype=np.float32)
+    x = stand_in(rng, (g.num, g.in_channels) + g.in_shape, np.float32)
+    dy = stand_in(rng, (g.num, g.out_channels) + g.out_shape, np.float32)
     cells = g.in_channels * g.kernel_count * g.num * g.out_count  # lowered elements (and col2im's)
     planes = g.out_channels * g.num * g.out_count                  # one output-sized array
 
     def step(strategy: int, name: str) -> Any:
-        """A maker of ``name`` from a fresh engine's probe (one engine per partition, private buffers)."""
+        """``name`` of fresh engines' probes, in every partition at once (one engine each, private buffers)."""
         def make(_p: int) -> Any:
             eng = LoweringEngine(strategy, workspace=Workspace())
             eng.configure(g, np.float32)
             return eng.probe(x, dy)[name]
-        return make
+        return _concurrent(parts, make)
 
-    lower, col2im, lift, transpose = step(1, "lower"), step(1, "col2im"), step(3, "lift"), step(1, "transpose")
-    t_rate = rate(transpose, planes)
+    probes.update({"lower": step(1, "lower"), "col2im": step(1, "col2im"), "lift": step(3, "lift"),
+                   "transpose": step(1, "transpose")})
+
+    spectra = stand_in(np.random.default_rng(1), (1024, 30, 30), np.float32)
+    workers = fft_workers()
+    probes["fft"] = lambda: scipy.fft.rfft2(spectra, workers=workers)
+    tiny = ConvGeometry(1, 2, 2, 1, (8, 8, 8), (3, 3, 3), (1, 1, 1), (0, 0, 0), (1, 1, 1))
+    eng = FFTEngine(lift=False)
+    eng.configure(tiny, np.float32)
+    tx, tw, tdy = (stand_in(rng, shape, np.float32) for shape in ((1, 2, 8, 8, 8), (2, 2, 3, 3, 3), (1, 2, 6, 6, 6)))
+    ty, tdx, tdw = np.empty_like(tdy), np.empty_like(tx), np.zeros_like(tw)
+
+    def fft_step() -> None:
+        tx.flat[0] += 0.01  # new operands each step (nothing memoized carries over)
+        eng.forward(tx, tw, None, ty)
+        eng.backward(tx, tdy, tw, tdx, tdw)
+    probes["fft step"] = fft_step
+
+    best = _interleaved_best(probes)
+    rate_big = parts * 2.0 * math.prod(big) / best["gemm"]
+    m0, k0, n0 = (small * max(0.0, best[f"gemm {axis}"] * big[i] / small / best["gemm"] - 1)
+                  for i, axis in enumerate("mkn"))
+    peak = rate_big / (big[0] / (big[0] + m0) * big[1] / (big[1] + k0) * big[2] / (big[2] + n0))
+    t_rate = parts * planes / best["transpose"]
     lifted = 2.0 * g.kernel_count * planes  # k² slices added (lift) and copied (unlift)
-    lift_rate = lifted / max(lifted / rate(lift, lifted) - planes / t_rate, 1e-9)
-    rates = MachineRates(peak, rate(lower, cells), lift_rate, t_rate, max(m0, 1.0), max(k0, 1.0), max(n0, 1.0),
-                         rate(col2im, cells))
-    rates = _calibrate_fft(rates)
+    lift_rate = lifted / max(best["lift"] / parts - planes / t_rate, 1e-9)
+    rates = MachineRates(peak, parts * cells / best["lower"], lift_rate, t_rate, max(m0, 1.0), max(k0, 1.0),
+                         max(n0, 1.0), parts * cells / best["col2im"],
+                         fft_flops=spectra.shape[0] * _transform_flops((30, 30), (30, 30)) / best["fft"],
+                         fft_call_s=0.0)
+    work = FFTEngine.estimate(tiny, 4, rates)["full"]["seconds"]
+    rates = replace(rates, fft_call_s=max(best["fft step"] - work, 1e-4))
     _rates_memo[_rates_key()] = rates
     if save:
         _write_cache({"rates": {_rates_key(): asdict(rates)}})
     return rates
-
-
-def _calibrate_fft(rates: MachineRates) -> MachineRates:
-    """``rates`` with the FFT engine's own: the transforms' flop rate (``fft_flops``: 2-D real transforms of
-    30x30 planes, ZNN's sizes, on the engine's FFT threads) and its fixed cost per forward + backward
-    (``fft_call_s``: a tiny 3-D layer's measured step less what the model predicts for its work)."""
-    import scipy.fft
-
-    from cct.engines.fft import FFTEngine, _transform_flops
-    from cct.engines.fft_plan import fft_workers
-
-    rng = np.random.default_rng(1)
-    planes = rng.standard_normal((1024, 30, 30), dtype=np.float32)
-    workers = fft_workers()
-    fft_rate = planes.shape[0] * _transform_flops((30, 30), (30, 30)) / _best_time(
-        lambda: scipy.fft.rfft2(planes, workers=workers), 5)
-    rates = replace(rates, fft_flops=fft_rate, fft_call_s=0.0)
-    g = ConvGeometry(1, 2, 2, 1, (8, 8, 8), (3, 3, 3), (1, 1, 1), (0, 0, 0), (1, 1, 1))
-    eng = FFTEngine(lift=False)
-    eng.configure(g, np.float32)
-    x = rng.standard_normal((1, 2, 8, 8, 8), dtype=np.float32)
-    w = rng.standard_normal((2, 2, 3, 3, 3), dtype=np.float32)
-    dy = rng.standard_normal((1, 2, 6, 6, 6), dtype=np.float32)
-    y, dx, dw = np.empty_like(dy), np.empty_like(x), np.zeros_like(w)
-
-    def step() -> None:
-        x.flat[0] += 0.01  # new operands each step (nothing memoized carries over)
-        eng.forward(x, w, None, y)
-        eng.backward(x, dy, w, dx, dw)
-
-    step()
-    work = FFTEngine.estimate(g, 4, rates)["full"]["seconds"]
-    return replace(rates, fft_call_s=max(_best_time(step, 5) - work, 1e-4))
 
 
 def _largest_buffer(g: ConvGeometry, strategy: int) -> int:

@@ -33,7 +33,7 @@ Lowering ``auto`` per layer (:func:`choose_strategy`):
    gain nothing measurable, and type 1 sums in Caffe's order, so its
    float32 results are the closest to Caffe's;
 3. the cost model with this machine's rates (:func:`cct.engines.autotune.calibrate`: measured once per
-   machine in well under a second, cached) — GEMM speed as a function of shape, the engine's own copy and
+   machine in about a second, cached) — GEMM speed as a function of shape, the engine's own copy and
    slice-add rates;
 4. a layer predicted to take ``CLOSE_CALL_MIN_SECONDS`` (20 ms) or more, where another lowering is predicted
    within ``AUTOTUNE_WINDOW`` (1.5x) of the best (a close call: the model errs by up to that) → those
@@ -289,7 +289,7 @@ def choose_conv_engine(g: ConvGeometry, dtype: Any = np.float32, xp: Any = None,
     elif all(k == 1 for k in g.kernel):  # a GEMM already: transforms can only add work
         fft_why = "not fft: a 1x1 kernel"
     # with a candidate beside lowering on a layer of some size, the models run at this machine's rates
-    # (calibrated once, < 1 s)
+    # (calibrated once, about 1 s)
     rates = machine_rates()
     t_low = _lowering_prediction(g, lowering, rates)
     if (not fft_why or wino_ok) and t_low >= PREFER_TYPE1_SECONDS:
