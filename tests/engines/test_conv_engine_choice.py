@@ -125,6 +125,26 @@ def test_a_close_call_on_part_of_the_batch_is_measured_again_on_the_whole_batch(
     assert sizes[0][0] < conv2.num and sizes[2:] == [(sizes[0][0], ["lowering"])]  # ... the beaten lowering is
 
 
+def test_most_of_the_batch_is_measured_as_the_whole_batch(monkeypatch):
+    """A layer whose measuring time allows more than half its batch is measured on all of it: part of the batch, a
+    quarter of that part and the whole batch again would cost more (ResNet-50's 14x14 layers at 16 images: 15
+    images, then 3, then 16)."""
+    g = ConvGeometry(16, 256, 256, 1, (14, 14), (3, 3), (1, 1), (1, 1), (1, 1))
+    sizes = []
+
+    def measure(engines, geometry, dtype, rounds, settle=0.0):
+        sizes.append(geometry.num)
+        return {name: (1.0 if name == "lowering" else 1.1) * geometry.num * 1e-3 for name in engines}
+
+    monkeypatch.setattr(autotune, "_measure_engines", measure)
+    step = autotune.ENGINE_AUTOTUNE_SECONDS  # the seconds of images measured (outside a net: a full measurement)
+    autotune._measure_conv_engines(g, np.float32, 2, step * 16 / 15)  # 15 of 16 images fit the measuring time
+    assert sizes[0] == 16 and 4 not in sizes and 3 not in sizes
+    sizes.clear()
+    autotune._measure_conv_engines(g, np.float32, 2, step * 16 / 7)  # 7 of 16: part of the batch
+    assert sizes[:2] == [7, 1]
+
+
 def test_when_not_all_close_calls_fit_the_fastest_are_measured_again_on_the_whole_batch(monkeypatch):
     """Candidates within the window whose whole-batch steps would take too long together: the fastest that fit
     the time are measured again on the whole batch, and there the one slower on part of the batch (its
