@@ -611,13 +611,20 @@ def _measure_conv_engines(g: ConvGeometry, dtype: Any, strategy: int, predicted:
     return scaled
 
 
+def _model_error_suffix() -> str:
+    """The end of this machine's model-error keys: the thread setting and the versions of the measurement and of the
+    rates the predictions were made with."""
+    return f"-{_threads_key()}-v{ENGINE_MEASURE_VERSION}-r{RATES_VERSION}"
+
+
 def _model_error_key(g: ConvGeometry, dtype: Any) -> str:
-    return f"{geometry_key(g, dtype)}-v{ENGINE_MEASURE_VERSION}"
+    return f"{geometry_key(g, dtype)}-v{ENGINE_MEASURE_VERSION}-r{RATES_VERSION}"
 
 
 def _record_model_error(g: ConvGeometry, dtype: Any, strategy: int, measured: dict[str, float]) -> None:
     """Keep measured / predicted seconds of each of ``measured`` (whole-batch times of the lowering engine at
-    ``strategy`` and of the FFT engine's layouts; the Winograd engine has no model) on ``g``."""
+    ``strategy`` and of the FFT engine's layouts; not the Winograd engine's, whose model only rules measurements
+    out) on ``g``."""
     from cct.engines.fft import FFTEngine
     from cct.engines.lowering import LoweringEngine
 
@@ -634,7 +641,7 @@ def model_error(name: str) -> float:
     """How far the model of ``name`` (``"lowering"``, ``"fft full"``, ``"fft lifted"``) errs on this machine and
     thread setting: the median of measured / predicted seconds over the layers the engine autotune measured on
     their whole batch (kept in the cache), within ``MODEL_ERROR_RANGE``; 1 where none was measured."""
-    suffix = f"-{_threads_key()}-v{ENGINE_MEASURE_VERSION}"
+    suffix = _model_error_suffix()
     ratios = [float(entry[name]) for key, entry in _read_cache().get("model_error", {}).items()
               if key.endswith(suffix) and name in entry]
     lo, hi = MODEL_ERROR_RANGE
