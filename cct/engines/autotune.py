@@ -447,6 +447,7 @@ def autotune(g: ConvGeometry, dtype: Any = np.float32, candidates: Any = None,
     with _charged():
         result = _autotune_lowerings(g, dtype, wanted, images)
     _write_cache({"autotune": {key: {**cached, **{str(s): t for s, t in result.items()}}}})
+    _record_model_error(g, dtype, 1, {f"lowering {s}": t * g.num for s, t in result.items()})
     return result
 
 
@@ -622,25 +623,29 @@ def _model_error_key(g: ConvGeometry, dtype: Any) -> str:
 
 
 def _record_model_error(g: ConvGeometry, dtype: Any, strategy: int, measured: dict[str, float]) -> None:
-    """Keep measured / predicted seconds of each of ``measured`` (whole-batch times of the lowering engine at
-    ``strategy`` and of the FFT engine's layouts; not the Winograd engine's, whose model only rules measurements
-    out) on ``g``."""
+    """Keep measured / predicted seconds of each of ``measured`` on ``g``: whole-batch times of the lowering engine
+    at ``strategy`` ("lowering") and of the FFT engine's layouts ("fft full", "fft lifted"), or each lowering's
+    time per image scaled to the batch ("lowering 1".."lowering 3": the lowerings' measurement, one chunk of the
+    layer); not the Winograd engine's, whose model only rules measurements out.  Merged into the layer's entry."""
     from cct.engines.fft import FFTEngine
     from cct.engines.lowering import LoweringEngine
 
     rates = machine_rates()
+    if rates is DEFAULT_RATES:  # not calibrated here: an error against the defaults says nothing of the model
+        return
     predicted = {e.variant: e.seconds for e in FFTEngine.estimates(g, dtype, rates)}
-    predicted["lowering"] = next(e.seconds for e in LoweringEngine.estimates(g, dtype, rates)
-                                 if e.variant == f"lowering {strategy}")
+    predicted.update({e.variant: e.seconds for e in LoweringEngine.estimates(g, dtype, rates)})
+    predicted["lowering"] = predicted.get(f"lowering {strategy}", 0.0)
     ratios = {name: t / predicted[name] for name, t in measured.items() if predicted.get(name, 0) > 0}
     if ratios:
-        _write_cache({"model_error": {_model_error_key(g, dtype): ratios}})
+        key = _model_error_key(g, dtype)
+        _write_cache({"model_error": {key: {**_read_cache().get("model_error", {}).get(key, {}), **ratios}}})
 
 
 def model_error(name: str) -> float:
-    """How far the model of ``name`` (``"lowering"``, ``"fft full"``, ``"fft lifted"``) errs on this machine and
-    thread setting: the median of measured / predicted seconds over the layers the engine autotune measured on
-    their whole batch (kept in the cache), within ``MODEL_ERROR_RANGE``; 1 where none was measured."""
+    """How far the model of ``name`` (``"lowering"``, ``"fft full"``, ``"fft lifted"``; ``"lowering 1"``..``"3"``)
+    errs on this machine and thread setting: the median of measured / predicted seconds over the layers measured
+    (:func:`_record_model_error`, kept in the cache), within ``MODEL_ERROR_RANGE``; 1 where none was measured."""
     suffix = _model_error_suffix()
     ratios = [float(entry[name]) for key, entry in _read_cache().get("model_error", {}).items()
               if key.endswith(suffix) and name in entry]

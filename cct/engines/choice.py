@@ -34,7 +34,8 @@ Lowering ``auto`` per layer (:func:`choose_strategy`):
    float32 results are the closest to Caffe's;
 3. the cost model with this machine's rates (:func:`cct.engines.autotune.calibrate`: measured once per
    machine in about a second, cached) — GEMM speed as a function of shape, the engine's own copy and
-   slice-add rates;
+   slice-add rates —, each lowering's prediction scaled by its error measured on earlier layers
+   (:func:`cct.engines.autotune.model_error`);
 4. a layer predicted to take ``CLOSE_CALL_MIN_SECONDS`` (20 ms) or more, where another lowering is predicted
    within ``AUTOTUNE_WINDOW`` (1.5x) of the best (a close call: the model errs by up to that) → those
    candidates measured (:func:`cct.engines.autotune.autotune`: one chunk of the layer, cached per geometry),
@@ -424,7 +425,9 @@ def choose_strategy(g: ConvGeometry, dtype: Any = np.float32) -> tuple[int, str]
     # summation order
     if predicted[1] - predicted[best] / (AUTOTUNE_WINDOW if tune == "auto" else 1.0) < PREFER_TYPE1_SECONDS:
         return 1, "cost model"
-    predicted = predicted_seconds(g, machine_rates(calibrate_if_missing=True))
+    # at this machine's rates, each lowering's prediction scaled by its model's measured error here
+    predicted = {s: t * model_error(f"lowering {s}")
+                 for s, t in predicted_seconds(g, machine_rates(calibrate_if_missing=True)).items()}
     best = min(predicted, key=predicted.__getitem__)
     if tune == "auto" and predicted[best] >= CLOSE_CALL_MIN_SECONDS:
         close = [s for s, t in predicted.items() if t <= AUTOTUNE_WINDOW * predicted[best]]

@@ -95,6 +95,9 @@ def test_choice_is_logged_once_per_layer():
 
 def test_autotune_writes_and_reads_the_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("CCT_CACHE_DIR", str(tmp_path / "c"))
+    rates = replace(cost_model.DEFAULT_RATES, gemm_flops=1.1e11)  # as calibrated (not the defaults themselves)
+    for module in (autotune, choice):
+        monkeypatch.setattr(module, "machine_rates", lambda *a, **k: rates)
     settings.set("autotune", True)
     g = _geo(8, 8, n=10)
     strategy, reason = choice.choose_strategy(g)
@@ -103,6 +106,8 @@ def test_autotune_writes_and_reads_the_cache(tmp_path, monkeypatch):
     data = json.loads(path.read_text())
     key = autotune.lowering_key(g, np.float32)
     assert set(data["autotune"][key]) == {"1", "2", "3"}
+    errors = data["model_error"][autotune._model_error_key(g, np.float32)]  # and each lowering's model error
+    assert set(errors) == {"lowering 1", "lowering 2", "lowering 3"} and all(r > 0 for r in errors.values())
 
     def fail(*a, **k):
         raise AssertionError("measured again instead of reading the cache")
@@ -308,6 +313,23 @@ def test_auto_measures_only_close_calls_on_big_layers(monkeypatch):
     settings.set("autotune", False)
     calls = _fixed_model(monkeypatch, {1: 0.105, 2: 0.1, 3: 0.5})
     assert choice.choose_strategy(g) == (1, "cost model") and calls == []
+
+
+def test_lowering_predictions_are_scaled_by_their_measured_error(monkeypatch):
+    """Each lowering's prediction is scaled by the median error measured for it on this machine (the lowerings'
+    measurements keep measured / predicted per strategy): lowering 3 running 2x its model loses a layer the model
+    alone gave it."""
+    g = _geo(64, 64)
+    settings.set("autotune", False)  # the models alone (scaled)
+    _fixed_model(monkeypatch, {1: 0.2, 2: 0.15, 3: 0.1})
+    assert choice.choose_strategy(g) == (3, "cost model")
+    for other in (_geo(8, 8), _geo(16, 16), _geo(32, 32)):
+        measured._write_cache({"model_error": {autotune._model_error_key(other, np.float32): {"lowering 3": 2.0}}})
+    assert autotune.model_error("lowering 3") == 2.0 and autotune.model_error("lowering 2") == 1.0
+    assert choice.choose_strategy(g) == (2, "cost model")  # 0.15 against 2 x 0.1
+    settings.set("autotune", "auto")  # all three within 1.5x of the best scaled (0.15): a close call, measured
+    calls = _fixed_model(monkeypatch, {1: 0.2, 2: 0.15, 3: 0.1})
+    assert choice.choose_strategy(g) == (2, "autotuned") and calls == [[1, 2, 3]]
 
 
 def test_autotune_measures_one_chunk_of_the_layer(monkeypatch):
