@@ -422,22 +422,26 @@ def test_where_the_models_decide_they_are_scaled_by_their_measured_error(monkeyp
     """Each whole-batch measurement keeps measured / predicted seconds per engine and layout; where the models alone
     decide (autotune off, or the net's budget spent), each prediction is scaled by the median of those kept on this
     machine and thread setting (within MODEL_ERROR_RANGE), the FFT layout chosen by the scaled predictions too."""
+    from dataclasses import replace
+
     from cct.engines.cost_model import DEFAULT_RATES
 
-    monkeypatch.setattr(choice, "machine_rates", lambda *a, **k: DEFAULT_RATES)
-    monkeypatch.setattr(autotune, "machine_rates", lambda *a, **k: DEFAULT_RATES)
+    rates = replace(DEFAULT_RATES)  # as calibrated: a machine's own rates (equal to the defaults here)
+
+    monkeypatch.setattr(choice, "machine_rates", lambda *a, **k: rates)
+    monkeypatch.setattr(autotune, "machine_rates", lambda *a, **k: rates)
     _no_measuring(monkeypatch)
     settings.set("autotune", False)
-    predicted = {e.variant: e.seconds for e in FFTEngine.estimates(BIG_7, np.float32, DEFAULT_RATES)}
-    t_low = choice._lowering_prediction(BIG_7, "auto", DEFAULT_RATES)
+    predicted = {e.variant: e.seconds for e in FFTEngine.estimates(BIG_7, np.float32, rates)}
+    t_low = choice._lowering_prediction(BIG_7, "auto", rates)
     assert predicted["fft lifted"] < predicted["fft full"] < t_low / choice.MODEL_FFT_MARGIN  # 27, 56 and 94 ms
     assert [autotune.model_error(k) for k in ("lowering", "fft full", "fft lifted")] == [1.0] * 3
     name, reason = choice.choose_conv_engine(BIG_7)
     assert name == "fft lifted" and "scaled" not in reason
 
     def keep(g, **ratios):  # as the engine autotune keeps a layer's whole-batch times
-        model = {e.variant: e.seconds for e in FFTEngine.estimates(g, np.float32, DEFAULT_RATES)
-                 + LoweringEngine.estimates(g, np.float32, DEFAULT_RATES)}
+        model = {e.variant: e.seconds for e in FFTEngine.estimates(g, np.float32, rates)
+                 + LoweringEngine.estimates(g, np.float32, rates)}
         model["lowering"] = model["lowering 1"]
         autotune._record_model_error(g, np.float32, 1, {k.replace("_", " "): r * model[k.replace("_", " ")]
                                                         for k, r in ratios.items()})
