@@ -572,6 +572,35 @@ def test_a_1x1_convolution_is_never_measured_against_fft(monkeypatch):
     assert choice.choose_conv_engine(g) == ("lowering", "not fft: a 1x1 kernel")
 
 
+def test_deferred_choices_run_largest_geometry_first_within_a_budget_of_their_size():
+    """The ledger calls the put-off choices by their geometry's summed predicted seconds, largest first, every
+    layer of a geometry together, with a budget of FAST_BUDGET_ITERATIONS times that sum where it exceeds
+    FAST_BUDGET_SECONDS."""
+    ledger = autotune.Ledger("fast", autotune.FAST_BUDGET_SECONDS)
+    calls = []
+    for key, seconds, name in (("a", 0.25, "a1"), ("b", 0.3, "b1"), ("a", 0.25, "a2"), ("c", 0.1, "c1")):
+        ledger.defer(key, seconds, lambda name=name: calls.append(name))
+    ledger.measure_deferred()
+    assert calls == ["a1", "a2", "b1", "c1"] and ledger.deferred == {}  # a: 0.5 s, b: 0.3, c: 0.1
+    assert ledger.budget == autotune.FAST_BUDGET_SECONDS  # 2 x 0.9 s is less
+    ledger.defer("d", 2.0, lambda: calls.append("d1"))
+    ledger.measure_deferred()
+    assert calls[-1] == "d1" and ledger.budget == pytest.approx(autotune.FAST_BUDGET_ITERATIONS * 2.0)
+
+
+def test_calibration_probes_take_turns_and_keep_their_best():
+    """Each probe runs once untimed, then in every round an untimed call and a timed one, in turn; at least
+    ``rounds`` rounds (and ``seconds``, capped at 4x the rounds); the best timed call counts."""
+    order = []
+    probes = {name: (lambda name=name: order.append(name)) for name in ("x", "y")}
+    best = autotune._interleaved_best(probes, rounds=2, seconds=0.0)
+    assert order == ["x", "y"] + ["x", "x", "y", "y"] * 2 and set(best) == {"x", "y"}
+    assert all(0 <= t < 1 for t in best.values())
+    order.clear()
+    autotune._interleaved_best(probes, rounds=1, seconds=60.0)  # a long minimum: stops at 4 rounds
+    assert len(order) == 2 + 4 * 4
+
+
 def test_fast_autotune_measures_the_biggest_layers_first(monkeypatch):
     """The engine measurements a net's layers ask for while it is built wait until all of it is known, then go
     largest first: with a budget that pays for one, the second layer (4x the first's arithmetic) is measured and
