@@ -351,8 +351,8 @@ def test_an_fft_layout_keeping_many_spectra_must_save_more_over_every_other_engi
 
 def test_a_net_keeps_many_spectra_on_the_usual_margin_within_its_budget(monkeypatch):
     """While a net is built, layers whose FFT keeps over KEPT_BYTES of spectra take it on the usual 5% margin as
-    long as the net's KEPT_BUDGET_BYTES has room, in build order; the layer that does not fit needs KEPT_FRACTION
-    again.  Outside a net (no budget) the 40% margin holds."""
+    long as the net's KEPT_BUDGET_BYTES has room, in the order they are chosen; the layer that does not fit needs
+    KEPT_FRACTION again.  Outside a net (no budget) the 40% margin holds."""
     conv2 = ConvGeometry(64, 96, 256, 2, (27, 27), (5, 5), (1, 1), (2, 2), (1, 1))
     kept = choice._kept_bytes(conv2, np.float32, {"fft full": 0})["fft full"]
     assert choice.KEPT_BYTES < kept <= choice.KEPT_BUDGET_BYTES
