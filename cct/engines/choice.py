@@ -77,7 +77,7 @@ AUTOTUNE_WINDOW = 1.5
 # predicted 10.5 ms, ran 8.3 against lowering's 10.4) and a fresh calibration moves it by ~10%: at 1.3 such a layer
 # was measured in some runs only.  (The Winograd model errs the other way: on a 2-core Intel Xeon F(4x4,3x3) ran
 # 2-2.3x its prediction on CaffeNet's conv3 and VGG16's conv1_1 — whose 3 input channels leave the transforms all
-# the work: predicted 195 ms against the lowering's 79, measured in 3 of a fresh net's 5 s of autotuning)
+# the work: predicted 195 ms against the lowering's 79, it took a fresh net's whole 5.2 s of autotuning)
 FAST_MEASURE_WINDOW = 1.5
 # ... over this fraction for an engine that keeps more than KEPT_BYTES between a layer's passes (the FFT engine's
 # spectra): measured alone it has the caches to itself, in a net it does not, and each pass allocates and faults
