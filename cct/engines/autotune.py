@@ -99,7 +99,7 @@ ENGINE_SETTLE_SECONDS = 0.25
 SETTLE_STEPS = 3
 # the models' error on this machine: each whole-batch measurement of the engine autotune keeps measured / predicted
 # seconds per engine and layout (cache section "model_error", per geometry); where the models alone decide, their
-# predictions are scaled by the median of those kept (:func:`model_error`), within this range.  On a 2-core Intel
+# predictions are scaled by the median of those kept (:func:`model_errors`), within this range.  On a 2-core Intel
 # Xeon the FFT's full layout ran 0.56-0.69x its prediction on six 2-D layers (1.27x on VGG16's conv2_2), the
 # lifted 0.94-1.06x (1.40x), the lowering 0.75-1.01x
 MODEL_ERROR_RANGE = (0.5, 2.0)
@@ -642,12 +642,21 @@ def _record_model_error(g: ConvGeometry, dtype: Any, strategy: int, measured: di
         _write_cache({"model_error": {key: {**_read_cache().get("model_error", {}).get(key, {}), **ratios}}})
 
 
-def model_error(name: str) -> float:
-    """How far the model of ``name`` (``"lowering"``, ``"fft full"``, ``"fft lifted"``; ``"lowering 1"``..``"3"``)
-    errs on this machine and thread setting: the median of measured / predicted seconds over the layers measured
-    (:func:`_record_model_error`, kept in the cache), within ``MODEL_ERROR_RANGE``; 1 where none was measured."""
+def model_errors() -> dict[str, float]:
+    """How far each model (``"lowering"``, ``"fft full"``, ``"fft lifted"``; ``"lowering 1"``..``"3"``) errs on
+    this machine and thread setting: the median of measured / predicted seconds over the layers measured
+    (:func:`_record_model_error`, kept in the cache), within ``MODEL_ERROR_RANGE``; absent where none was measured
+    (one read of the cache for all of them)."""
     suffix = _model_error_suffix()
-    ratios = [float(entry[name]) for key, entry in _read_cache().get("model_error", {}).items()
-              if key.endswith(suffix) and name in entry]
+    ratios: dict[str, list[float]] = {}
+    for key, entry in _read_cache().get("model_error", {}).items():
+        if key.endswith(suffix):
+            for name, ratio in entry.items():
+                ratios.setdefault(name, []).append(float(ratio))
     lo, hi = MODEL_ERROR_RANGE
-    return min(hi, max(lo, statistics.median(ratios))) if ratios else 1.0
+    return {name: min(hi, max(lo, statistics.median(values))) for name, values in ratios.items()}
+
+
+def model_error(name: str) -> float:
+    """:func:`model_errors`' value for ``name``, 1 where none was measured."""
+    return model_errors().get(name, 1.0)

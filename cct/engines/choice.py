@@ -35,7 +35,7 @@ Lowering ``auto`` per layer (:func:`choose_strategy`):
 3. the cost model with this machine's rates (:func:`cct.engines.autotune.calibrate`: measured once per
    machine in about a second, cached) — GEMM speed as a function of shape, the engine's own copy and
    slice-add rates —, each lowering's prediction scaled by its error measured on earlier layers
-   (:func:`cct.engines.autotune.model_error`);
+   (:func:`cct.engines.autotune.model_errors`);
 4. a layer predicted to take ``CLOSE_CALL_MIN_SECONDS`` (20 ms) or more, where another lowering is predicted
    within ``AUTOTUNE_WINDOW`` (1.5x) of the best (a close call: the model errs by up to that) → those
    candidates measured (:func:`cct.engines.autotune.autotune`: one chunk of the layer, cached per geometry),
@@ -45,13 +45,14 @@ Lowering ``auto`` per layer (:func:`choose_strategy`):
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from cct.config import settings
 from cct.engines import conv_engine_class, create_conv_engine
-from cct.engines.autotune import autotune, autotune_conv_engine, machine_rates, model_error, net_ledger
+from cct.engines.autotune import autotune, autotune_conv_engine, machine_rates, model_errors, net_ledger
 from cct.engines.base import ConvEngine, ConvGeometry
 from cct.engines.cost_model import MachineRates, estimate_seconds, layer_costs
 from cct.errors import CctError
@@ -205,6 +206,32 @@ class SelectedEngine(ConvEngine):
         self._engine().forward_and_backward_weights(x, w, y, dy, dw)
 
 
+def configure_engine(engine: ConvEngine, geometry: ConvGeometry, dtype: Any, xp: Any,
+                     report: Callable[[], None]) -> None:
+    """A layer's ``engine.configure(geometry, dtype, xp)`` at its reshape, calling ``report`` (the layer's line
+    about its engine) when the choice changed.  While a net is built with the fast autotune, a measurement the
+    choice asks for is put off until the whole net is known (:meth:`cct.engines.autotune.Ledger.putting_off`):
+    the models choose for now, and the engine is chosen again — and reported then — when the ledger measures the
+    net's layers, largest first (:meth:`~cct.engines.autotune.Ledger.measure_deferred`)."""
+    ledger = net_ledger()
+    if ledger is None or not ledger.defers() or not isinstance(engine, SelectedEngine):
+        if engine.configure(geometry, dtype, xp):
+            report()
+        return
+    with ledger.putting_off() as put_off:
+        changed = engine.configure(geometry, dtype, xp)
+    if not put_off():
+        if changed:
+            report()
+        return
+
+    def again() -> None:
+        if engine.geometry == geometry:  # not reshaped to another geometry since
+            engine.choose_again(geometry, dtype, xp)
+            report()
+    ledger.defer(f"{geometry}-{np.dtype(dtype)}", min(predicted_seconds(geometry).values()), again)
+
+
 def fft_applies(g: ConvGeometry, xp: Any = None) -> tuple[bool, str]:
     """(True, "") when the FFT engine can compute ``g`` on arrays of ``xp``, else (False, the reason)."""
     from cct.engines.fft import FFTEngine
@@ -341,12 +368,13 @@ def choose_conv_engine(g: ConvGeometry, dtype: Any = np.float32, xp: Any = None,
 def _engine_by_models(g: ConvGeometry, dtype: Any, t_low: float, why: str) -> tuple[str, str]:
     """(engine, reason) where the models alone decide between the lowering engine (predicted ``t_low``) and the FFT
     engine's layouts: each prediction scaled by its model's measured error on this machine
-    (:func:`cct.engines.autotune.model_error`: the engine autotune's whole-batch measurements so far), the faster
+    (:func:`cct.engines.autotune.model_errors`: the engine autotune's whole-batch measurements so far), the faster
     FFT layout taken when :func:`_fft_predicted_faster` says it beats the lowering."""
     from cct.engines.fft import FFTEngine
 
     est = FFTEngine.estimate(g, np.dtype(dtype).itemsize, machine_rates())
-    error = {name: model_error(name) for name in ("lowering", "fft full", "fft lifted")}
+    errors = model_errors()
+    error = {name: errors.get(name, 1.0) for name in ("lowering", "fft full", "fft lifted")}
     fft = {k: est[k]["seconds"] * error[f"fft {k}"] for k in ("full", "lifted") if k in est}
     layout = min(fft, key=fft.__getitem__)
     low = t_low * error["lowering"]
@@ -426,7 +454,8 @@ def choose_strategy(g: ConvGeometry, dtype: Any = np.float32) -> tuple[int, str]
     if predicted[1] - predicted[best] / (AUTOTUNE_WINDOW if tune == "auto" else 1.0) < PREFER_TYPE1_SECONDS:
         return 1, "cost model"
     # at this machine's rates, each lowering's prediction scaled by its model's measured error here
-    predicted = {s: t * model_error(f"lowering {s}")
+    errors = model_errors()
+    predicted = {s: t * errors.get(f"lowering {s}", 1.0)
                  for s, t in predicted_seconds(g, machine_rates(calibrate_if_missing=True)).items()}
     best = min(predicted, key=predicted.__getitem__)
     if tune == "auto" and predicted[best] >= CLOSE_CALL_MIN_SECONDS:

@@ -17,8 +17,7 @@ from typing import Any, ClassVar
 from cct import log
 from cct.blob import Blob
 from cct.engines import ConvEngine, ConvGeometry
-from cct.engines.autotune import net_ledger
-from cct.engines.choice import engine_for_layer, predicted_engine_seconds, predicted_seconds
+from cct.engines.choice import configure_engine, engine_for_layer, predicted_engine_seconds
 from cct.engines.lowering import LoweringEngine
 from cct.errors import CctError, ParamError
 from cct.fillers import fill
@@ -194,24 +193,7 @@ class BaseConvolution(Layer):
         for t in top:
             t.reshape(top_shape)
         geometry = self._geometry()
-        ledger = net_ledger()
-        if ledger is None or not ledger.defers() or not hasattr(self.engine, "choose_again"):
-            if self.engine.configure(geometry, x.dtype, x.xp):
-                self._log_engine(geometry)
-            return
-        with ledger.putting_off() as put_off:  # the net's measurements are made once it is built, largest first
-            changed = self.engine.configure(geometry, x.dtype, x.xp)
-        if put_off():
-            ledger.defer(f"{geometry}-{x.dtype}", min(predicted_seconds(geometry).values()),
-                         lambda: self._choose_engine_again(geometry, x.dtype, x.xp))
-        elif changed:
-            self._log_engine(geometry)
-
-    def _choose_engine_again(self, geometry: ConvGeometry, dtype: Any, xp: Any) -> None:
-        """The engine chosen once more, measuring within the net's budget (put off while the net was built)."""
-        if self._geometry() == geometry:  # not reshaped to another geometry since
-            self.engine.choose_again(geometry, dtype, xp)
-            self._log_engine(geometry)
+        configure_engine(self.engine, geometry, x.dtype, x.xp, lambda: self._log_engine(geometry))
 
     def _log_engine(self, geometry: ConvGeometry) -> None:
         predicted = ", ".join(f"{k}: {v * 1e3:.3g}" for k, v in predicted_engine_seconds(geometry).items())
