@@ -181,14 +181,17 @@ class SoftmaxWithLoss(_SoftmaxLabelLoss):
             return
         xp = get_array_module(bottom[0].data)
         lab, valid, count = self._labels(bottom)
-        bd = bottom[0].diff
-        bd[...] = self.prob.data
-        bd3 = bd.reshape(self.outer, self.classes, self.inner)
+        scale = top[0].diff / get_normalizer(self.normalization, self.outer, self.inner, count)
+        # Caffe's (p - onehot) · scale in one pass over the scores: p · scale, then the label entries
+        # (p - 1) · scale from the probabilities themselves (the same roundings as Caffe's copy, subtract, scale)
         oi, ii = _grid(xp, self.outer, self.inner)
-        bd3[oi, lab, ii] -= 1
+        at_label = self.prob.data.reshape(self.outer, self.classes, self.inner)[oi, lab, ii]
+        bd = bottom[0].diff
+        xp.multiply(self.prob.data, scale, out=bd)
+        bd3 = bd.reshape(self.outer, self.classes, self.inner)
+        bd3[oi, lab, ii] = (at_label - 1) * scale
         if valid is not None:
             bd3 *= valid[:, None, :]
-        bd *= top[0].diff / get_normalizer(self.normalization, self.outer, self.inner, count)
 
 
 # ---- InfogainLoss ----------------------------------------------------------------------------

@@ -186,6 +186,25 @@ def test_softmax_loss_gradient(norm, ignore):
     check_gradient(swl(ignore=ignore, norm=norm), [x, lab], check_bottoms=[0])
 
 
+@pytest.mark.parametrize("ignore", [None, 1])
+def test_softmax_loss_float32_gradient_has_caffes_roundings(ignore):
+    """The gradient is bitwise Caffe's sequence in float32: copy p, subtract 1 at each label, zero the ignored
+    positions, scale by loss weight / normalizer."""
+    x = rng(8).standard_normal((5, 7, 3)).astype(np.float32)
+    lab = class_labels((5, 3), 7, seed=9, ignore=ignore)
+    run = setup_layer(swl(ignore=ignore, extra="loss_weight: 3"), [x, lab], dtype=np.float32)
+    run.forward()
+    run.layer.backward_layer(run.top, [True, False], run.bottom)
+    p = run.layer.prob.data.copy()
+    valid = np.ones((5, 3), bool) if ignore is None else lab != ignore
+    want = p.copy()
+    o, i = np.nonzero(valid)
+    want[o, lab[o, i].astype(int), i] -= np.float32(1)
+    want *= valid[:, None, :]
+    want *= np.float32(3) / np.float32(valid.sum())
+    np.testing.assert_array_equal(run.bottom[0].diff, want)
+
+
 @pytest.mark.parametrize("normalize", [True, False])
 def test_softmax_loss_gradient_legacy_normalize(normalize):
     x = rng(4).standard_normal((3, 4))
