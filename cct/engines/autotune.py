@@ -54,9 +54,9 @@ RATES_VERSION = 7
 # on the whole batch when all of them would take too long; 16: the best of the settling steps too; 17: the FFT
 # engine's layout moves image by image; 18: short 1-D and 2-D transforms as DFT matrix products; 19: those read
 # and write the full layout's operands as they lie; 20: up to 64 points; 21: type 1's 2-D lowering by the compiled
-# kernel; 22: types 1 and 2's 2-D lowering and col2im compiled): entries measured by another version are measured
-# again
-ENGINE_MEASURE_VERSION = 24
+# kernel; 22: types 1 and 2's 2-D lowering and col2im compiled; 25: part of the batch at least an image per batch
+# partition): entries measured by another version are measured again
+ENGINE_MEASURE_VERSION = 25
 # measured images per partition: enough that the largest buffer of all partitions together exceeds this
 # (out of the last-level cache, like the full layer) and that a GEMM has this many columns, at most the
 # largest of the candidates' chunks of a partition
@@ -566,9 +566,6 @@ def _measure_conv_engines(g: ConvGeometry, dtype: Any, strategy: int, predicted:
         if fft:
             predicted = max(predicted, min(e.seconds for e in FFTEngine.estimates(g, dtype, rates)))
     effort = _effort()
-    n = max(1, min(g.num, int(g.num * effort.engine_seconds / max(predicted, 1e-9))))
-    if 2 * n > g.num:  # most of the batch: the whole of it costs less than part, a quarter and the whole again
-        n = g.num  # (ResNet-50's 14x14 3x3 layers at 16 images: 15 images, 3 and 16 took 3.3 + 1.8 + 3.4 s)
     engines: dict[str, ConvEngine] = {"lowering": LoweringEngine(strategy, workspace=Workspace())}
     if fft:
         est = FFTEngine.estimate(g, np.dtype(dtype).itemsize, machine_rates())  # the layouts' own model
@@ -579,11 +576,21 @@ def _measure_conv_engines(g: ConvGeometry, dtype: Any, strategy: int, predicted:
         engines.update({f"fft {k}": FFTEngine(lift=k == "lifted") for k in layouts})
     if winograd:
         engines.update({f"winograd {m}": WinogradEngine(m, workspace=Workspace()) for m in TILES})
+    # part of the batch, but at least an image for each of the layer's batch partitions: on fewer the engines run
+    # otherwise than in the layer (VGG16's conv3_2 at 8 images, measured on one: lowering 838 ms, F(4x4,3x3) 1181
+    # scaled to the batch, where on all 8 in two partitions they took 737 and 537)
+    parts = 1
+    for eng in engines.values():
+        eng.configure(g, dtype)
+        parts = max(parts, eng.batch_partitions())
+    n = max(min(g.num, parts), min(g.num, int(g.num * effort.engine_seconds / max(predicted, 1e-9))))
+    if 2 * n > g.num:  # most of the batch: the whole of it costs less than part, a quarter and the whole again
+        n = g.num  # (ResNet-50's 14x14 3x3 layers at 16 images: 15 images, 3 and 16 took 3.3 + 1.8 + 3.4 s)
     best = _measure_engines(engines, replace(g, num=n), dtype, effort.engine_rounds, settle=ENGINE_SETTLE_SECONDS)
     scaled = {name: t * g.num / n for name, t in best.items()}
     optimistic = scaled
-    if 1 < n < g.num and len(engines) > 1:  # how much of a step is once per call: its time on fewer images
-        m = max(1, n // 4)
+    m = max(parts, n // 4)
+    if m < n < g.num and len(engines) > 1:  # how much of a step is once per call: its time on fewer images
         fewer = _measure_engines(engines, replace(g, num=m), dtype, effort.engine_rounds, settle=ENGINE_SETTLE_SECONDS)
         optimistic = _once_per_call_estimate(best, fewer, n, m, g.num)
     close = _fastest_within(scaled, FULL_BATCH_SECONDS / (effort.engine_rounds + SETTLE_STEPS), optimistic)

@@ -111,7 +111,14 @@ def test_a_close_call_on_part_of_the_batch_is_measured_again_on_the_whole_batch(
         return {name: (1.0 if name == "lowering" else fft * (1.2 if name == "fft lifted" else 1.0)) * g.num * 1e-3
                 for name in engines}
 
+    from dataclasses import replace
+
+    from cct.engines.cost_model import DEFAULT_RATES
+
+    rates = replace(DEFAULT_RATES)  # as calibrated (the models' errors are kept against a machine's own rates)
+    monkeypatch.setattr(autotune, "machine_rates", lambda *a, **k: rates)
     monkeypatch.setattr(autotune, "_measure_engines", measure)
+    settings.set("partitions", 1)
     result = autotune._measure_conv_engines(conv2, np.float32, 2, 1.0)  # 1 s predicted: part of the batch
     # part of the batch, a quarter of that part (the steps' once-per-call share), then the whole batch
     assert sizes[0][0] < conv2.num and sizes[1][0] == sizes[0][0] // 4
@@ -137,12 +144,34 @@ def test_most_of_the_batch_is_measured_as_the_whole_batch(monkeypatch):
         return {name: (1.0 if name == "lowering" else 1.1) * geometry.num * 1e-3 for name in engines}
 
     monkeypatch.setattr(autotune, "_measure_engines", measure)
+    settings.set("partitions", 1)
     step = autotune.ENGINE_AUTOTUNE_SECONDS  # the seconds of images measured (outside a net: a full measurement)
     autotune._measure_conv_engines(g, np.float32, 2, step * 16 / 15)  # 15 of 16 images fit the measuring time
     assert sizes[0] == 16 and 4 not in sizes and 3 not in sizes
     sizes.clear()
     autotune._measure_conv_engines(g, np.float32, 2, step * 16 / 7)  # 7 of 16: part of the batch
     assert sizes[:2] == [7, 1]
+
+
+@pytest.mark.parametrize("partitions,fit,want", [(4, 1, [4, 16]), (4, 7, [7, 4, 16]), (1, 6, [6, 1, 16]),
+                                                 (2, 6, [6, 2, 16]), (3, 6, [6, 3, 16]), (8, 2, [8, 16]),
+                                                 (12, 2, [16])])
+def test_part_of_the_batch_is_an_image_per_partition_at_least(partitions, fit, want, monkeypatch):
+    """Measured on part of the batch, every batch partition of the layer gets an image at least, in the quarter
+    measurement too (or that is skipped): on fewer images the engines run with fewer partitions than in the layer
+    (VGG16's conv3_2 at 8 images measured on one image: the lowering 838 ms, F(4x4,3x3) 1181 scaled to the batch,
+    where the layer ran them in 737 and 537 ms); most of the batch is the whole batch."""
+    g = ConvGeometry(16, 256, 256, 1, (14, 14), (3, 3), (1, 1), (1, 1), (1, 1))
+    sizes = []
+
+    def measure(engines, geometry, dtype, rounds, settle=0.0):
+        sizes.append(geometry.num)
+        return {name: (1.0 if name == "lowering" else 0.9) * geometry.num * 1e-3 for name in engines}
+
+    monkeypatch.setattr(autotune, "_measure_engines", measure)
+    settings.set("partitions", partitions)
+    autotune._measure_conv_engines(g, np.float32, 2, autotune.ENGINE_AUTOTUNE_SECONDS * 16 / fit, winograd=True)
+    assert sizes[:len(want)] == want
 
 
 def test_when_not_all_close_calls_fit_the_fastest_are_measured_again_on_the_whole_batch(monkeypatch):
