@@ -153,14 +153,14 @@ def test_most_of_the_batch_is_measured_as_the_whole_batch(monkeypatch):
     assert sizes[:2] == [7, 1]
 
 
-@pytest.mark.parametrize("partitions,fit,want", [(4, 1, [4, 16]), (4, 7, [7, 4, 16]), (1, 6, [6, 1, 16]),
-                                                 (2, 6, [6, 2, 16]), (3, 6, [6, 3, 16]), (8, 2, [8, 16]),
-                                                 (12, 2, [16])])
+@pytest.mark.parametrize("partitions,fit,want", [(4, 1, [4, 16]), (4, 7, [4, 16]), (1, 7, [7, 1, 16]),
+                                                 (2, 6, [6, 2, 16]), (3, 7, [6, 3, 16]), (8, 2, [8, 16]),
+                                                 (12, 2, [16]), (2, 7, [6, 2, 16]), (16, 1, [16])])
 def test_part_of_the_batch_is_an_image_per_partition_at_least(partitions, fit, want, monkeypatch):
-    """Measured on part of the batch, every batch partition of the layer gets an image at least, in the quarter
-    measurement too (or that is skipped): on fewer images the engines run with fewer partitions than in the layer
-    (VGG16's conv3_2 at 8 images measured on one image: the lowering 838 ms, F(4x4,3x3) 1181 scaled to the batch,
-    where the layer ran them in 737 and 537 ms); most of the batch is the whole batch."""
+    """Measured on part of the batch, every batch partition of the layer gets as many images, one at least, in the
+    quarter measurement too (or that is skipped): on fewer images the engines run with fewer partitions than in the
+    layer (VGG16's conv3_2 at 8 images measured on one image: the lowering 838 ms, F(4x4,3x3) 1181 scaled to the
+    batch, where the layer ran them in 737 and 537 ms); most of the batch is the whole batch."""
     g = ConvGeometry(16, 256, 256, 1, (14, 14), (3, 3), (1, 1), (1, 1), (1, 1))
     sizes = []
 
