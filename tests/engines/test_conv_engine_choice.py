@@ -120,12 +120,13 @@ def test_a_close_call_on_part_of_the_batch_is_measured_again_on_the_whole_batch(
     monkeypatch.setattr(autotune, "_measure_engines", measure)
     settings.set("partitions", 1)
     result = autotune._measure_conv_engines(conv2, np.float32, 2, 1.0)  # 1 s predicted: part of the batch
-    # part of the batch, a quarter of that part (the steps' once-per-call share), then the whole batch
-    assert sizes[0][0] < conv2.num and sizes[1][0] == sizes[0][0] // 4
-    assert sizes[2][0] == conv2.num and "lowering" in sizes[2][1]
+    # part of the batch, a quarter of that part (the steps' once-per-call share), the lowering beaten there once
+    # more, then the whole batch
+    assert sizes[0][0] < conv2.num and sizes[1][0] == sizes[0][0] // 4 and sizes[2] == (sizes[0][0], ["lowering"])
+    assert sizes[3][0] == conv2.num and "lowering" in sizes[3][1]
     assert all(result["lowering"] < t for name, t in result.items() if name.startswith("fft"))
     kept = measured._read_cache()["model_error"]  # the models' error: from the whole-batch times only
-    assert [sorted(entry) for entry in kept.values()] == [sizes[2][1]]
+    assert [sorted(entry) for entry in kept.values()] == [sizes[3][1]]
     sizes.clear()  # a clear call on part of the batch is not measured again on the whole batch ...
     monkeypatch.setattr(autotune, "FULL_BATCH_WINDOW", 1.05)
     autotune._measure_conv_engines(conv2, np.float32, 2, 1.0)
@@ -166,7 +167,7 @@ def test_part_of_the_batch_is_an_image_per_partition_at_least(partitions, fit, w
 
     def measure(engines, geometry, dtype, rounds, settle=0.0):
         sizes.append(geometry.num)
-        return {name: (1.0 if name == "lowering" else 0.9) * geometry.num * 1e-3 for name in engines}
+        return {name: (1.0 if name == "lowering" else 1.1) * geometry.num * 1e-3 for name in engines}
 
     monkeypatch.setattr(autotune, "_measure_engines", measure)
     settings.set("partitions", partitions)
@@ -190,8 +191,10 @@ def test_when_not_all_close_calls_fit_the_fastest_are_measured_again_on_the_whol
         return {name: table[name] * geometry.num / g.num for name in engines}
 
     monkeypatch.setattr(autotune, "_measure_engines", measure)
+    settings.set("partitions", 1)
     result = autotune._measure_conv_engines(g, np.float32, 2, 1.0, fft=True, winograd=True)
-    assert sizes[0][0] < g.num and sizes[2] == (g.num, ["winograd 2", "winograd 4"])
+    assert sizes[0][0] < g.num and sizes[2] == (sizes[0][0], ["lowering"])  # beaten: measured once more
+    assert sizes[3] == (g.num, ["winograd 2", "winograd 4"])
     assert min(result, key=result.__getitem__) == "winograd 4"
     assert autotune._fastest_within(part, 0.6) == ["winograd 2", "winograd 4"]  # 0.419 s fit, 0.639 s do not
     assert autotune._fastest_within(part, 2.0) == sorted(part, key=part.__getitem__)
@@ -215,14 +218,42 @@ def test_a_step_with_once_per_call_work_is_measured_on_the_whole_batch(monkeypat
 
     monkeypatch.setattr(autotune, "_measure_engines", measure)
     monkeypatch.setattr(autotune, "FULL_BATCH_SECONDS", 2.0)  # 0.33 s of single steps: the lifted layout won't fit
+    settings.set("partitions", 1)
     result = autotune._measure_conv_engines(g, np.float32, 1, 1.6)  # measured on 10 images: full looks slowest
     assert sizes[0] == (10, ["fft full", "fft lifted", "lowering"]) and sizes[1][0] == 2
-    assert sizes[2] == (g.num, ["fft full"])
+    assert sizes[2] == (10, ["lowering"])  # beaten by the lifted layout on part of the batch: measured once more
+    assert sizes[3] == (g.num, ["fft full"])
     assert result["fft full"] == pytest.approx(0.070 + 0.0037 * 64)
     assert min(result, key=result.__getitem__) == "fft full"
     part = {"fft full": 0.050 + 0.0037 * 10, "fft lifted": 0.090}  # on 10 images, and on 2
     line = autotune._once_per_call_estimate(part, {"fft full": 0.0574, "fft lifted": 0.018}, 10, 2, 64)
     assert line["fft full"] == pytest.approx(0.050 + 0.0037 * 64) and line["fft lifted"] == pytest.approx(0.576)
+
+
+def test_the_lowering_is_measured_again_before_the_whole_batch_candidates_are_picked(monkeypatch):
+    """CaffeNet's conv2 at 64 images measured on 6: the lowering's first time a spike, the FFT's full layout the
+    fastest there but only by its time scaled with the images (its once-per-call work scaled too).  The lowering,
+    beaten, is measured once more and wins part of the batch; the FFT, which the line through its times on 1 and 6
+    images puts ahead, is then measured on the whole batch, where it wins (picked before the lowering's second
+    measurement, the FFT was the fastest on part of the batch, not measured whole, and lost to that measurement)."""
+    g = ConvGeometry(64, 96, 256, 2, (27, 27), (5, 5), (1, 1), (2, 2), (1, 1))
+    sizes = []
+
+    def measure(engines, geometry, dtype, rounds, settle=0.0):
+        sizes.append((geometry.num, sorted(engines)))
+        spike = 1.5 if len(sizes) == 1 else 1.0
+        return {name: 0.045 + 0.0055 * geometry.num if name.startswith("fft") else spike * 0.0095 * geometry.num
+                for name in engines}
+
+    monkeypatch.setattr(autotune, "_measure_engines", measure)
+    monkeypatch.setattr(autotune, "FFT_LAYOUT_WINDOW", 0.0)  # the layout the model picks only
+    settings.set("partitions", 1)
+    predicted = g.num * autotune.ENGINE_AUTOTUNE_SECONDS / 6.5  # 6 images fit the measuring time
+    result = autotune._measure_conv_engines(g, np.float32, 1, predicted)
+    assert [n for n, _ in sizes] == [6, 1, 6, 64] and sizes[2][1] == ["lowering"]
+    fft = min(result, key=result.__getitem__)
+    assert fft.startswith("fft") and sizes[3][1] == [fft]
+    assert result[fft] == pytest.approx(0.045 + 0.0055 * 64) and result["lowering"] == pytest.approx(0.608, 1e-3)
 
 
 def test_a_beaten_lowering_engine_is_measured_again_and_keeps_its_better_time(monkeypatch):
