@@ -491,10 +491,11 @@ def autotune_conv_engine(g: ConvGeometry, dtype: Any = np.float32, strategy: int
     Measured as a training loop runs them (:func:`_measure_engines`: every operand new each step, each engine
     timed in its steady state after ``ENGINE_SETTLE_SECONDS`` of untimed steps — the FFT and BLAS thread pools
     hand the cores over, the allocator adapts —, the best of ``ENGINE_AUTOTUNE_ROUNDS`` steps).  A layer
-    ``predicted`` (seconds) to take longer than ``ENGINE_AUTOTUNE_SECONDS`` is measured on fewer images and
-    scaled to the batch — the FFT engine's kernel transforms, done once per batch, then count for more than in
-    the layer, and a few images' spectra stay in the caches where the batch's do not —, and on a quarter of
-    those images, which tells the once-per-call part of a step (:func:`_once_per_call_estimate`); the
+    ``predicted`` (seconds) to take longer than ``ENGINE_AUTOTUNE_SECONDS`` is measured on fewer images (as many
+    in each of the layer's batch partitions, one at least) and scaled to the batch — the FFT engine's kernel
+    transforms, done once per batch, then count for more than in the layer, and a few images' spectra stay in
+    the caches where the batch's do not —, and on a quarter of those images, which tells the once-per-call part
+    of a step (:func:`_once_per_call_estimate`); a lowering engine beaten there is measured once more; the
     candidates that may be within ``FULL_BATCH_WINDOW`` of the fastest are then measured again, in the other
     order, on the whole batch when that is predicted to take at most ``FULL_BATCH_SECONDS`` (that measurement
     decides; on a layer measured whole the first time, the better of the two counts).  Cached per geometry,
