@@ -55,9 +55,9 @@ RATES_VERSION = 7
 # engine's layout moves image by image; 18: short 1-D and 2-D transforms as DFT matrix products; 19: those read
 # and write the full layout's operands as they lie; 20: up to 64 points; 21: type 1's 2-D lowering by the compiled
 # kernel; 22: types 1 and 2's 2-D lowering and col2im compiled; 25: part of the batch at least an image per batch
-# partition, a beaten lowering measured again before the whole batch's candidates are picked): entries measured by
-# another version are measured again
-ENGINE_MEASURE_VERSION = 25
+# partition, a beaten lowering measured again before the whole batch's candidates are picked; 26: Winograd's kernel
+# transforms over the partitions): entries measured by another version are measured again
+ENGINE_MEASURE_VERSION = 26
 # measured images per partition: enough that the largest buffer of all partitions together exceeds this
 # (out of the last-level cache, like the full layer) and that a GEMM has this many columns, at most the
 # largest of the candidates' chunks of a partition

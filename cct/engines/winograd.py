@@ -49,7 +49,6 @@ from cct.engines.gemm import matmul_accumulate
 from cct.engines.lowering import LoweringEngine, chunk_budget_bytes, shared_workspace, workspace_view
 from cct.errors import CctError
 from cct.runtime.partition import batch_ranges, partitions_for, run_batch, run_partitions
-from cct.runtime.threads import blas_threads
 
 # F(m, 3): (Bᵀ, G, Aᵀ) for interpolation points 0, ±1 (m = 2) and 0, ±1, ±2 (m = 4), plus the point at infinity
 _TRANSFORMS: dict[int, tuple[list[list[float]], list[list[float]], list[list[float]]]] = {
@@ -70,9 +69,9 @@ TILES = tuple(sorted(_TRANSFORMS))
 # 256 tiles conv4's F(4x4,3x3) took 56 MiB per partition (CaffeNet, conv3 on the FFT: peak RSS 1.11-1.14x
 # PyTorch's; 1.03-1.06x at 128)
 MIN_CHUNK_TILES = 128
-# of the weight gradient's measured choice (2: tiles with the channels innermost): choices measured by another
-# version are measured again
-WGRAD_MEASURE_VERSION = 2
+# of the weight gradient's measured choice (2: tiles with the channels innermost; 3: the kernel-side transform over
+# the partitions): choices measured by another version are measured again
+WGRAD_MEASURE_VERSION = 3
 
 
 class WinogradEngine(ConvEngine):
@@ -222,13 +221,20 @@ class WinogradEngine(ConvEngine):
         # the 9 taps outermost, (G, 9, C', O'), so that one GEMM per group writes Uᵀ in its layout: transposing the
         # 9 taps, not the a² transformed ones (VGG16's conv3_2, 256 -> 256: 26-40 ms per call where the transform
         # ran in float64 and its (a², O', C') result was transposed and cast, 2-3 ms so)
-        kt = np.ascontiguousarray(k[..., ::-1].transpose(0, 3, 1, 2) if flip else k.transpose(0, 3, 2, 1))
-        ins, outs = kt.shape[2], kt.shape[3]
+        taps = k[..., ::-1].transpose(0, 3, 1, 2) if flip else k.transpose(0, 3, 2, 1)
+        ins, outs = taps.shape[2], taps.shape[3]
+        kt = np.empty(taps.shape, dtype=w.dtype)
         u = np.empty((G, self._gg.shape[0], ins, outs), dtype=w.dtype)
         gg = self._constants(w.dtype)[2]
-        # on one thread: OpenBLAS's own threads would keep spinning into the partitions that follow
-        with blas_threads(1):
-            np.matmul(gg, kt.reshape(G, 9, ins * outs), out=u.reshape(G, -1, ins * outs))
+
+        def rows(_part: int, i0: int, i1: int) -> None:  # these input channels' rows, on one BLAS thread each
+            np.copyto(kt[:, :, i0:i1], taps[:, :, i0:i1])
+            for gi in range(G):
+                np.matmul(gg, kt[gi, :, i0:i1].reshape(9, -1), out=u[gi, :, i0:i1].reshape(gg.shape[0], -1))
+
+        # over the batch partitions' cores (OpenBLAS's own threads would keep spinning into the partitions that
+        # follow): a 512 -> 512 layer writes 38 MB of transformed kernels, 25-30 ms a call on one core
+        run_batch(ins, rows, work=float(G * self._gg.size * outs))
         return u
 
     def _buffer(self, part: int, name: str, shape: tuple[int, ...], like: Any) -> Any:
@@ -358,16 +364,20 @@ class WinogradEngine(ConvEngine):
         self._in_chunks(x.shape[0], _image_bytes(self.tile, x.shape[1], dy.shape[1], dy.shape[2:], x.itemsize),
                         chunk)
         total = np.empty(accs[0].shape, np.float64)
+        dw5 = dw.reshape(G, og, cg, 3, 3)  # a view whatever dw's strides: only its first axis is split
 
-        def add(_part: int, o0: int, o1: int) -> None:  # these output channels' sums, in partition order
+        def add(_part: int, o0: int, o1: int) -> None:
+            """These output channels: their sums in partition order, then the kernel-side transform (9, a²) ·
+            (a², channels) into their rows of ``dw`` — on the partitions' cores, one BLAS thread each (a 512 -> 512
+            layer's 9.4 million sums, in float64, took 20-30 ms on one core)."""
             into = total[:, :, o0:o1]
             np.copyto(into, accs[0][:, :, o0:o1])
             for part in range(1, len(accs)):
                 into += accs[part][:, :, o0:o1]
+            for gi in range(G):
+                k = self._gg.T @ into[gi].reshape(a * a, -1)  # (9, channels · Cg)
+                dw5[gi, o0:o1] += k.reshape(3, 3, o1 - o0, cg).transpose(2, 3, 0, 1).astype(dw.dtype)
         run_batch(og, add, work=float(len(accs) * G * a * a * cg))
-        with blas_threads(1):  # (9, a²) · (a², G·Og·Cg): small; OpenBLAS's threads would spin into what follows
-            k = self._gg.T @ total.transpose(1, 0, 2, 3).reshape(a * a, -1)
-        dw += k.reshape(3, 3, G, og, cg).transpose(2, 3, 4, 0, 1).reshape(dw.shape).astype(dw.dtype)
 
     def _in_chunks(self, n: int, per_image: int, fn: Any) -> None:
         """``fn(part, c0, c1, first)`` over the batch partitions, each in chunks of images ``[c0, c1)`` that fit its

@@ -114,6 +114,24 @@ def test_partitions_weight_gradients_are_summed_by_output_channel_ranges_in_part
     assert len(ranges) == 3 and ranges[0][0] == 0 and ranges[-1][1] == 3  # 3 output channels per group
 
 
+def test_the_weight_gradient_adds_into_a_strided_gradient_too(monkeypatch):
+    """The kernel-side transform adds each range of output channels into its rows of ``dw`` in place (a view of
+    them): a ``dw`` that is a strided view gets the same values as a contiguous one, and nothing around it."""
+    from cct.engines import measured
+
+    monkeypatch.setattr(measured, "measured_choice", lambda kind, key, ways: "winograd")
+    g, x, w, b, dy = _operands(3, 4, 6, 2, 8, 8, 1, np.float64, seed=6)
+    _, _, ref = _run(LoweringEngine(1, workspace=Workspace()), g, x, w, b, dy)
+    for strided in (False, True):
+        eng = WinogradEngine(4)
+        eng.configure(g, x.dtype)
+        wide = np.ones(w.shape[:-1] + (6,), dtype=w.dtype)
+        dw = wide[..., ::2] if strided else np.ones_like(w)  # every other column: a strided view; ones like _run's
+        eng.backward(x, dy, w, None, dw)
+        np.testing.assert_allclose(dw, ref, rtol=1e-10, atol=1e-10)
+        assert not strided or (wide[..., 1::2] == 1).all()
+
+
 def test_the_padding_border_is_rewritten_after_another_user_of_the_workspace():
     """The zero border lives in the thread's shared workspace, which other engines overwrite."""
     g, x, w, b, dy = _operands(2, 3, 4, 1, 6, 6, 1, np.float32, seed=4)
