@@ -49,6 +49,7 @@ from cct.engines.gemm import matmul_accumulate
 from cct.engines.lowering import LoweringEngine, chunk_budget_bytes, shared_workspace, workspace_view
 from cct.errors import CctError
 from cct.runtime.partition import batch_ranges, partitions_for, run_batch, run_partitions
+from cct.runtime.threads import blas_threads
 
 # F(m, 3): (Bᵀ, G, Aᵀ) for interpolation points 0, ±1 (m = 2) and 0, ±1, ±2 (m = 4), plus the point at infinity
 _TRANSFORMS: dict[int, tuple[list[list[float]], list[list[float]], list[list[float]]]] = {
@@ -232,9 +233,11 @@ class WinogradEngine(ConvEngine):
             for gi in range(G):
                 np.matmul(gg, kt[gi, :, i0:i1].reshape(9, -1), out=u[gi, :, i0:i1].reshape(gg.shape[0], -1))
 
-        # over the batch partitions' cores (OpenBLAS's own threads would keep spinning into the partitions that
-        # follow): a 512 -> 512 layer writes 38 MB of transformed kernels, 25-30 ms a call on one core
-        run_batch(ins, rows, work=float(G * self._gg.size * outs))
+        # over the batch partitions' cores, one BLAS thread each, also where there is one partition (OpenBLAS's own
+        # threads would keep spinning into the partitions that follow): a 512 -> 512 layer writes 38 MB of
+        # transformed kernels, 25-30 ms a call on one core
+        with blas_threads(1):
+            run_batch(ins, rows, work=float(G * self._gg.size * outs))
         return u
 
     def _buffer(self, part: int, name: str, shape: tuple[int, ...], like: Any) -> Any:
@@ -377,7 +380,8 @@ class WinogradEngine(ConvEngine):
             for gi in range(G):
                 k = self._gg.T @ into[gi].reshape(a * a, -1)  # (9, channels · Cg)
                 dw5[gi, o0:o1] += k.reshape(3, 3, o1 - o0, cg).transpose(2, 3, 0, 1).astype(dw.dtype)
-        run_batch(og, add, work=float(len(accs) * G * a * a * cg))
+        with blas_threads(1):
+            run_batch(og, add, work=float(len(accs) * G * a * a * cg))
 
     def _in_chunks(self, n: int, per_image: int, fn: Any) -> None:
         """``fn(part, c0, c1, first)`` over the batch partitions, each in chunks of images ``[c0, c1)`` that fit its
