@@ -626,14 +626,14 @@ def _measure_conv_engines(g: ConvGeometry, dtype: Any, strategy: int, predicted:
     return scaled
 
 
-def _model_error_suffix() -> str:
-    """The end of this machine's model-error keys: the thread setting and the versions of the measurement and of the
-    rates the predictions were made with."""
-    return f"-{_threads_key()}-v{ENGINE_MEASURE_VERSION}-r{RATES_VERSION}"
+def _model_error_versions() -> str:
+    """The end of a model-error key: the versions of the measurement and of the rates the predictions were made
+    with (after the geometry key, which ends with the thread setting)."""
+    return f"-v{ENGINE_MEASURE_VERSION}-r{RATES_VERSION}"
 
 
 def _model_error_key(g: ConvGeometry, dtype: Any) -> str:
-    return f"{geometry_key(g, dtype)}-v{ENGINE_MEASURE_VERSION}-r{RATES_VERSION}"
+    return geometry_key(g, dtype) + _model_error_versions()
 
 
 def _record_model_error(g: ConvGeometry, dtype: Any, strategy: int, measured: dict[str, float]) -> None:
@@ -661,7 +661,7 @@ def model_errors() -> dict[str, float]:
     this machine and thread setting: the median of measured / predicted seconds over the layers measured
     (:func:`_record_model_error`, kept in the cache), within ``MODEL_ERROR_RANGE``; absent where none was measured
     (one read of the cache for all of them)."""
-    suffix = _model_error_suffix()
+    suffix = f"-{_threads_key()}{_model_error_versions()}"  # this machine's thread setting, these versions
     ratios: dict[str, list[float]] = {}
     for key, entry in _read_cache().get("model_error", {}).items():
         if key.endswith(suffix):
@@ -669,8 +669,3 @@ def model_errors() -> dict[str, float]:
                 ratios.setdefault(name, []).append(float(ratio))
     lo, hi = MODEL_ERROR_RANGE
     return {name: min(hi, max(lo, statistics.median(values))) for name, values in ratios.items()}
-
-
-def model_error(name: str) -> float:
-    """:func:`model_errors`' value for ``name``, 1 where none was measured."""
-    return model_errors().get(name, 1.0)

@@ -477,7 +477,7 @@ def test_where_the_models_decide_they_are_scaled_by_their_measured_error(monkeyp
     predicted = {e.variant: e.seconds for e in FFTEngine.estimates(BIG_7, np.float32, rates)}
     t_low = choice._lowering_prediction(BIG_7, "auto", rates)
     assert predicted["fft lifted"] < predicted["fft full"] < t_low / choice.MODEL_FFT_MARGIN  # 27, 56 and 94 ms
-    assert [autotune.model_error(k) for k in ("lowering", "fft full", "fft lifted")] == [1.0] * 3
+    assert autotune.model_errors() == {}
     name, reason = choice.choose_conv_engine(BIG_7)
     assert name == "fft lifted" and "scaled" not in reason
 
@@ -493,8 +493,9 @@ def test_where_the_models_decide_they_are_scaled_by_their_measured_error(monkeyp
     for g, lifted, full in zip(layers, (3.0, 2.5, 0.9), (0.55, 0.6, 0.7)):
         keep(g, fft_lifted=lifted, fft_full=full)
     measured._write_cache({"model_error": {"another-machine-v1": {"fft full": 0.1, "lowering": 0.1}}})
-    assert autotune.model_error("fft lifted") == 2.0  # median 2.5, at most MODEL_ERROR_RANGE[1]
-    assert autotune.model_error("fft full") == pytest.approx(0.6) and autotune.model_error("lowering") == 1.0
+    errors = autotune.model_errors()
+    assert errors["fft lifted"] == 2.0  # median 2.5, at most MODEL_ERROR_RANGE[1]
+    assert errors["fft full"] == pytest.approx(0.6) and "lowering" not in errors
     name, reason = choice.choose_conv_engine(BIG_7)  # lifted 2 x 27 ms, full 0.6 x 56 ms: the full layout
     assert name == "fft full" and "fft full x0.60" in reason and "lifted" not in reason
     eng = choice.SelectedEngine("auto")
