@@ -92,12 +92,17 @@ FAST_ENGINE_SECONDS = 0.1
 # candidates measured within this factor of the fastest on part of the batch are measured again on the whole
 # batch, as many of the fastest of them as take at most this many seconds together
 FULL_BATCH_WINDOW = 1.25
-FULL_BATCH_SECONDS = 3.0
+FULL_BATCH_SECONDS = 1.8
 # each engine measured after this many seconds and at least SETTLE_STEPS untimed steps (its steady state:
-# _measure_engines): an FFT step of CaffeNet's conv4 at 64 images took 290 ms for three steps, then 148 ms, one of
-# a 24->24 3^3 layer 57, 34 and 17 ms, then 14 ms with spikes to 20 (the allocator adapts to the engine's arrays)
+# _measure_engines).  Its first step pays what is done once (workspaces touched, plans made, a measured choice
+# of its own such as Winograd's weight-gradient method: F(4x4,3x3) on CaffeNet's conv4 at 64 images 1413 ms,
+# then 260-279); from the second on the steps are steady now that freed blocks stay in the heap
+# (cct.runtime.memory): the FFT's full layout there 315, then 160-165 ms, the lowering on GoogLeNet's
+# conv2/3x3 at 6 images 208, 118, then 74-76 ms (the best of the timed steps counts).  Three settling steps
+# (an FFT step of conv4 took 290 ms for three steps, then 148, while every pass mapped its spectra afresh) made a
+# whole-batch measurement of a 0.2 s layer cost 5 of its steps per candidate instead of 3
 ENGINE_SETTLE_SECONDS = 0.25
-SETTLE_STEPS = 3
+SETTLE_STEPS = 1
 # the models' error on this machine: each whole-batch measurement of the engine autotune keeps measured / predicted
 # seconds per engine and layout (cache section "model_error", per geometry); where the models alone decide, their
 # predictions are scaled by the median of those kept (:func:`model_errors`), within this range.  On a 2-core Intel

@@ -90,19 +90,24 @@ def _machine_digest() -> str:
     return hashlib.sha1(machine_key().encode()).hexdigest()[:10]
 
 
-# measured_choice: untimed runs of each candidate, then this many timed runs each, alternated (median kept)
+# measured_choice: an untimed run of each candidate, then this many timed runs each, alternated (median kept) —
+# CHOICE_MIN_ROUNDS only where those have taken CHOICE_SECONDS (Winograd's weight-gradient methods on
+# CaffeNet's conv4 at 64 images, ~100 ms a run, took 1.2 s in six rounds of two)
 CHOICE_ROUNDS = 5
+CHOICE_MIN_ROUNDS = 3
+CHOICE_SECONDS = 0.5
 
 
 def measured_choice(kind: str, key: str, candidates: dict[str, Callable[[], Any]],
                     between: Callable[[], Any] | None = None) -> str:
     """The name of the fastest of ``candidates`` — callables each running one way of the same computation once,
     on the caller's own operands —, measured alternately (one untimed run each, then ``CHOICE_ROUNDS`` timed,
-    the medians compared) the first time ``key`` is asked for on this machine and thread setting, and cached
-    under ``kind``.  ``between``, where given, runs untimed before every run (:func:`cache_evictor`: the
-    operands as cold as a net leaves them).  Without measuring (``-autotune off``, or a net's measuring budget
-    spent): the cached name, else the first candidate.  The candidates' last runs are the timed ones: the caller
-    runs the chosen one again when its result must be that one's."""
+    ``CHOICE_MIN_ROUNDS`` where those took ``CHOICE_SECONDS``; the medians compared) the first time ``key`` is
+    asked for on this machine and thread setting, and cached under ``kind``.  ``between``, where given, runs
+    untimed before every run (:func:`cache_evictor`: the operands as cold as a net leaves them).  Without
+    measuring (``-autotune off``, or a net's measuring budget spent): the cached name, else the first candidate.
+    The candidates' last runs are the timed ones: the caller runs the chosen one again when its result must be
+    that one's."""
     names = list(candidates)
     known = known_choice(kind, key, candidates)
     if known is not None:
@@ -117,7 +122,9 @@ def measured_choice(kind: str, key: str, candidates: dict[str, Callable[[], Any]
                 between()
             candidates[name]()
         times: dict[str, list[float]] = {name: [] for name in names}
-        for _ in range(CHOICE_ROUNDS):
+        for done in range(CHOICE_ROUNDS):
+            if done >= CHOICE_MIN_ROUNDS and sum(map(sum, times.values())) >= CHOICE_SECONDS:
+                break
             for name in names:
                 if between is not None:
                     between()

@@ -333,7 +333,10 @@ class WinogradEngine(ConvEngine):
         the layer's own operands into a scratch gradient (:func:`cct.engines.measured.measured_choice`; without
         measuring, Winograd's).  CaffeNet's conv3 at 64 images, F(2x2,3x3): 63 against 82 ms with AVX2
         OpenBLAS kernels, 49 against 49 ms with AVX-512 ones, whose GEMMs leave the transforms' passes the larger
-        share; F(4x4,3x3) with AVX-512 kernels 54 against 48 ms."""
+        share; F(4x4,3x3) with AVX-512 kernels 54 against 48 ms.  One choice whatever the batch size (both ways'
+        work grows with the images alike): the engine autotune, which runs the engine on part of the batch, a
+        quarter of that and the whole batch, measured it three times — 1.5-2.9 s of the 6.9-7.5 s that
+        GoogLeNet's conv2/3x3 at 16 images took to measure, where the engines' steps took 0.1-0.2 s."""
         if self._wgrad_method is None:
             from cct.engines.measured import measured_choice
 
@@ -341,7 +344,7 @@ class WinogradEngine(ConvEngine):
             ways = {"winograd": lambda: self._weight_grad(x, dy, scratch),
                     "lowering": lambda: self._weights().backward(x, dy, None, None, scratch)}
             g = self._geom()
-            key = (f"v{WGRAD_MEASURE_VERSION}-m{self.tile}-n{g.num}-c{g.in_channels}-o{g.out_channels}-g{g.group}"
+            key = (f"v{WGRAD_MEASURE_VERSION}-m{self.tile}-c{g.in_channels}-o{g.out_channels}-g{g.group}"
                    f"-in{'x'.join(map(str, g.in_shape))}-p{'x'.join(map(str, g.pad))}-{np.dtype(dw.dtype).name}")
             self._wgrad_method = measured_choice("winograd_weight_gradient", key, ways)
         return self._wgrad_method

@@ -271,6 +271,31 @@ def test_measured_choice_keeps_the_faster_way_per_machine(monkeypatch):
     assert runs == counted
 
 
+def test_measured_choice_times_long_runs_fewer_rounds(monkeypatch):
+    """Candidates that take long are timed ``CHOICE_MIN_ROUNDS`` times (their median still decides), short ones
+    ``CHOICE_ROUNDS``: a fake clock, each run taking the time its candidate says."""
+    from cct.engines import measured
+
+    clock = [0.0]
+    monkeypatch.setattr(measured.time, "perf_counter", lambda: clock[0])
+    runs = {"a": 0, "b": 0}
+
+    def way(name, seconds):
+        def run():
+            runs[name] += 1
+            clock[0] += seconds
+        return run
+
+    long_run = measured.CHOICE_SECONDS / 2  # two rounds of two take more than CHOICE_SECONDS
+    assert measured.measured_choice("test_choice", "long", {"a": way("a", long_run),
+                                                             "b": way("b", 0.9 * long_run)}) == "b"
+    assert runs == {"a": 1 + measured.CHOICE_MIN_ROUNDS, "b": 1 + measured.CHOICE_MIN_ROUNDS}
+    runs.update(a=0, b=0)
+    short = measured.CHOICE_SECONDS / (4 * measured.CHOICE_ROUNDS)
+    assert measured.measured_choice("test_choice", "short", {"a": way("a", short), "b": way("b", 2 * short)}) == "a"
+    assert runs == {"a": 1 + measured.CHOICE_ROUNDS, "b": 1 + measured.CHOICE_ROUNDS}
+
+
 def test_a_cached_way_runs_on_a_gradient_that_holds_values(monkeypatch):
     """A choice measured by an earlier run (the cache) is taken as it is: the gradient is neither scanned nor
     measured on, whatever it holds."""
