@@ -56,8 +56,9 @@ RATES_VERSION = 7
 # and write the full layout's operands as they lie; 20: up to 64 points; 21: type 1's 2-D lowering by the compiled
 # kernel; 22: types 1 and 2's 2-D lowering and col2im compiled; 25: part of the batch at least an image per batch
 # partition, a beaten lowering measured again before the whole batch's candidates are picked; 26: Winograd's kernel
-# transforms over the partitions): entries measured by another version are measured again
-ENGINE_MEASURE_VERSION = 26
+# transforms over the partitions; 27: part of the batch at least a chunk of Winograd's tiles per partition, one
+# settling step): entries measured by another version are measured again
+ENGINE_MEASURE_VERSION = 27
 # measured images per partition: enough that the largest buffer of all partitions together exceeds this
 # (out of the last-level cache, like the full layer) and that a GEMM has this many columns, at most the
 # largest of the candidates' chunks of a partition
@@ -583,14 +584,17 @@ def _measure_conv_engines(g: ConvGeometry, dtype: Any, strategy: int, predicted:
         engines.update({f"fft {k}": FFTEngine(lift=k == "lifted") for k in layouts})
     if winograd:
         engines.update({f"winograd {m}": WinogradEngine(m, workspace=Workspace()) for m in TILES})
-    # part of the batch, but at least an image for each of the layer's batch partitions: on fewer the engines run
-    # otherwise than in the layer (VGG16's conv3_2 at 8 images, measured on one: lowering 838 ms, F(4x4,3x3) 1181
-    # scaled to the batch, where on all 8 in two partitions they took 737 and 537)
-    parts = 1
+    # part of the batch, but at least an image for each of the layer's batch partitions (and as many as a chunk of
+    # Winograd's tiles holds: ConvEngine.representative_images): on fewer the engines run otherwise than in the
+    # layer (VGG16's conv3_2 at 8 images, measured on one: lowering 838 ms, F(4x4,3x3) 1181 scaled to the batch,
+    # where on all 8 in two partitions they took 737 and 537)
+    parts = least = 1
     for eng in engines.values():
         eng.configure(g, dtype)
         parts = max(parts, eng.batch_partitions())
-    n = max(min(g.num, parts), min(g.num, int(g.num * effort.engine_seconds / max(predicted, 1e-9))))
+        least = max(least, eng.representative_images())
+    least = min(g.num, -(-least // parts) * parts)
+    n = max(least, min(g.num, int(g.num * effort.engine_seconds / max(predicted, 1e-9))))
     n -= n % parts if n < g.num else 0  # every partition as many images (3 in two: the step takes the 2's time)
     if 2 * n > g.num:  # most of the batch: the whole of it costs less than part, a quarter and the whole again
         n = g.num  # (ResNet-50's 14x14 3x3 layers at 16 images: 15 images, 3 and 16 took 3.3 + 1.8 + 3.4 s)

@@ -107,6 +107,12 @@ class ConvEngine(ABC):
         """Into how many batch partitions a call on the configured geometry is split (run concurrently)."""
         return 1
 
+    def representative_images(self) -> int:
+        """The fewest images of the configured batch a call must hold to run as it does on the whole batch
+        (time per image aside from once-per-call work): an image for each batch partition, unless the engine's
+        chunks of images need more.  The engine autotune measures part of a batch on no fewer."""
+        return self.batch_partitions()
+
     @classmethod
     def estimates(cls, g: ConvGeometry, dtype: Any = "float32", rates: Any = None, xp: Any = None) -> list[Estimate]:
         """The predicted cost of each variant of this engine that can run ``g`` on arrays of ``xp`` (numpy

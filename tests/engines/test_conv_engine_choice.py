@@ -153,7 +153,32 @@ def test_part_of_the_batch_is_an_image_per_partition_at_least(partitions, fit, w
 
     monkeypatch.setattr(autotune, "_measure_engines", measure)
     settings.set("partitions", partitions)
-    autotune._measure_conv_engines(g, np.float32, 2, autotune.ENGINE_AUTOTUNE_SECONDS * 16 / fit, winograd=True)
+    autotune._measure_conv_engines(g, np.float32, 2, autotune.ENGINE_AUTOTUNE_SECONDS * 16 / fit)
+    assert sizes == want
+
+
+@pytest.mark.parametrize("size,partitions,want", [(28, 2, [8, 8]), (28, 1, [3, 1, 8]), (56, 2, [2, 8]),
+                                                  (56, 1, [1, 8]), (14, 4, [8, 8])])
+def test_part_of_the_batch_holds_a_chunk_of_winograd_tiles_per_partition(size, partitions, want, monkeypatch):
+    """With the Winograd engine among the candidates, every partition's share of the part measured holds a chunk
+    of its tiles (MIN_CHUNK_TILES, or the partition's whole share): on fewer its channel GEMMs are shorter than
+    in the layer — VGG16's conv4_2 (28x28) at 8 images in two partitions measured on one image each:
+    F(4x4,3x3) 569 ms scaled to the batch, 308 in the layer.  A 28x28 image makes 49 tiles, three images a
+    chunk (in two partitions most of the batch, so the whole of it); a 56x56 image makes 196."""
+    from cct.engines.winograd import MIN_CHUNK_TILES
+
+    assert MIN_CHUNK_TILES == 128  # the rows' image counts follow from it
+    g = ConvGeometry(8, 512, 512, 1, (size, size), (3, 3), (1, 1), (1, 1), (1, 1))
+    sizes = []
+
+    def measure(engines, geometry, dtype, rounds, settle=0.0):
+        sizes.append(geometry.num)
+        return {name: (1.0 if name == "lowering" else 1.1) * geometry.num * 1e-3 for name in engines}
+
+    monkeypatch.setattr(autotune, "_measure_engines", measure)
+    settings.set("partitions", partitions)
+    autotune._measure_conv_engines(g, np.float32, 2, autotune.ENGINE_AUTOTUNE_SECONDS * 8, fft=False,
+                                   winograd=True)
     assert sizes == want
 
 
