@@ -108,8 +108,12 @@ SETTLE_STEPS = 1
 # seconds per engine and layout (cache section "model_error", per geometry); where the models alone decide, their
 # predictions are scaled by the median of those kept (:func:`model_errors`), within this range.  On a 2-core Intel
 # Xeon the FFT's full layout ran 0.56-0.69x its prediction on six 2-D layers (1.27x on VGG16's conv2_2), the
-# lifted 0.94-1.06x (1.40x), the lowering 0.75-1.01x
+# lifted 0.94-1.06x (1.40x), the lowering 0.75-1.01x, Winograd's F(4x4,3x3) 1.05-1.37x on VGG16's layers
 MODEL_ERROR_RANGE = (0.5, 2.0)
+# ... and over at least this many layers, those not measured yet counting as predicted exactly: one measurement in
+# a noisy spell (VGG16's conv4_2 at 8 images, the lowering 697 ms where it ran 425-486 in other runs, 1.55x its
+# model) scaled every other layer's lowering by 1.55 and handed four more of them to the Winograd engine
+MODEL_ERROR_MIN_LAYERS = 3
 _rates_memo: dict[str, MachineRates] = {}
 
 
@@ -647,17 +651,20 @@ def _model_error_key(g: ConvGeometry, dtype: Any) -> str:
 
 def _record_model_error(g: ConvGeometry, dtype: Any, strategy: int, measured: dict[str, float]) -> None:
     """Keep measured / predicted seconds of each of ``measured`` on ``g``: whole-batch times of the lowering engine
-    at ``strategy`` ("lowering") and of the FFT engine's layouts ("fft full", "fft lifted"), or each lowering's
-    time per image scaled to the batch ("lowering 1".."lowering 3": the lowerings' measurement, one chunk of the
-    layer); not the Winograd engine's, whose model only rules measurements out.  Merged into the layer's entry."""
+    at ``strategy`` ("lowering"), of the FFT engine's layouts ("fft full", "fft lifted") and of the Winograd
+    engine's tiles ("winograd 2", "winograd 4"), or each lowering's time per image scaled to the batch
+    ("lowering 1".."lowering 3": the lowerings' measurement, one chunk of the layer).  Merged into the layer's
+    entry."""
     from cct.engines.fft import FFTEngine
     from cct.engines.lowering import LoweringEngine
+    from cct.engines.winograd import WinogradEngine
 
     rates = machine_rates()
     if rates is DEFAULT_RATES:  # not calibrated here: an error against the defaults says nothing of the model
         return
     predicted = {e.variant: e.seconds for e in FFTEngine.estimates(g, dtype, rates)}
     predicted.update({e.variant: e.seconds for e in LoweringEngine.estimates(g, dtype, rates)})
+    predicted.update({e.variant: e.seconds for e in WinogradEngine.estimates(g, dtype, rates)})
     predicted["lowering"] = predicted.get(f"lowering {strategy}", 0.0)
     ratios = {name: t / predicted[name] for name, t in measured.items() if predicted.get(name, 0) > 0}
     if ratios:
@@ -666,10 +673,11 @@ def _record_model_error(g: ConvGeometry, dtype: Any, strategy: int, measured: di
 
 
 def model_errors() -> dict[str, float]:
-    """How far each model (``"lowering"``, ``"fft full"``, ``"fft lifted"``; ``"lowering 1"``..``"3"``) errs on
-    this machine and thread setting: the median of measured / predicted seconds over the layers measured
-    (:func:`_record_model_error`, kept in the cache), within ``MODEL_ERROR_RANGE``; absent where none was measured
-    (one read of the cache for all of them)."""
+    """How far each model (``"lowering"``, ``"fft full"``, ``"fft lifted"``, ``"winograd 2"``, ``"winograd 4"``;
+    ``"lowering 1"``..``"3"``) errs on this machine and thread setting: the median of measured / predicted seconds
+    over the layers measured (:func:`_record_model_error`, kept in the cache) — ``MODEL_ERROR_MIN_LAYERS`` at least,
+    a missing one counting as 1 —, within ``MODEL_ERROR_RANGE``; absent where none was measured (one read of the
+    cache for all of them)."""
     suffix = f"-{_threads_key()}{_model_error_versions()}"  # this machine's thread setting, these versions
     ratios: dict[str, list[float]] = {}
     for key, entry in _read_cache().get("model_error", {}).items():
@@ -677,4 +685,5 @@ def model_errors() -> dict[str, float]:
             for name, ratio in entry.items():
                 ratios.setdefault(name, []).append(float(ratio))
     lo, hi = MODEL_ERROR_RANGE
-    return {name: min(hi, max(lo, statistics.median(values))) for name, values in ratios.items()}
+    return {name: min(hi, max(lo, statistics.median(values + [1.0] * (MODEL_ERROR_MIN_LAYERS - len(values)))))
+            for name, values in ratios.items()}

@@ -78,7 +78,8 @@ AUTOTUNE_WINDOW = 1.5
 # predicted 10.5 ms, ran 8.3 against lowering's 10.4) and a fresh calibration moves it by ~10%: at 1.3 such a layer
 # was measured in some runs only.  (The Winograd model errs the other way: on a 2-core Intel Xeon F(4x4,3x3) ran
 # 2-2.3x its prediction on CaffeNet's conv3 and VGG16's conv1_1 — whose 3 input channels leave the transforms all
-# the work: predicted 195 ms against the lowering's 79, it took a fresh net's whole 5.2 s of autotuning)
+# the work: predicted 195 ms against the lowering's 79, it took a fresh net's whole 5.2 s of autotuning —; with the
+# kernels' transforms and the chunks' GEMMs counted, 1.05-1.37x: MODEL_WINOGRAD_MARGIN)
 FAST_MEASURE_WINDOW = 1.5
 # ... over this fraction for an engine that keeps more than KEPT_BYTES between a layer's passes (the FFT engine's
 # spectra): measured alone it has the caches to itself, in a net it does not, and each pass allocates and faults
@@ -107,6 +108,12 @@ MODEL_FFT_MARGIN = 1.2
 # auto takes the smaller Winograd tile (F(2x2,3x3): the more accurate) when it is measured within this factor of
 # the larger's time
 WINOGRAD_TILE_WINDOW = 1.03
+# where the models alone decide, the Winograd engine must be predicted faster than the lowering by this factor: its
+# model (the kernels' transforms and the chunks' GEMMs counted) ran 1.05-1.37x optimistic on VGG16's 3x3 layers at
+# 8 images on a 2-core Intel Xeon (AVX-512 kernels; F(4x4,3x3): conv3_x 1.05, conv1_2 to conv2_2 1.16-1.21,
+# conv4_x 1.15-1.23, the 14x14 conv5_x 1.37), and at this margin it took conv2_2, conv3_1 and conv4_x (measured
+# 1.15-1.6x faster than the lowering) and left conv1_2, conv2_1 and conv5_x (0.93-0.98x) to the lowering
+MODEL_WINOGRAD_MARGIN = 1.2
 
 
 def engine_for_layer(kind: str = "Convolution") -> SelectedEngine:
@@ -284,8 +291,7 @@ def choose_conv_engine(g: ConvGeometry, dtype: Any = np.float32, xp: Any = None,
     to save ``PREFER_TYPE1_SECONDS`` even at ``FAST_MEASURE_WINDOW`` times its prediction, and the Winograd engine,
     where it applies, the layer is predicted to take ``AUTOTUNE_MIN_SECONDS`` or more and the Winograd model leaves
     it the same chance (its transforms cost some float32 precision, so small layers keep the lowering engine's
-    sums; its model, 2x optimistic on some machines, only rules measurements out, so with autotune off it runs
-    only when forced).  With no candidate the lowering engine runs (small layers,
+    sums).  With no candidate the lowering engine runs (small layers,
     most strided ones: they keep Caffe's summation order); otherwise all are measured on the layer
     (:func:`autotune_conv_engine`, cached) and the fastest taken when the lowering engine takes over
     ``PREFER_TYPE1_FRACTION`` (5%) longer (``KEPT_FRACTION``, 40%, for an FFT layout that keeps more than
@@ -294,8 +300,9 @@ def choose_conv_engine(g: ConvGeometry, dtype: Any = np.float32, xp: Any = None,
     spend it) — the smaller Winograd tile when it is within
     ``WINOGRAD_TILE_WINDOW`` of the larger (it is the more accurate).  With
     autotune off (``CCT_AUTOTUNE=0``), or the net's measuring budget spent, the models decide, each scaled by its
-    error measured on this machine (:func:`_engine_by_models`; :func:`_fft_predicted_faster`: never for an FFT
-    keeping more than ``KEPT_BYTES`` of spectra); with autotune forced on, every applicable layer is measured."""
+    error measured on this machine, the FFT and Winograd engines by a margin (:func:`_engine_by_models`;
+    :func:`_fft_predicted_faster`: never for an FFT keeping more than ``KEPT_BYTES`` of spectra); with autotune
+    forced on, every applicable layer is measured."""
     if choice == "lowering":
         return "lowering", ""
     wino_ok, wino_why = winograd_applies(g, xp)
@@ -323,23 +330,23 @@ def choose_conv_engine(g: ConvGeometry, dtype: Any = np.float32, xp: Any = None,
     if (not fft_why or wino_ok) and t_low >= PREFER_TYPE1_SECONDS:
         rates = machine_rates(calibrate_if_missing=True)
         t_low = _lowering_prediction(g, lowering, rates)
+    # Winograd replaces the lowering's sums on layers of some size only (its transforms cost some precision)
+    wino_sized = wino_ok and t_low >= AUTOTUNE_MIN_SECONDS
     wino = wino_ok and tune is not False and (tune is True or (
-        t_low >= AUTOTUNE_MIN_SECONDS
+        wino_sized
         and t_low - predicted_winograd_seconds(g, dtype, rates) / FAST_MEASURE_WINDOW >= PREFER_TYPE1_SECONDS))
     fft = not fft_why
     t_fft = predicted_fft_seconds(g, dtype, rates) if fft else 0.0
     if fft and tune is not True:  # else the usual case: the layer's log line shows both predictions
         fft = t_low - t_fft / FAST_MEASURE_WINDOW >= PREFER_TYPE1_SECONDS
-    if fft and tune is False:
-        return _engine_by_models(g, dtype, t_low, "engine by cost model")
+    if tune is False and (fft or wino_sized):
+        return _engine_by_models(g, dtype, t_low, "engine by cost model", fft, wino_sized)
     if not fft and not wino:
         return "lowering", fft_why
     strategy = choose_strategy(g, dtype)[0] if lowering == "auto" else int(lowering)
     measured = autotune_conv_engine(g, dtype, strategy, max(t_low, t_fft), fft=fft, winograd=wino)
     if measured is None:  # the net's measuring budget is spent: the calibrated models decide
-        if not fft:
-            return "lowering", f"engine by cost model, autotune budget spent (lowering {t_low * 1e3:.3g} ms predicted)"
-        return _engine_by_models(g, dtype, t_low, "engine by cost model, autotune budget spent")
+        return _engine_by_models(g, dtype, t_low, "engine by cost model, autotune budget spent", fft, wino)
     # a measured tie keeps the lowering engine (Caffe's summation order, no spectra or tiles to hold): another
     # engine qualifies when the lowering engine takes over PREFER_TYPE1_FRACTION longer (no absolute floor: a
     # layer measured at all is one where the models saw PREFER_TYPE1_SECONDS to gain, and a 16->16 3^3 layer's
@@ -365,22 +372,43 @@ def choose_conv_engine(g: ConvGeometry, dtype: Any = np.float32, xp: Any = None,
     return name, "engine autotuned: " + ", ".join(f"{k} {t * 1e3:.3g} ms" for k, t in measured.items())
 
 
-def _engine_by_models(g: ConvGeometry, dtype: Any, t_low: float, why: str) -> tuple[str, str]:
-    """(engine, reason) where the models alone decide between the lowering engine (predicted ``t_low``) and the FFT
-    engine's layouts: each prediction scaled by its model's measured error on this machine
-    (:func:`cct.engines.autotune.model_errors`: the engine autotune's whole-batch measurements so far), the faster
-    FFT layout taken when :func:`_fft_predicted_faster` says it beats the lowering."""
-    from cct.engines.fft import FFTEngine
-
-    est = FFTEngine.estimate(g, np.dtype(dtype).itemsize, machine_rates())
+def _engine_by_models(g: ConvGeometry, dtype: Any, t_low: float, why: str, fft: bool = True,
+                      winograd: bool = False) -> tuple[str, str]:
+    """(engine, reason) where the models alone decide between the lowering engine (predicted ``t_low``), the FFT
+    engine's layouts (``fft``) and the Winograd engine's tiles (``winograd``): each prediction scaled by its
+    model's measured error on this machine (:func:`cct.engines.autotune.model_errors`: the engine autotune's
+    whole-batch measurements so far); the faster FFT layout counts where :func:`_fft_predicted_faster` says it
+    beats the lowering, the faster Winograd tile (the smaller within ``WINOGRAD_TILE_WINDOW``) where it is
+    predicted ``MODEL_WINOGRAD_MARGIN`` times faster and ``PREFER_TYPE1_SECONDS`` sooner; the faster of those
+    that count runs."""
     errors = model_errors()
-    error = {name: errors.get(name, 1.0) for name in ("lowering", "fft full", "fft lifted")}
-    fft = {k: est[k]["seconds"] * error[f"fft {k}"] for k in ("full", "lifted") if k in est}
-    layout = min(fft, key=fft.__getitem__)
-    low = t_low * error["lowering"]
-    name = f"fft {layout}" if _fft_predicted_faster(g, dtype, low, fft[layout], layout) else "lowering"
-    scaled = [f"{k} x{e:.2f}" for k, e in error.items() if e != 1.0 and (k == "lowering" or k == f"fft {layout}")]
-    return name, f"{why} (lowering {low * 1e3:.3g} ms, fft {layout} {fft[layout] * 1e3:.3g} ms predicted" + (
+    rates = machine_rates()
+    low = t_low * errors.get("lowering", 1.0)
+    predicted = {"lowering": low}
+    counts: dict[str, float] = {}
+    if fft:
+        from cct.engines.fft import FFTEngine
+
+        est = FFTEngine.estimate(g, np.dtype(dtype).itemsize, rates)
+        layouts = {f"fft {k}": est[k]["seconds"] * errors.get(f"fft {k}", 1.0) for k in ("full", "lifted") if k in est}
+        name = min(layouts, key=layouts.__getitem__)
+        predicted[name] = layouts[name]
+        if _fft_predicted_faster(g, dtype, low, layouts[name], name.split()[1]):
+            counts[name] = layouts[name]
+    if winograd:
+        from cct.engines.winograd import WinogradEngine
+
+        tiles = {e.variant: e.seconds * errors.get(e.variant, 1.0) for e in WinogradEngine.estimates(g, dtype, rates)}
+        name = min(tiles, key=tiles.__getitem__)
+        smallest = min(tiles, key=lambda k: int(k.split()[1]))
+        if tiles[smallest] <= WINOGRAD_TILE_WINDOW * tiles[name]:
+            name = smallest
+        predicted[name] = tiles[name]
+        if low - tiles[name] >= PREFER_TYPE1_SECONDS and low >= tiles[name] * MODEL_WINOGRAD_MARGIN:
+            counts[name] = tiles[name]
+    chosen = min(counts, key=counts.__getitem__) if counts else "lowering"
+    scaled = [f"{k} x{errors[k]:.2f}" for k in predicted if errors.get(k, 1.0) != 1.0]
+    return chosen, f"{why} (" + ", ".join(f"{k} {t * 1e3:.3g} ms" for k, t in predicted.items()) + " predicted" + (
         f"; scaled by the models' measured error here: {', '.join(scaled)})" if scaled else ")")
 
 

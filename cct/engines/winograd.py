@@ -25,8 +25,9 @@ Accuracy: the transforms' coefficients (up to 25 and 64 for m = 4) cost some flo
 CaffeNet-sized layers the largest difference from a direct sum is ~1.5e-5 of the output's largest magnitude
 for m = 4 and ~8e-7 for m = 2 (the weight gradient of CaffeNet's conv3 at 64 images: 1.8e-5 and 2.0e-6 of its
 RMS, the lowering engine's float32 sums 1.4e-6), within the library's comparison rule (1e-4 of the larger of the
-value and the blob's RMS) but not bitwise Caffe's order.  ``auto`` therefore takes this engine only where it measured a
-clear gain (:mod:`cct.engines.choice`); ``-conv_engine winograd`` forces it.
+value and the blob's RMS) but not bitwise Caffe's order.  ``auto`` therefore takes this engine only for a clear
+gain on a layer of some size — measured, or where the models decide predicted by a margin
+(:mod:`cct.engines.choice`); ``-conv_engine winograd`` forces it.
 
 The batch is split into the batch partitions (:mod:`cct.runtime.partition`) and each partition walks its
 images in chunks whose buffers (padded input, tiles, transformed tiles and products, output tiles) share the
@@ -126,31 +127,47 @@ class WinogradEngine(ConvEngine):
         # the lowering engine's weight gradient: about half of the best lowering's backward pass
         weights = min(e.backward_seconds for e in LoweringEngine.estimates(g, dtype, rates)) / 2
         out = []
+        og, cg = g.out_channels // g.group, g.in_channels // g.group
+        pairs = g.group * og * cg  # kernel entries over 9: (input, output) channel pairs
+        parts = partitions_for(g.num, _image_work(g))
+        widest = max(g.in_channels, g.out_channels)
         for m in TILES:
             a = m + 2
-            tiles = _ceil(g.out_shape[0], m) * _ceil(g.out_shape[1], m) * g.num
+            per_tile_image = _ceil(g.out_shape[0], m) * _ceil(g.out_shape[1], m)
+            tiles = per_tile_image * g.num
+            per_image = _image_bytes(m, widest, widest, g.out_shape, itemsize)
+            images = min(-(-g.num // parts), max(1, chunk_budget_bytes() // parts // max(per_image, 1),
+                                                 _ceil(MIN_CHUNK_TILES, per_tile_image)))
+            # the channel GEMMs run chunk by chunk, a chunk's tiles their rows (or inner dimension), each partition
+            # on its share of the cores: the model's whole-machine GEMM on the chunk, once per chunk of the batch
+            # (a 14x14 image makes 16 tiles at m = 4: VGG16's conv5_1 at 8 images, 64 tiles per GEMM)
+            chunk = per_tile_image * images
+            chunks = tiles / chunk
 
-            def one_pass(c_in: int, c_out: int, tiles: int = tiles, m: int = m, a: int = a) -> float:
-                gemms = g.group * a * a * gemm_seconds(c_out // g.group, c_in // g.group, tiles, rates)
+            def one_pass(c_in: int, c_out: int, m: int = m, a: int = a, tiles: int = tiles, chunk: int = chunk,
+                         chunks: float = chunks) -> float:
+                gemms = g.group * a * a * chunks * gemm_seconds(c_out // g.group, c_in // g.group, chunk, rates)
                 moves = (a * a * c_in * tiles + m * m * c_out * tiles + c_out * g.out_count * g.num) \
                     / rates.transpose_elems
                 transforms = (gemm_seconds(a * a, a * a, c_in * tiles, rates)
                               + gemm_seconds(m * m, a * a, c_out * tiles, rates))
                 return gemms + moves + transforms
 
-            forward = one_pass(g.in_channels, g.out_channels)
-            # the weight gradient: both tile transforms and the (m+2)² GEMMs (Og x tiles)·(tiles x Cg)
-            og, cg = g.out_channels // g.group, g.in_channels // g.group
-            by_tiles = (g.group * a * a * gemm_seconds(og, tiles, cg, rates)
+            # once per call, whatever the batch: the kernels' transform (their 9 taps transposed, then (a², 9) x
+            # (9, pairs) per group), in the forward and, flipped, in the data gradient — 38 MB written for a
+            # 512 -> 512 layer at m = 4, 14-18 ms on 2 cores, where VGG16's conv5_1 (14x14) at 8 images runs its
+            # channel GEMMs in ~25 ms
+            kernels = (9 + a * a) * pairs / rates.transpose_elems + g.group * gemm_seconds(a * a, 9, og * cg, rates)
+            forward = one_pass(g.in_channels, g.out_channels) + kernels
+            # the weight gradient: both tile transforms and the (m+2)² GEMMs (Og x tiles)·(tiles x Cg) chunk by
+            # chunk, then, once per call, the partitions' (a², pairs) sums added up and transformed back to 9 taps
+            by_tiles = (g.group * a * a * chunks * gemm_seconds(og, chunk, cg, rates)
                         + (a * a * g.in_channels * tiles + m * m * g.out_channels * tiles) / rates.transpose_elems
                         + gemm_seconds(a * a, a * a, g.in_channels * tiles, rates)
-                        + gemm_seconds(a * a, m * m, g.out_channels * tiles, rates))
-            backward = one_pass(g.out_channels, g.in_channels) + min(weights, by_tiles)
-            widest = max(g.in_channels, g.out_channels)
-            per_image = _image_bytes(m, widest, widest, g.out_shape, itemsize)
-            parts = partitions_for(g.num, _image_work(g))
-            images = min(-(-g.num // parts), max(1, chunk_budget_bytes() // parts // max(per_image, 1),
-                                                 _ceil(MIN_CHUNK_TILES, tiles // max(g.num, 1))))
+                        + gemm_seconds(a * a, m * m, g.out_channels * tiles, rates)
+                        + (parts * a * a + 9) * pairs / rates.transpose_elems
+                        + g.group * gemm_seconds(9, a * a, og * cg, rates))
+            backward = one_pass(g.out_channels, g.in_channels) + kernels + min(weights, by_tiles)
             out.append(Estimate("winograd", f"winograd {m}", forward, backward, int(parts * images * per_image)))
         return out
 

@@ -725,3 +725,53 @@ def test_fast_autotune_stops_measuring_when_the_nets_budget_is_spent(monkeypatch
     assert len(line) == 1 and line[0].startswith("Engine autotuning (fast): 1 layer(s) measured in ")
     assert "1 close call(s) left to the cost model" in line[0]
     settings.reset()
+
+
+def test_where_the_models_decide_winograd_needs_its_margin(monkeypatch):
+    """Where the models alone decide (autotune off, or the net's measuring budget spent), the Winograd engine runs
+    where its model, scaled by its measured error here, is MODEL_WINOGRAD_MARGIN times faster than the lowering's
+    (the default rates: VGG16's conv4_2 at 8 images, F(4x4,3x3) 355 ms against 833), the smaller tile where it is
+    within WINOGRAD_TILE_WINDOW of the faster; not on a layer whose few input channels leave the transforms all
+    the work (conv1_1: 301 against 141)."""
+    from dataclasses import replace
+
+    from cct.engines.cost_model import DEFAULT_RATES
+    from cct.engines.winograd import WinogradEngine
+
+    rates = replace(DEFAULT_RATES)  # as calibrated: a machine's own rates (equal to the defaults here)
+    monkeypatch.setattr(choice, "machine_rates", lambda *a, **k: rates)
+    monkeypatch.setattr(autotune, "machine_rates", lambda *a, **k: rates)
+    _no_measuring(monkeypatch)
+    settings.set("autotune", False)
+    conv4_2 = ConvGeometry(8, 512, 512, 1, (28, 28), (3, 3), (1, 1), (1, 1), (1, 1))
+    conv1_1 = ConvGeometry(8, 3, 64, 1, (224, 224), (3, 3), (1, 1), (1, 1), (1, 1))
+    model = {e.variant: e.seconds for e in WinogradEngine.estimates(conv4_2, np.float32, rates)}
+    t_low = choice._lowering_prediction(conv4_2, "auto", rates)
+    assert model["winograd 4"] * 2 < t_low < model["winograd 2"] * 2 * choice.MODEL_WINOGRAD_MARGIN
+    name, reason = choice.choose_conv_engine(conv4_2)
+    assert name == "winograd 4" and reason.startswith("engine by cost model") and "winograd 4" in reason
+    assert choice.choose_conv_engine(conv1_1)[0] == "lowering"
+    margin = choice.MODEL_WINOGRAD_MARGIN
+    monkeypatch.setattr(choice, "MODEL_WINOGRAD_MARGIN", 1.01 * t_low / model["winograd 4"])
+    assert choice.choose_conv_engine(conv4_2)[0] == "lowering"  # predicted faster, but not by the margin
+    monkeypatch.setattr(choice, "MODEL_WINOGRAD_MARGIN", margin)
+    def slower(tile, *layers):  # measured on the whole batch twice as slow as modelled
+        for g in layers:
+            t = {e.variant: e.seconds for e in WinogradEngine.estimates(g, np.float32, rates)}[tile]
+            autotune._record_model_error(g, np.float32, 1, {tile: 2 * t})
+
+    others = [replace(conv4_2, num=n) for n in (4, 16)]
+    slower("winograd 4", conv4_2)  # one layer: a spell of noise, not yet the model's error
+    assert autotune.model_errors() == {"winograd 4": 1.0}
+    assert choice.choose_conv_engine(conv4_2)[0] == "winograd 4"
+    slower("winograd 4", *others)  # three: F(4x4,3x3) falls short of the margin, F(2x2,3x3) not
+    assert autotune.model_errors() == {"winograd 4": pytest.approx(2.0)}
+    name, reason = choice.choose_conv_engine(conv4_2)
+    assert name == "winograd 2" and "winograd 4 x2.00" not in reason
+    slower("winograd 2", conv4_2, *others)
+    assert choice.choose_conv_engine(conv4_2)[0] == "lowering"
+    # the net's measuring budget spent: the models decide the same way
+    settings.set("autotune", None)  # the default, fast
+    monkeypatch.setattr(choice, "autotune_conv_engine", lambda *a, **k: None)
+    name, reason = choice.choose_conv_engine(conv4_2)
+    assert name == "lowering" and "autotune budget spent" in reason and "winograd 4 x2.00" in reason
