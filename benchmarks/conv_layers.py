@@ -5,13 +5,16 @@ Run:   python benchmarks/conv_layers.py [--batch 64] [--repeat 3]      (PyTorch 
        e.g. AVX-512, where the environment pins it; the script prints the values it ran with.)
 First measures the float32 sgemm peak (2048³ matmul, best of 5) at the current BLAS thread count; then for
 conv1..conv5 of CaffeNet at ``batch`` images the median forward and forward+backward (data and weights; conv1
-has no data gradient in a net but it is measured too) seconds of each applicable lowering and of auto, as
-GFLOP/s of the convolution's arithmetic (2·o·d/g·k²·m²·B per pass) and % of the sgemm peak, and the
-workspace bytes the engine needs (each measured with buffers of its own; in a net all layers share one).
+has no data gradient in a net but it is measured too) seconds of each applicable lowering, of the lowering auto
+chooses and of the engine auto chooses (``engine auto``: the lowering, FFT or Winograd engine, as a net's layer
+runs; autotuned outside a net, so fully measured the first time), as GFLOP/s of the convolution's arithmetic
+(2·o·d/g·k²·m²·B per pass: for the FFT and Winograd engines, which do less arithmetic, an effective rate) and %
+of the sgemm peak, and the workspace bytes the engine needs (each measured with buffers of its own; in a net
+all layers share one).  Every step's operands are new (as in training).
 Partitions follow CCT_PARTITIONS (default auto).  Then the same layer in PyTorch CPU (``conv2d`` without bias,
 forward and autograd backward of the data and the weights), run in a worker process of its own with the same
-thread count right after cct's rows, and the ratio of auto's forward+backward time to PyTorch's; PyTorch is held
-to the instruction set of numpy's OpenBLAS kernel where that is AVX2 or older (:mod:`torch_isa`;
+thread count right after cct's rows, and the ratio of engine auto's forward+backward time to PyTorch's; PyTorch
+is held to the instruction set of numpy's OpenBLAS kernel where that is AVX2 or older (:mod:`torch_isa`;
 ``--torch-native`` lifts it).
 """
 from __future__ import annotations
@@ -58,11 +61,17 @@ def layer_operands(batch: int, spec: tuple, rng: np.random.Generator) -> tuple:
 
 
 def _measure(eng: LoweringEngine | SelectedEngine, arrays: tuple, repeat: int) -> tuple[float, float]:
-    """Median forward and backward (data + weights) seconds."""
+    """Median forward and backward (data + weights) seconds over ``repeat`` training steps, each on operands no
+    earlier step saw (one value of the input, the weights and the output gradient changed in place: an engine
+    that keeps transforms between its passes — the FFT's spectra — redoes them as in training)."""
     x, w, y, dy, dx, dw = arrays
-    tf = statistics.median(timed(lambda: eng.forward(x, w, None, y)) for _ in range(repeat))
-    tb = statistics.median(timed(lambda: eng.backward(x, dy, w, dx, dw)) for _ in range(repeat))
-    return tf, tb
+    forward, backward = [], []
+    for step in range(repeat):
+        for a in (x, w, dy):
+            a.flat[0] += 0.01 * (step + 1)
+        forward.append(timed(lambda: eng.forward(x, w, None, y)))
+        backward.append(timed(lambda: eng.backward(x, dy, w, dx, dw)))
+    return statistics.median(forward), statistics.median(backward)
 
 
 def main() -> None:
@@ -94,22 +103,29 @@ def main() -> None:
         name, d, o, grp, n, k, s, p = spec
         g, flops, x, w, dy = layer_operands(args.batch, spec, rng)
         y, dx, dw = np.empty_like(dy), np.empty_like(x), np.zeros_like(w)
-        for strategy in (1, 2, 3, "auto"):
-            if strategy != "auto" and strategy_fallback(strategy, g):
+        for strategy in (1, 2, 3, "auto", "engine"):
+            if strategy in (1, 2, 3) and strategy_fallback(strategy, g):
                 continue
-            # each its own buffers (the column is per lowering); auto is the policy a net's layer runs
-            eng = SelectedEngine("lowering", "benchmark", "auto") if strategy == "auto" \
-                else LoweringEngine(strategy, workspace=Workspace())
+            # each its own buffers (the column is per lowering); auto is the lowering policy, engine the engine
+            # choice (lowering, FFT or Winograd) a net's layer runs
+            if strategy == "engine":
+                eng = SelectedEngine("auto", "benchmark", "auto")
+            elif strategy == "auto":
+                eng = SelectedEngine("lowering", "benchmark", "auto")
+            else:
+                eng = LoweringEngine(strategy, workspace=Workspace())
             eng.configure(g, np.float32)
             eng.forward(x, w, None, y)
             eng.backward(x, dy, w, dx, dw)
             tf, tb = _measure(eng, (x, w, y, dy, dx, dw), args.repeat)
-            label = eng.describe() if strategy == "auto" else f"lowering {strategy}"
-            row(name, label, tf, tb, flops, f"{eng.workspace_bytes() / 2**20:15.1f}")
+            label = f"lowering {strategy}" if strategy in (1, 2, 3) else eng.describe()
+            if strategy == "engine":
+                label = "engine auto: " + label
+            row(name, label[:49], tf, tb, flops, f"{eng.workspace_bytes() / 2**20:15.1f}")
             auto = tf + tb
         if torch_version:
             tf, tfb = torch_conv.time(args.batch, d, o, grp, n, k, s, p)
-            row(name, "pytorch", tf, tfb - tf, flops, f"   cct auto / pytorch (fwd+bwd) {auto / tfb:.2f}")
+            row(name, "pytorch", tf, tfb - tf, flops, f"   cct engine auto / pytorch (fwd+bwd) {auto / tfb:.2f}")
     torch_conv.close()
 
 
