@@ -133,11 +133,10 @@ class WinogradEngine(ConvEngine):
         widest = max(g.in_channels, g.out_channels)
         for m in TILES:
             a = m + 2
-            per_tile_image = _ceil(g.out_shape[0], m) * _ceil(g.out_shape[1], m)
+            per_tile_image = _image_tiles(g, m)
             tiles = per_tile_image * g.num
             per_image = _image_bytes(m, widest, widest, g.out_shape, itemsize)
-            images = min(-(-g.num // parts), max(1, chunk_budget_bytes() // parts // max(per_image, 1),
-                                                 _ceil(MIN_CHUNK_TILES, per_tile_image)))
+            images = min(-(-g.num // parts), _chunk_images(per_tile_image, parts, per_image))
             # the channel GEMMs run chunk by chunk, a chunk's tiles their rows (or inner dimension), each partition
             # on its share of the cores: the model's whole-machine GEMM on the chunk, once per chunk of the batch
             # (a 14x14 image makes 16 tiles at m = 4: VGG16's conv5_1 at 8 images, 64 tiles per GEMM)
@@ -203,8 +202,7 @@ class WinogradEngine(ConvEngine):
         partitions, measured on one image per partition, F(4x4,3x3) 569 ms scaled to the batch, where it runs
         the layer in 308 (49 tiles per GEMM instead of 147)."""
         g, parts = self._geom(), self.batch_partitions()
-        tiles = _ceil(g.out_shape[0], self.tile) * _ceil(g.out_shape[1], self.tile)
-        return parts * min(_ceil(g.num, parts), _ceil(MIN_CHUNK_TILES, tiles))
+        return parts * min(_ceil(g.num, parts), _ceil(MIN_CHUNK_TILES, _image_tiles(g, self.tile)))
 
     def workspace_bytes(self) -> int:
         return self._workspace.nbytes() if self._workspace is not None else 0
@@ -418,8 +416,7 @@ class WinogradEngine(ConvEngine):
         ``first``: the partition's first chunk."""
         ranges = self._ranges(n)
         g, m = self._geom(), self.tile
-        tiles = _ceil(g.out_shape[0], m) * _ceil(g.out_shape[1], m)
-        step = max(1, chunk_budget_bytes() // len(ranges) // max(per_image, 1), _ceil(MIN_CHUNK_TILES, tiles))
+        step = _chunk_images(_image_tiles(g, m), len(ranges), per_image)
 
         def body(part: int, n0: int, n1: int) -> None:
             for c0 in range(n0, n1, step):
@@ -447,6 +444,17 @@ class WinogradEngine(ConvEngine):
         if dx is not None:
             g = self._geom()
             self._chunked(dy, self._transformed_kernels(w, flip=True), tuple(2 - p for p in g.pad), dx, None)
+
+
+def _image_tiles(g: ConvGeometry, m: int) -> int:
+    """Output tiles of one image at F(m x m, 3 x 3)."""
+    return _ceil(g.out_shape[0], m) * _ceil(g.out_shape[1], m)
+
+
+def _chunk_images(tiles: int, parts: int, per_image: int) -> int:
+    """Images in a chunk of a partition's share: as many as fit its share of the buffers' budget (``per_image``
+    bytes each, ``parts`` partitions), but ``MIN_CHUNK_TILES`` tiles at least (``tiles`` per image)."""
+    return max(1, chunk_budget_bytes() // parts // max(per_image, 1), _ceil(MIN_CHUNK_TILES, tiles))
 
 
 def _ceil(a: int, b: int) -> int:

@@ -234,15 +234,28 @@ def test_auto_prefers_the_more_accurate_tile_when_it_is_as_fast(monkeypatch):
     assert eng.name == "winograd" and eng.inner.tile == 2 and eng.describe().startswith("winograd F(2x2,3x3)")
 
 
-def test_auto_keeps_small_layers_and_autotune_off_on_the_lowering_engine(monkeypatch):
+def test_auto_keeps_small_layers_on_the_lowering_engine_and_autotune_off_measures_nothing(monkeypatch):
+    """A small layer keeps the lowering engine's sums, unmeasured; with autotune off the models decide (Winograd
+    where predicted MODEL_WINOGRAD_MARGIN faster: tests/engines/test_conv_engine_choice.py), nothing measured.
+    The machine's rates pinned to the defaults: a calibration would make the choice the machine's."""
+    from dataclasses import replace
+
+    from cct.engines import autotune
+    from cct.engines.cost_model import DEFAULT_RATES
+
     def fail(*a, **k):
         raise AssertionError("measured")
 
+    rates = replace(DEFAULT_RATES)
+    monkeypatch.setattr(choice, "machine_rates", lambda *a, **k: rates)
+    monkeypatch.setattr(autotune, "machine_rates", lambda *a, **k: rates)
     monkeypatch.setattr(choice, "autotune_conv_engine", fail)
     small = ConvGeometry(2, 3, 4, 1, (9, 9), (3, 3), (1, 1), (1, 1), (1, 1))
     assert choice.choose_conv_engine(small) == ("lowering", "")
-    settings.set("autotune", False)  # no calibrated model: winograd only when forced
-    assert not choice.choose_conv_engine(BIG_3)[0].startswith("winograd")
+    settings.set("autotune", False)
+    name, reason = choice.choose_conv_engine(BIG_3)
+    assert reason.startswith("engine by cost model") and "winograd" in reason
+    assert choice.choose_conv_engine(small) == ("lowering", "")
 
 
 def test_autotune_measures_both_tiles(monkeypatch):
