@@ -145,6 +145,12 @@ def test_part_of_the_batch_is_an_image_per_partition_at_least(partitions, fit, w
     batch is the whole batch, with no quarter (part of it, a quarter and the whole again would cost more: ResNet-50's
     14x14 layers at 16 images measured on 15 images, then 3, then 16); its close call is measured again there."""
     g = ConvGeometry(16, 256, 256, 1, (14, 14), (3, 3), (1, 1), (1, 1), (1, 1))
+    assert _sizes_measured(monkeypatch, g, partitions, autotune.ENGINE_AUTOTUNE_SECONDS * 16 / fit) == want
+
+
+def _sizes_measured(monkeypatch, g, partitions, predicted, **candidates):
+    """The batch sizes the engine autotune measures ``g`` on with ``partitions`` forced, the lowering 10% faster
+    than every other candidate per image."""
     sizes = []
 
     def measure(engines, geometry, dtype, rounds, settle=0.0):
@@ -153,8 +159,8 @@ def test_part_of_the_batch_is_an_image_per_partition_at_least(partitions, fit, w
 
     monkeypatch.setattr(autotune, "_measure_engines", measure)
     settings.set("partitions", partitions)
-    autotune._measure_conv_engines(g, np.float32, 2, autotune.ENGINE_AUTOTUNE_SECONDS * 16 / fit)
-    assert sizes == want
+    autotune._measure_conv_engines(g, np.float32, 2, predicted, **candidates)
+    return sizes
 
 
 @pytest.mark.parametrize("size,partitions,want", [(28, 2, [8, 8]), (28, 1, [3, 1, 8]), (56, 2, [2, 8]),
@@ -169,17 +175,8 @@ def test_part_of_the_batch_holds_a_chunk_of_winograd_tiles_per_partition(size, p
 
     assert MIN_CHUNK_TILES == 128  # the rows' image counts follow from it
     g = ConvGeometry(8, 512, 512, 1, (size, size), (3, 3), (1, 1), (1, 1), (1, 1))
-    sizes = []
-
-    def measure(engines, geometry, dtype, rounds, settle=0.0):
-        sizes.append(geometry.num)
-        return {name: (1.0 if name == "lowering" else 1.1) * geometry.num * 1e-3 for name in engines}
-
-    monkeypatch.setattr(autotune, "_measure_engines", measure)
-    settings.set("partitions", partitions)
-    autotune._measure_conv_engines(g, np.float32, 2, autotune.ENGINE_AUTOTUNE_SECONDS * 8, fft=False,
-                                   winograd=True)
-    assert sizes == want
+    assert _sizes_measured(monkeypatch, g, partitions, autotune.ENGINE_AUTOTUNE_SECONDS * 8, fft=False,
+                           winograd=True) == want
 
 
 def test_when_not_all_close_calls_fit_the_fastest_are_measured_again_on_the_whole_batch(monkeypatch):
