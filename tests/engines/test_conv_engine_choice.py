@@ -752,6 +752,7 @@ def test_where_the_models_decide_winograd_needs_its_margin(monkeypatch):
     monkeypatch.setattr(choice, "MODEL_WINOGRAD_MARGIN", 1.01 * t_low / model["winograd 4"])
     assert choice.choose_conv_engine(conv4_2)[0] == "lowering"  # predicted faster, but not by the margin
     monkeypatch.setattr(choice, "MODEL_WINOGRAD_MARGIN", margin)
+
     def slower(tile, *layers):  # measured on the whole batch twice as slow as modelled
         for g in layers:
             t = {e.variant: e.seconds for e in WinogradEngine.estimates(g, np.float32, rates)}[tile]
