@@ -57,8 +57,9 @@ RATES_VERSION = 7
 # kernel; 22: types 1 and 2's 2-D lowering and col2im compiled; 25: part of the batch at least an image per batch
 # partition, a beaten lowering measured again before the whole batch's candidates are picked; 26: Winograd's kernel
 # transforms over the partitions; 27: part of the batch at least a chunk of Winograd's tiles per partition, one
-# settling step): entries measured by another version are measured again
-ENGINE_MEASURE_VERSION = 27
+# settling step; 28: the images-last 2-D lowering and col2im compiled): entries measured by another version are
+# measured again
+ENGINE_MEASURE_VERSION = 28
 # measured images per partition: enough that the largest buffer of all partitions together exceeds this
 # (out of the last-level cache, like the full layer) and that a GEMM has this many columns, at most the
 # largest of the candidates' chunks of a partition
@@ -71,8 +72,9 @@ AUTOTUNE_ROUNDS = 2
 # lowering 1, 20% slower)
 LOWERING_RECHECK_WINDOW = 1.6
 # of the lowerings' measurement (2: close calls measured again, partitions' chunks capped; 3: the images of the
-# largest chunk): entries measured by another version are measured again
-LOWERING_MEASURE_VERSION = 3
+# largest chunk; 4: the images-last 2-D lowering and col2im compiled): entries measured by another version are
+# measured again
+LOWERING_MEASURE_VERSION = 4
 # measuring lowering vs fft runs at most this many (predicted) seconds of images per round ...
 ENGINE_AUTOTUNE_SECONDS = 0.25
 ENGINE_AUTOTUNE_ROUNDS = 3

@@ -10,7 +10,7 @@ pass while it is in the core's cache, without the GIL.  They compute what the nu
 comparisons and additions in the same order (the same values; col2im may give +0.0 where the numpy body keeps
 a -0.0); the layers, the lowering and the SGD solver call them through :func:`kernels` for the numpy arrays
 they support (:func:`takes`) and keep their array-module bodies for everything else (cupy, other dtypes, N-D
-or images-last lowering, LRN within a channel or with other powers, leaky ReLUs, the other update rules).
+lowering, LRN within a channel or with other powers, leaky ReLUs, the other update rules).
 
 They also make :func:`cct.engines.gemm.matmul_accumulate`'s call into numpy's BLAS (``out += a @ b``, beta 1)
 in one C call with the GIL released, where a ctypes call checked its operands in Python.
@@ -28,7 +28,7 @@ import numpy as np
 from cct.config import settings
 
 # the kernels' API version this package calls (CCT_KERNELS_API in _kernels.c)
-API_VERSION = 6
+API_VERSION = 7
 
 try:
     from cct.native import _kernels as _built
@@ -68,5 +68,6 @@ def describe() -> str:
         return "numpy bodies (compiled kernels not built: no C compiler at install)"
     if kernels() is None:
         return "numpy bodies (compiled kernels off: CCT_NATIVE=0)"
-    return ("compiled (MAX pooling of up to 8 spatial axes; LRN across channels, beta 0.75; 2-D lowering; ReLU "
-            "backward; BatchNorm and Scale per channel; SGD update; accumulating GEMM calls), numpy bodies elsewhere")
+    return ("compiled (MAX pooling of up to 8 spatial axes; LRN across channels, beta 0.75; 2-D lowering, images "
+            "first or last; ReLU backward; BatchNorm and Scale per channel; SGD update; accumulating GEMM calls), "
+            "numpy bodies elsewhere")

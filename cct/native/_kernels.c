@@ -352,6 +352,76 @@ DEFINE_IM2COL(im2col_f64, double)
 DEFINE_COL2IM(col2im_f32, float)
 DEFINE_COL2IM(col2im_f64, double)
 
+/* The same lowering with the images innermost (the numpy body's layout for small outputs): col (c, kh, kw, oh, ow,
+ * n). One channel at a time, the image moved into a zero-padded plane of (row, column, image) cells; each kernel
+ * offset's output cell then reads a run of n values. */
+#define DEFINE_IM2COL_LAST(NAME, T)                                                                          \
+    static void NAME(const T *x, T *col, Py_ssize_t n, Py_ssize_t c, Py_ssize_t h, Py_ssize_t w,            \
+                     const Py_ssize_t *k, T *plane, Py_ssize_t hp, Py_ssize_t wp) {                          \
+        const Py_ssize_t kh = k[0], kw = k[1], sh = k[2], sw = k[3], ph = k[4], pw = k[5], dh = k[6], dw = k[7]; \
+        const Py_ssize_t oh = k[8], ow = k[9];                                                               \
+        memset(plane, 0, hp * wp * n * sizeof(T));                                                           \
+        for (Py_ssize_t ch = 0; ch < c; ch++) {                                                              \
+            for (Py_ssize_t img = 0; img < n; img++) {                                                       \
+                const T *src = x + (img * c + ch) * h * w;                                                   \
+                for (Py_ssize_t row = 0; row < h; row++) {                                                   \
+                    T *restrict to = plane + ((row + ph) * wp + pw) * n + img;                               \
+                    const T *restrict from = src + row * w;                                                  \
+                    for (Py_ssize_t q = 0; q < w; q++) to[q * n] = from[q];                                  \
+                }                                                                                            \
+            }                                                                                                \
+            T *dst = col + ch * kh * kw * oh * ow * n;                                                       \
+            for (Py_ssize_t i = 0; i < kh; i++)                                                              \
+                for (Py_ssize_t j = 0; j < kw; j++)                                                          \
+                    for (Py_ssize_t r = 0; r < oh; r++, dst += ow * n) {                                     \
+                        const T *src = plane + ((r * sh + i * dh) * wp + j * dw) * n;                        \
+                        if (sw == 1) /* the row's cells follow each other: one run of ow·n values */         \
+                            memcpy(dst, src, ow * n * sizeof(T));                                            \
+                        else                                                                                 \
+                            for (Py_ssize_t q = 0; q < ow; q++)                                              \
+                                memcpy(dst + q * n, src + q * sw * n, n * sizeof(T));                        \
+                    }                                                                                        \
+        }                                                                                                    \
+    }
+
+DEFINE_IM2COL_LAST(im2col_last_f32, float)
+DEFINE_IM2COL_LAST(im2col_last_f64, double)
+
+/* Its adjoint: per channel a zeroed padded plane of (row, column, image) cells, every kernel offset's rows added
+ * in row-major order (the numpy body's order: the same sums), then the image cells moved into dx. */
+#define DEFINE_COL2IM_LAST(NAME, T)                                                                          \
+    static void NAME(const T *col, T *dx, Py_ssize_t n, Py_ssize_t c, Py_ssize_t h, Py_ssize_t w,           \
+                     const Py_ssize_t *k, T *plane, Py_ssize_t hp, Py_ssize_t wp) {                          \
+        const Py_ssize_t kh = k[0], kw = k[1], sh = k[2], sw = k[3], ph = k[4], pw = k[5], dh = k[6], dw = k[7]; \
+        const Py_ssize_t oh = k[8], ow = k[9];                                                               \
+        for (Py_ssize_t ch = 0; ch < c; ch++) {                                                              \
+            memset(plane, 0, hp * wp * n * sizeof(T));                                                       \
+            const T *src = col + ch * kh * kw * oh * ow * n;                                                 \
+            for (Py_ssize_t i = 0; i < kh; i++)                                                              \
+                for (Py_ssize_t j = 0; j < kw; j++)                                                          \
+                    for (Py_ssize_t r = 0; r < oh; r++, src += ow * n) {                                     \
+                        T *restrict to = plane + ((r * sh + i * dh) * wp + j * dw) * n;                      \
+                        const T *restrict from = src;                                                        \
+                        if (sw == 1) /* one run of ow·n values */                                            \
+                            for (Py_ssize_t v = 0; v < ow * n; v++) to[v] += from[v];                        \
+                        else                                                                                 \
+                            for (Py_ssize_t q = 0; q < ow; q++)                                              \
+                                for (Py_ssize_t v = 0; v < n; v++) to[q * sw * n + v] += from[q * n + v];    \
+                    }                                                                                        \
+            for (Py_ssize_t img = 0; img < n; img++) {                                                       \
+                T *out = dx + (img * c + ch) * h * w;                                                        \
+                for (Py_ssize_t row = 0; row < h; row++) {                                                   \
+                    const T *restrict from = plane + ((row + ph) * wp + pw) * n + img;                       \
+                    T *restrict to = out + row * w;                                                          \
+                    for (Py_ssize_t q = 0; q < w; q++) to[q] = from[q * n];                                  \
+                }                                                                                            \
+            }                                                                                                \
+        }                                                                                                    \
+    }
+
+DEFINE_COL2IM_LAST(col2im_last_f32, float)
+DEFINE_COL2IM_LAST(col2im_last_f64, double)
+
 /* LRN across channels with beta = 3/4 (Caffe's default and CaffeNet's), the numpy body's passes fused and
  * in its order, so the results are the same bits:
  *   scale[c] = k + Σ_{d<=r} (coeff·x²)[c±d]  (centre first, then for d = 1..r the neighbour below and above),
@@ -912,8 +982,9 @@ static int lowering_geometry(PyObject *geometry, Py_ssize_t *g, Py_ssize_t *pad_
 }
 
 /* im2col (x -> col) or, `adjoint`, col2im (col -> dx): the same arguments, checked the same way; the scratch is
- * the image split by stride phase (im2col) or one zero-padded plane (col2im). */
-static PyObject *lowering_call(PyObject *args, int adjoint) {
+ * the image split by stride phase (im2col) or one zero-padded plane (col2im); `last`: the images-innermost
+ * layout, whose scratch is one zero-padded plane of every image's cells. */
+static PyObject *lowering_call(PyObject *args, int adjoint, int last) {
     PyObject *oin, *oout, *geometry;
     Py_ssize_t g[14], pad_h, pad_w;
     buffers b = {.held = 0};
@@ -929,18 +1000,27 @@ static PyObject *lowering_call(PyObject *args, int adjoint) {
         release(&b);
         return NULL;
     }
-    const Py_ssize_t rows = adjoint ? pad_h : (pad_h + k[2] - 1) / k[2];
-    const Py_ssize_t cols = adjoint ? pad_w : (pad_w + k[3] - 1) / k[3];
-    /* the phase buffer (or col2im's padded plane), then im2col's tables, 8-byte aligned */
-    const Py_ssize_t data = (adjoint ? rows * cols : c * k[2] * k[3] * rows * cols) * item, at = (data + 7) / 8 * 8;
-    char *buf = malloc(at + (adjoint ? 0 : (h + 2 * k[3] + k[0] * k[1]) * (Py_ssize_t)sizeof(Py_ssize_t)));
+    const Py_ssize_t rows = adjoint || last ? pad_h : (pad_h + k[2] - 1) / k[2];
+    const Py_ssize_t cols = adjoint || last ? pad_w : (pad_w + k[3] - 1) / k[3];
+    /* the phase buffer (or the padded plane), then im2col's tables, 8-byte aligned */
+    const Py_ssize_t data = (last ? rows * cols * n : adjoint ? rows * cols : c * k[2] * k[3] * rows * cols) * item;
+    const Py_ssize_t at = (data + 7) / 8 * 8;
+    char *buf = malloc(at + (adjoint || last ? 0 : (h + 2 * k[3] + k[0] * k[1]) * (Py_ssize_t)sizeof(Py_ssize_t)));
     if (!buf) {
         release(&b);
         return PyErr_NoMemory();
     }
     Py_ssize_t *table = (Py_ssize_t *)(buf + at);
     Py_BEGIN_ALLOW_THREADS
-    if (adjoint && item == 4)
+    if (last && adjoint && item == 4)
+        col2im_last_f32(in, out, n, c, h, w, k, (float *)buf, rows, cols);
+    else if (last && adjoint)
+        col2im_last_f64(in, out, n, c, h, w, k, (double *)buf, rows, cols);
+    else if (last && item == 4)
+        im2col_last_f32(in, out, n, c, h, w, k, (float *)buf, rows, cols);
+    else if (last)
+        im2col_last_f64(in, out, n, c, h, w, k, (double *)buf, rows, cols);
+    else if (adjoint && item == 4)
         col2im_f32(in, out, n, c, h, w, k, (float *)buf, rows, cols);
     else if (adjoint)
         col2im_f64(in, out, n, c, h, w, k, (double *)buf, rows, cols);
@@ -956,12 +1036,22 @@ static PyObject *lowering_call(PyObject *args, int adjoint) {
 
 static PyObject *im2col(PyObject *self, PyObject *args) {
     (void)self;
-    return lowering_call(args, 0);
+    return lowering_call(args, 0, 0);
 }
 
 static PyObject *col2im(PyObject *self, PyObject *args) {
     (void)self;
-    return lowering_call(args, 1);
+    return lowering_call(args, 1, 0);
+}
+
+static PyObject *im2col_last(PyObject *self, PyObject *args) {
+    (void)self;
+    return lowering_call(args, 0, 1);
+}
+
+static PyObject *col2im_last(PyObject *self, PyObject *args) {
+    (void)self;
+    return lowering_call(args, 1, 1);
 }
 
 static PyObject *relu_backward(PyObject *self, PyObject *args) {
@@ -1289,6 +1379,10 @@ static PyMethodDef methods[] = {
      "im2col(x, col, (n, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow)): 2-D lowering, col (c, kh, kw, n, oh, ow)"},
     {"col2im", col2im, METH_VARARGS,
      "col2im(col, dx, geometry): im2col's adjoint, dx (n, c, h, w) overwritten"},
+    {"im2col_last", im2col_last, METH_VARARGS,
+     "im2col_last(x, col, geometry): im2col with the images innermost, col (c, kh, kw, oh, ow, n)"},
+    {"col2im_last", col2im_last, METH_VARARGS,
+     "col2im_last(col, dx, geometry): im2col_last's adjoint, dx (n, c, h, w) overwritten"},
     {"lrn_forward", lrn_forward, METH_VARARGS,
      "lrn_forward(x, scale, y, n, c, hw, size, k, coeff): LRN across channels, beta 3/4"},
     {"lrn_backward", lrn_backward, METH_VARARGS,
@@ -1324,7 +1418,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels", NULL, -1,
 
 /* The version of the functions' arguments and meaning: cct.native ignores a module of another version (a copy
  * left in a checkout by an older build). */
-#define CCT_KERNELS_API 6
+#define CCT_KERNELS_API 7
 
 PyMODINIT_FUNC PyInit__kernels(void) {
     PyObject *m = PyModule_Create(&module);
