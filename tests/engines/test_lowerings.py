@@ -571,13 +571,19 @@ def test_col2im_into_the_gradient_adds_as_the_padded_buffer_does(monkeypatch, g,
     assert bool(called) == all(s == 1 for s in g.stride)
 
 
-@pytest.mark.parametrize("images_last", [False, True])
-@pytest.mark.parametrize("strategy", [1, 2])
+def _lowerings_2d() -> list:
+    """(geometry, strategy, images last) of the 2-D cases, the images-last layout where it applies: kernels of
+    several lowered offsets (lowering.images_last_order)."""
+    shapes = [c for c, _ in CASES if len(c.in_shape) == 2] + [
+        ConvGeometry(2, 3, 4, 1, (5, 2), (1, 1), (1, 3), (0, 0), (1, 1))]  # rows under a stride
+    return [pytest.param(g, s, last, id="x".join(map(str, g.in_shape)) + f"-k{g.kernel[0]}s{g.stride[0]}p{g.pad[0]}"
+                         f"d{g.dilation[0]}g{g.group}-type{s}" + ("-images-last" if last else ""))
+            for g in shapes for s in (1, 2) for last in (False, True)
+            if not last or lowering._Layout(g, 1 if strategy_fallback(s, g) else s).KL > 1]
+
+
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-@pytest.mark.parametrize("g", [c for c, _ in CASES if len(c.in_shape) == 2]
-                         + [ConvGeometry(2, 3, 4, 1, (5, 2), (1, 1), (1, 3), (0, 0), (1, 1))],  # rows under a stride
-                         ids=lambda g: "x".join(map(str, g.in_shape))
-                         + f"-k{g.kernel[0]}s{g.stride[0]}p{g.pad[0]}d{g.dilation[0]}g{g.group}")
+@pytest.mark.parametrize("g,strategy,images_last", _lowerings_2d())
 def test_compiled_lowering_is_bitwise_the_numpy_body(monkeypatch, g, dtype, strategy, images_last):
     """2-D lowering (type 1's im2col, type 2's rows) and its adjoint (col2im) by the compiled kernels
     (cct.native), the images first or innermost, give the numpy body's lowered matrix and sums, and so the same
@@ -586,8 +592,6 @@ def test_compiled_lowering_is_bitwise_the_numpy_body(monkeypatch, g, dtype, stra
 
     if native.kernels() is None:
         pytest.skip("compiled kernels not built (no C compiler at install)")
-    if images_last and lowering._Layout(g, strategy).KL <= 1:
-        pytest.skip("the images-last layout lowers kernels of several offsets only (lowering.images_last_order)")
     x, w, b, dy = _data(g, 4, dtype)
     calls = []
 
