@@ -320,32 +320,42 @@ DEFINE_MAX_BACKWARD(max_backward_f64, double)
 DEFINE_IM2COL(im2col_f32, float)
 DEFINE_IM2COL(im2col_f64, double)
 
-/* Its adjoint (col2im): dx[img][c] = Σ of every col entry into the padded cell it was read from, the kernel
- * offsets in row-major order (as the numpy body adds them: the same sums in the same order), one image and
- * channel at a time in a zeroed padded plane whose image cells are then copied into dx. */
+/* Its adjoint (col2im), for either layout: dx[img][c] = Σ of every col entry into the padded cell it was read
+ * from, the kernel offsets in row-major order (as the numpy bodies add them: the same sums in the same order), one
+ * channel at a time in a zeroed padded plane whose image cells are then moved into dx.  `last`: col (c, kh, kw, oh,
+ * ow, n), the plane's cells holding every image (a stride-1 row is one run of ow·n values); else col (c, kh, kw,
+ * n, oh, ow), one image's plane at a time. */
 #define DEFINE_COL2IM(NAME, T)                                                                               \
     static void NAME(const T *col, T *dx, Py_ssize_t n, Py_ssize_t c, Py_ssize_t h, Py_ssize_t w,           \
-                     const Py_ssize_t *k, T *plane, Py_ssize_t hp, Py_ssize_t wp) {                          \
+                     const Py_ssize_t *k, T *plane, Py_ssize_t hp, Py_ssize_t wp, int last) {                \
         const Py_ssize_t kh = k[0], kw = k[1], sh = k[2], sw = k[3], ph = k[4], pw = k[5], dh = k[6], dw = k[7]; \
         const Py_ssize_t oh = k[8], ow = k[9];                                                               \
-        for (Py_ssize_t img = 0; img < n; img++)                                                             \
+        /* images per plane cell, planes per channel, and the col offset of the next plane's rows */         \
+        const Py_ssize_t m = last ? n : 1, planes = last ? 1 : n, step = last ? 0 : oh * ow;                 \
+        for (Py_ssize_t img = 0; img < planes; img++)                                                        \
             for (Py_ssize_t ch = 0; ch < c; ch++) {                                                          \
-                memset(plane, 0, hp * wp * sizeof(T));                                                       \
+                memset(plane, 0, hp * wp * m * sizeof(T));                                                   \
                 for (Py_ssize_t i = 0; i < kh; i++)                                                          \
                     for (Py_ssize_t j = 0; j < kw; j++) {                                                    \
-                        const T *src = col + (((ch * kh + i) * kw + j) * n + img) * oh * ow;                 \
+                        const T *src = col + ((ch * kh + i) * kw + j) * n * oh * ow + img * step;            \
                         for (Py_ssize_t r = 0; r < oh; r++) {                                                \
-                            T *restrict to = plane + (r * sh + i * dh) * wp + j * dw;                        \
-                            const T *restrict from = src + r * ow;                                           \
+                            T *restrict to = plane + ((r * sh + i * dh) * wp + j * dw) * m;                  \
+                            const T *restrict from = src + r * ow * m;                                       \
                             if (sw == 1)                                                                     \
-                                for (Py_ssize_t q = 0; q < ow; q++) to[q] += from[q];                        \
+                                for (Py_ssize_t v = 0; v < ow * m; v++) to[v] += from[v];                    \
                             else                                                                             \
-                                for (Py_ssize_t q = 0; q < ow; q++) to[q * sw] += from[q];                   \
+                                for (Py_ssize_t q = 0; q < ow; q++)                                          \
+                                    for (Py_ssize_t v = 0; v < m; v++) to[q * sw * m + v] += from[q * m + v]; \
                         }                                                                                    \
                     }                                                                                        \
-                T *out = dx + (img * c + ch) * h * w;                                                        \
-                for (Py_ssize_t row = 0; row < h; row++)                                                     \
-                    memcpy(out + row * w, plane + (row + ph) * wp + pw, w * sizeof(T));                      \
+                for (Py_ssize_t v = 0; v < m; v++) {                                                         \
+                    T *out = dx + ((img + v) * c + ch) * h * w;                                              \
+                    for (Py_ssize_t row = 0; row < h; row++) {                                               \
+                        const T *restrict from = plane + ((row + ph) * wp + pw) * m + v;                     \
+                        T *restrict to = out + row * w;                                                      \
+                        for (Py_ssize_t q = 0; q < w; q++) to[q] = from[q * m];                              \
+                    }                                                                                        \
+                }                                                                                            \
             }                                                                                                \
     }
 
@@ -387,40 +397,6 @@ DEFINE_COL2IM(col2im_f64, double)
 DEFINE_IM2COL_LAST(im2col_last_f32, float)
 DEFINE_IM2COL_LAST(im2col_last_f64, double)
 
-/* Its adjoint: per channel a zeroed padded plane of (row, column, image) cells, every kernel offset's rows added
- * in row-major order (the numpy body's order: the same sums), then the image cells moved into dx. */
-#define DEFINE_COL2IM_LAST(NAME, T)                                                                          \
-    static void NAME(const T *col, T *dx, Py_ssize_t n, Py_ssize_t c, Py_ssize_t h, Py_ssize_t w,           \
-                     const Py_ssize_t *k, T *plane, Py_ssize_t hp, Py_ssize_t wp) {                          \
-        const Py_ssize_t kh = k[0], kw = k[1], sh = k[2], sw = k[3], ph = k[4], pw = k[5], dh = k[6], dw = k[7]; \
-        const Py_ssize_t oh = k[8], ow = k[9];                                                               \
-        for (Py_ssize_t ch = 0; ch < c; ch++) {                                                              \
-            memset(plane, 0, hp * wp * n * sizeof(T));                                                       \
-            const T *src = col + ch * kh * kw * oh * ow * n;                                                 \
-            for (Py_ssize_t i = 0; i < kh; i++)                                                              \
-                for (Py_ssize_t j = 0; j < kw; j++)                                                          \
-                    for (Py_ssize_t r = 0; r < oh; r++, src += ow * n) {                                     \
-                        T *restrict to = plane + ((r * sh + i * dh) * wp + j * dw) * n;                      \
-                        const T *restrict from = src;                                                        \
-                        if (sw == 1) /* one run of ow·n values */                                            \
-                            for (Py_ssize_t v = 0; v < ow * n; v++) to[v] += from[v];                        \
-                        else                                                                                 \
-                            for (Py_ssize_t q = 0; q < ow; q++)                                              \
-                                for (Py_ssize_t v = 0; v < n; v++) to[q * sw * n + v] += from[q * n + v];    \
-                    }                                                                                        \
-            for (Py_ssize_t img = 0; img < n; img++) {                                                       \
-                T *out = dx + (img * c + ch) * h * w;                                                        \
-                for (Py_ssize_t row = 0; row < h; row++) {                                                   \
-                    const T *restrict from = plane + ((row + ph) * wp + pw) * n + img;                       \
-                    T *restrict to = out + row * w;                                                          \
-                    for (Py_ssize_t q = 0; q < w; q++) to[q] = from[q * n];                                  \
-                }                                                                                            \
-            }                                                                                                \
-        }                                                                                                    \
-    }
-
-DEFINE_COL2IM_LAST(col2im_last_f32, float)
-DEFINE_COL2IM_LAST(col2im_last_f64, double)
 
 /* LRN across channels with beta = 3/4 (Caffe's default and CaffeNet's), the numpy body's passes fused and
  * in its order, so the results are the same bits:
@@ -1012,18 +988,14 @@ static PyObject *lowering_call(PyObject *args, int adjoint, int last) {
     }
     Py_ssize_t *table = (Py_ssize_t *)(buf + at);
     Py_BEGIN_ALLOW_THREADS
-    if (last && adjoint && item == 4)
-        col2im_last_f32(in, out, n, c, h, w, k, (float *)buf, rows, cols);
-    else if (last && adjoint)
-        col2im_last_f64(in, out, n, c, h, w, k, (double *)buf, rows, cols);
+    if (adjoint && item == 4)
+        col2im_f32(in, out, n, c, h, w, k, (float *)buf, rows, cols, last);
+    else if (adjoint)
+        col2im_f64(in, out, n, c, h, w, k, (double *)buf, rows, cols, last);
     else if (last && item == 4)
         im2col_last_f32(in, out, n, c, h, w, k, (float *)buf, rows, cols);
     else if (last)
         im2col_last_f64(in, out, n, c, h, w, k, (double *)buf, rows, cols);
-    else if (adjoint && item == 4)
-        col2im_f32(in, out, n, c, h, w, k, (float *)buf, rows, cols);
-    else if (adjoint)
-        col2im_f64(in, out, n, c, h, w, k, (double *)buf, rows, cols);
     else if (item == 4)
         im2col_f32(in, out, n, c, h, w, k, (float *)buf, rows, cols, table);
     else
