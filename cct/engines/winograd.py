@@ -72,8 +72,9 @@ TILES = tuple(sorted(_TRANSFORMS))
 # PyTorch's; 1.03-1.06x at 128)
 MIN_CHUNK_TILES = 128
 # of the weight gradient's measured choice (2: tiles with the channels innermost; 3: the kernel-side transform over
-# the partitions): choices measured by another version are measured again
-WGRAD_MEASURE_VERSION = 3
+# the partitions; 4: one choice per geometry whatever the batch): choices measured by another version are measured
+# again
+WGRAD_MEASURE_VERSION = 4
 
 
 class WinogradEngine(ConvEngine):
@@ -136,7 +137,7 @@ class WinogradEngine(ConvEngine):
             per_tile_image = _image_tiles(g, m)
             tiles = per_tile_image * g.num
             per_image = _image_bytes(m, widest, widest, g.out_shape, itemsize)
-            images = min(-(-g.num // parts), _chunk_images(per_tile_image, parts, per_image))
+            images = min(_ceil(g.num, parts), _chunk_images(per_tile_image, parts, per_image))
             # the channel GEMMs run chunk by chunk, a chunk's tiles their rows (or inner dimension), each partition
             # on its share of the cores: the model's whole-machine GEMM on the chunk, once per chunk of the batch
             # (a 14x14 image makes 16 tiles at m = 4: VGG16's conv5_1 at 8 images, 64 tiles per GEMM)

@@ -397,7 +397,6 @@ DEFINE_COL2IM(col2im_f64, double)
 DEFINE_IM2COL_LAST(im2col_last_f32, float)
 DEFINE_IM2COL_LAST(im2col_last_f64, double)
 
-
 /* LRN across channels with beta = 3/4 (Caffe's default and CaffeNet's), the numpy body's passes fused and
  * in its order, so the results are the same bits:
  *   scale[c] = k + Σ_{d<=r} (coeff·x²)[c±d]  (centre first, then for d = 1..r the neighbour below and above),
