@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 from google.protobuf.message import DecodeError
 
+from cct import native
 from cct.blob import Blob, blob_from_proto, proto_shape
 from cct.device import get_array_module
 from cct.errors import CctError, ParamError
@@ -179,6 +180,8 @@ class SoftmaxWithLoss(_SoftmaxLabelLoss):
         _no_label_backprop(self, propagate_down)
         if not propagate_down[0]:
             return
+        if self._backward_compiled(top, bottom):
+            return
         xp = get_array_module(bottom[0].data)
         lab, valid, count = self._labels(bottom)
         scale = top[0].diff / get_normalizer(self.normalization, self.outer, self.inner, count)
@@ -192,6 +195,24 @@ class SoftmaxWithLoss(_SoftmaxLabelLoss):
         bd3[oi, lab, ii] = (at_label - 1) * scale
         if valid is not None:
             bd3 *= valid[:, None, :]
+
+
+    def _backward_compiled(self, top: list[Blob], bottom: list[Blob]) -> bool:
+        """The gradient in two compiled passes (the labels counted, then one over the scores), where the kernels
+        take the arrays: the numpy body's values, without its dozen short numpy calls (a step of its own after
+        the forward pass, where each call finds its data out of the cache).  False: the numpy body runs, and
+        reports a label out of range."""
+        label, dx = bottom[1].data, bottom[0].diff
+        compiled = native.kernels_for(self.prob.data, label, dx)
+        if compiled is None:
+            return False
+        count = compiled.label_count(label, self.classes, self.ignore_label)
+        if count < 0:
+            return False
+        scale = top[0].diff / get_normalizer(self.normalization, self.outer, self.inner, count)
+        compiled.softmax_loss_backward(self.prob.data, label, dx, (self.outer, self.classes, self.inner),
+                                       float(scale), self.ignore_label)
+        return True
 
 
 # ---- InfogainLoss ----------------------------------------------------------------------------

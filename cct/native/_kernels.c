@@ -493,6 +493,49 @@ DEFINE_LRN(lrn_forward_f64, lrn_backward_f64, double)
 DEFINE_RELU_BACKWARD(relu_backward_f32, float)
 DEFINE_RELU_BACKWARD(relu_backward_f64, double)
 
+/* ---- SoftmaxWithLoss backward ------------------------------------------------------------------------- */
+
+/* The labels as the numpy body reads them (read_labels in cct/layers/loss.py): truncated toward zero, a position
+ * ignored where that equals the ignore label, else its class must lie in [0, classes).  Returns the number of
+ * positions not ignored, or -1 where a label is out of range (the caller then reads them in numpy to say which). */
+#define DEFINE_LABEL_COUNT(NAME, T)                                                                          \
+    static Py_ssize_t NAME(const T *label, Py_ssize_t n, Py_ssize_t classes, int has_ignore, double ignore) { \
+        Py_ssize_t count = 0;                                                                                \
+        for (Py_ssize_t j = 0; j < n; j++) {                                                                 \
+            double t = trunc((double)label[j]);                                                              \
+            if (has_ignore && t == ignore) continue;                                                         \
+            if (!(t >= 0 && t < (double)classes)) return -1;                                                 \
+            count++;                                                                                         \
+        }                                                                                                    \
+        return count;                                                                                        \
+    }
+DEFINE_LABEL_COUNT(label_count_f32, float)
+DEFINE_LABEL_COUNT(label_count_f64, double)
+
+/* dx = (p - onehot(label)) · scale over (outer, classes, inner), the numpy body's roundings: p · scale everywhere,
+ * (p - 1) · scale at each position's label (class 0 where ignored), then every class of an ignored position
+ * times 0.  The labels were checked by label_count. */
+#define DEFINE_SOFTMAX_LOSS_BACKWARD(NAME, T)                                                                \
+    CCT_CLONES static void NAME(const T *p, const T *label, T *dx, Py_ssize_t outer, Py_ssize_t classes,     \
+                                Py_ssize_t inner, T scale, int has_ignore, double ignore) {                  \
+        const Py_ssize_t plane = classes * inner;                                                            \
+        for (Py_ssize_t o = 0; o < outer; o++) {                                                             \
+            const T *po = p + o * plane;                                                                     \
+            T *dxo = dx + o * plane;                                                                         \
+            for (Py_ssize_t j = 0; j < plane; j++) dxo[j] = po[j] * scale;                                   \
+            for (Py_ssize_t i = 0; i < inner; i++) {                                                         \
+                double t = trunc((double)label[o * inner + i]);                                              \
+                int ignored = has_ignore && t == ignore;                                                     \
+                Py_ssize_t at = (ignored ? 0 : (Py_ssize_t)t) * inner + i;                                   \
+                dxo[at] = (T)(po[at] - (T)1) * scale;                                                        \
+                if (ignored)                                                                                 \
+                    for (Py_ssize_t c = 0; c < classes; c++) dxo[c * inner + i] *= (T)0;                     \
+            }                                                                                                \
+        }                                                                                                    \
+    }
+DEFINE_SOFTMAX_LOSS_BACKWARD(softmax_loss_backward_f32, float)
+DEFINE_SOFTMAX_LOSS_BACKWARD(softmax_loss_backward_f64, double)
+
 /* ---- SGD update ---------------------------------------------------------------------------------------- */
 
 /* Caffe's SGD step (cct/solvers/sgd.py) on n values, each in one pass: g *= norm (when `normalize`); g += decay·w
@@ -1045,6 +1088,68 @@ static PyObject *relu_backward(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *label_count(PyObject *self, PyObject *args) {
+    PyObject *olabel, *oignore;
+    Py_ssize_t classes;
+    buffers b = {.held = 0};
+    void *label;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OnO", &olabel, &classes, &oignore)) return NULL;
+    Py_ssize_t item = item_size(olabel);
+    if (item < 0) return NULL;
+    if (take(&b, olabel, 0, item, 0, "label", &label, 0) < 0) {
+        release(&b);
+        return NULL;
+    }
+    const Py_ssize_t n = b.views[0].len / item;
+    const int has_ignore = oignore != Py_None;
+    const double ignore = has_ignore ? PyFloat_AsDouble(oignore) : 0;
+    if (has_ignore && PyErr_Occurred()) {
+        release(&b);
+        return NULL;
+    }
+    Py_ssize_t count;
+    Py_BEGIN_ALLOW_THREADS
+    count = item == 4 ? label_count_f32(label, n, classes, has_ignore, ignore)
+                      : label_count_f64(label, n, classes, has_ignore, ignore);
+    Py_END_ALLOW_THREADS
+    release(&b);
+    return PyLong_FromSsize_t(count);
+}
+
+static PyObject *softmax_loss_backward(PyObject *self, PyObject *args) {
+    PyObject *op, *olabel, *odx, *oignore;
+    Py_ssize_t outer, classes, inner;
+    double scale;
+    buffers b = {.held = 0};
+    void *p, *label, *dx;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOO(nnn)dO", &op, &olabel, &odx, &outer, &classes, &inner, &scale, &oignore))
+        return NULL;
+    Py_ssize_t item = item_size(op);
+    if (item < 0) return NULL;
+    if (take(&b, op, 0, item, outer * classes * inner, "p", &p, 0) < 0 ||
+        take(&b, olabel, 0, item, outer * inner, "label", &label, 0) < 0 ||
+        take(&b, odx, 1, item, outer * classes * inner, "dx", &dx, 0) < 0) {
+        release(&b);
+        return NULL;
+    }
+    const int has_ignore = oignore != Py_None;
+    const double ignore = has_ignore ? PyFloat_AsDouble(oignore) : 0;
+    if (has_ignore && PyErr_Occurred()) {
+        release(&b);
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    if (item == 4)
+        softmax_loss_backward_f32(p, label, dx, outer, classes, inner, (float)scale, has_ignore, ignore);
+    else
+        softmax_loss_backward_f64(p, label, dx, outer, classes, inner, scale, has_ignore, ignore);
+    Py_END_ALLOW_THREADS
+    release(&b);
+    Py_RETURN_NONE;
+}
+
 static PyObject *sgd_update(PyObject *self, PyObject *args) {
     PyObject *o[3];
     void *p[3];
@@ -1360,6 +1465,12 @@ static PyMethodDef methods[] = {
      "lrn_backward(x, y, dy, scale, dx, n, c, hw, size, gain): its gradient, gain = -2*coeff*beta"},
     {"relu_backward", relu_backward, METH_VARARGS,
      "relu_backward(x, dy, dx): dx = dy * (x > 0); dx may be dy"},
+    {"label_count", label_count, METH_VARARGS,
+     "label_count(label, classes, ignore): positions whose label (truncated) is not `ignore` (None: none is), or "
+     "-1 where one lies outside [0, classes)"},
+    {"softmax_loss_backward", softmax_loss_backward, METH_VARARGS,
+     "softmax_loss_backward(p, label, dx, (outer, classes, inner), scale, ignore): dx = (p - onehot(label)) * "
+     "scale, 0 at ignored positions"},
     {"set_gemm", set_gemm, METH_VARARGS,
      "set_gemm(itemsize, address, ilp64): the cblas ?gemm gemm_accumulate calls for items of that size"},
     {"gemm_accumulate", gemm_accumulate, METH_VARARGS,
@@ -1389,7 +1500,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels", NULL, -1,
 
 /* The version of the functions' arguments and meaning: cct.native ignores a module of another version (a copy
  * left in a checkout by an older build). */
-#define CCT_KERNELS_API 7
+#define CCT_KERNELS_API 8
 
 PyMODINIT_FUNC PyInit__kernels(void) {
     PyObject *m = PyModule_Create(&module);

@@ -8,9 +8,16 @@ import cct.layers.loss  # noqa: F401  (registers the layers even if other layer 
 from cct.errors import CctError, ParamError
 from cct.gradient_check import check_gradient, setup_layer
 from cct.proto import caffe_pb2 as pb
+from tests.helpers import BODIES, select_body
 
 FLT_MIN = float(np.finfo(np.float32).tiny)
 NORMS = ["FULL", "VALID", "BATCH_SIZE", "NONE"]
+
+
+@pytest.fixture(params=BODIES)
+def body(request, monkeypatch):
+    """SoftmaxWithLoss's backward by the compiled kernels (where built) and by its numpy body."""
+    return select_body(request, monkeypatch)
 
 
 def rng(seed: int = 0) -> np.random.Generator:
@@ -180,14 +187,14 @@ def test_no_backprop_to_labels():
 
 @pytest.mark.parametrize("norm", NORMS)
 @pytest.mark.parametrize("ignore", [None, 1])
-def test_softmax_loss_gradient(norm, ignore):
+def test_softmax_loss_gradient(norm, ignore, body):
     x = rng(4).standard_normal((2, 3, 2, 2))
     lab = class_labels((2, 1, 2, 2), 3, seed=5, ignore=ignore)
     check_gradient(swl(ignore=ignore, norm=norm), [x, lab], check_bottoms=[0])
 
 
 @pytest.mark.parametrize("ignore", [None, 1])
-def test_softmax_loss_float32_gradient_has_caffes_roundings(ignore):
+def test_softmax_loss_float32_gradient_has_caffes_roundings(ignore, body):
     """The gradient is bitwise Caffe's sequence in float32: copy p, subtract 1 at each label, zero the ignored
     positions, scale by loss weight / normalizer."""
     x = rng(8).standard_normal((5, 7, 3)).astype(np.float32)
@@ -205,20 +212,64 @@ def test_softmax_loss_float32_gradient_has_caffes_roundings(ignore):
     np.testing.assert_array_equal(run.bottom[0].diff, want)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", ["plain", "ignored", "all ignored", "axis 2", "negative weight"])
+def test_softmax_loss_backward_bodies_agree_bit_for_bit(dtype, case, monkeypatch):
+    """The compiled backward gives the numpy body's bits: truncated fractional labels, an ignore label outside
+    [0, C), ignored positions (-0 under a negative weight), classes along an inner axis."""
+    from cct import native
+
+    if native.kernels() is None:
+        pytest.skip("compiled kernels not built (no C compiler at install)")
+    shape, axis, ignore, weight = (4, 6, 3), 1, None, 3
+    lab = rng(2).integers(0, 6, size=(4, 3)) + rng(3).random((4, 3)) * 0.9
+    if case in ("ignored", "all ignored", "negative weight"):
+        ignore = -1
+        lab[rng(4).random((4, 3)) < (1.0 if case == "all ignored" else 0.4)] = -1.5
+    if case == "axis 2":
+        shape, axis = (4, 3, 6), 2
+    if case == "negative weight":
+        weight = -2
+    x = rng(5).standard_normal(shape).astype(dtype) * 4
+    text = swl(axis=axis, ignore=ignore, norm="VALID", extra=f"loss_weight: {weight}")
+    grads = []
+    for switch in ("1", "0"):
+        monkeypatch.setenv("CCT_NATIVE", switch)
+        run = setup_layer(text, [x, lab.astype(dtype)], dtype=dtype)
+        run.forward()
+        run.bottom[0].diff[...] = np.nan
+        run.layer.backward_layer(run.top, [True, False], run.bottom)
+        grads.append(run.bottom[0].diff.copy())
+    bits = np.uint32 if dtype is np.float32 else np.uint64
+    np.testing.assert_array_equal(grads[0].view(bits), grads[1].view(bits))
+    if case == "negative weight":
+        ignored = np.moveaxis(grads[0], 1, -1)[lab == -1.5]
+        assert ignored.size and not ignored.any() and np.signbit(ignored).any()
+
+
+def test_softmax_loss_backward_refuses_a_label_changed_out_of_range(body):
+    run = setup_layer(swl(), [rng().standard_normal((2, 3)).astype(np.float32), np.array([0.0, 1.0])],
+                      dtype=np.float32)
+    run.forward()
+    run.bottom[1].data[1] = 3
+    with pytest.raises(CctError, match="label value 3"):
+        run.layer.backward_layer(run.top, [True, False], run.bottom)
+
+
 @pytest.mark.parametrize("normalize", [True, False])
-def test_softmax_loss_gradient_legacy_normalize(normalize):
+def test_softmax_loss_gradient_legacy_normalize(normalize, body):
     x = rng(4).standard_normal((3, 4))
     lab = class_labels((3,), 4, seed=5, ignore=2)
     check_gradient(swl(ignore=2, normalize=normalize), [x, lab], check_bottoms=[0])
 
 
 @pytest.mark.parametrize("shape,axis,label_shape", [((2, 3, 4, 2), 2, (2, 3, 2)), ((2, 3, 4), -1, (2, 3))])
-def test_softmax_loss_gradient_axis(shape, axis, label_shape):
+def test_softmax_loss_gradient_axis(shape, axis, label_shape, body):
     x = rng(6).standard_normal(shape)
     check_gradient(swl(axis=axis), [x, class_labels(label_shape, shape[axis])], check_bottoms=[0])
 
 
-def test_softmax_loss_gradient_with_prob_top():
+def test_softmax_loss_gradient_with_prob_top(body):
     x = rng(7).standard_normal((3, 4))
     check_gradient(swl(extra="loss_weight: 2 loss_weight: 0"), [x, class_labels((3,), 4)],
                    num_tops=2, top_indices=[0], check_bottoms=[0])
