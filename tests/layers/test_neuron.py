@@ -361,6 +361,26 @@ def test_dropout_train(ratio):
     assert not np.array_equal(y2 != 0, kept)  # and is redrawn at every forward
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("ratio", [0.5, 0.3, 0.0, 0.9999999])
+def test_dropout_mask_is_caffes_integer_rule_on_the_stream(dtype, ratio):
+    """m = u > UINT_MAX * ratio (in the net's type), u the stream's 64-bit outputs as two 32-bit values each (an
+    odd count uses half of the last); the largest ratios stay below 2^32 and drop nearly every value."""
+    from cct.rng import get_rng
+
+    x = (rand((7, 5)) + 3.0).astype(dtype)
+    set_random_seed(9)
+    state = get_rng().bit_generator.state
+    run = setup_layer(f'type: "Dropout" dropout_param {{ dropout_ratio: {ratio} }}', [x], dtype=dtype)
+    get_rng().bit_generator.state = state
+    y = run.forward()[0]
+    get_rng().bit_generator.state = state
+    u = get_rng().bit_generator.random_raw(18).view(np.uint32)[:35].reshape(7, 5)
+    threshold = int(dtype(4294967295.0) * dtype(f32(ratio)))
+    np.testing.assert_array_equal(y != 0, u > threshold)
+    assert (y != 0).any() == (ratio < 0.9)
+
+
 def test_dropout_test_phase_is_identity():
     x = rand()
     for in_place in (False, True):
