@@ -20,6 +20,8 @@ class BuildExtAlsoInPlace(build_ext):
                           f"source tree runs the numpy bodies")
 
 
+# -fno-wrapv undoes the -fwrapv in Python's own CFLAGS (the kernels' index arithmetic never wraps; with wrapping
+# defined GCC keeps MAX pooling's backward loops unoptimized: 1.12-1.15x its time on CaffeNet's pools)
 setup(ext_modules=[Extension("cct.native._kernels", ["cct/native/_kernels.c"], optional=True,
-                             extra_compile_args=["-O3", "-ffp-contract=off", "-fno-math-errno"])],
+                             extra_compile_args=["-O3", "-fno-wrapv", "-ffp-contract=off", "-fno-math-errno"])],
       cmdclass={"build_ext": BuildExtAlsoInPlace})

@@ -143,16 +143,33 @@ static int scan_setup(const pool_geometry *g, pool_scan *s) {
     return 0;
 }
 
+/* `bytes` (a multiple of 4) from `from` to `to`: rows under 64 bytes (a small plane's) as two fixed-size moves
+ * that overlap in the middle, a loop (or one move) costing more than the copy there */
+static inline void copy_row(void *restrict to, const void *restrict from, Py_ssize_t bytes) {
+    char *d = to;
+    const char *f = from;
+    if (bytes >= 64) {
+        memcpy(d, f, bytes);
+    } else if (bytes >= 32) {
+        memcpy(d, f, 32);
+        memcpy(d + bytes - 32, f + bytes - 32, 32);
+    } else if (bytes >= 16) {
+        memcpy(d, f, 16);
+        memcpy(d + bytes - 16, f + bytes - 16, 16);
+    } else if (bytes >= 8) {
+        memcpy(d, f, 8);
+        memcpy(d + bytes - 8, f + bytes - 8, 8);
+    } else if (bytes >= 4) {
+        memcpy(d, f, 4);
+    }
+}
+
 #define DEFINE_SPLIT(NAME, T)                                                                                \
     /* the image rows of one plane into the phase buffer (its border keeps -inf from the first fill) */     \
     CCT_CLONES static void NAME(const pool_geometry *g, const pool_scan *s, const T *restrict x,             \
                                 T *restrict buf) {                                                           \
         const Py_ssize_t w = g->in[g->nd - 1];                                                               \
-        for (Py_ssize_t r = 0; r < g->rows; r++) {                                                           \
-            T *restrict to = buf + s->row_at[r];                                                             \
-            const T *restrict from = x + r * w;                                                              \
-            for (Py_ssize_t k = 0; k < w; k++) to[k] = from[k];                                              \
-        }                                                                                                    \
+        for (Py_ssize_t r = 0; r < g->rows; r++) copy_row(buf + s->row_at[r], x + r * w, w * sizeof(T));  \
     }
 
 /* The scan one vector of wide positions at a time, its maxima and codes held in registers over the kernel
@@ -833,6 +850,36 @@ static int parse_geometry(PyObject *geometry, pool_geometry *g) {
     return 0;
 }
 
+/* Small planes (LeNet's 4x4 and 8x8) pooled one at a time spend their time in each plane's fixed steps (forward: a
+ * split, a scan of one short vector, a cut, ~120 ns for a 4x4 plane; backward: a memset and the row indices).  Planes
+ * of at most GROUP_PLANE_CELLS cells are pooled up to GROUP_CELLS input cells at a time — as many planes as divide
+ * the plane count — as one plane of an extra leading axis (kernel, stride and dilation 1, no padding): the same
+ * windows, offsets and winner codes, the gradient added in the same order.  Against one plane at a time on 64 x 64
+ * planes (2-core Xeon, AVX-512): forward 3.1x at 4x4, 2.6x at 6x6, 1.1-1.3x at 8x8 and 10x10, 0.93-1.0x from 13x13
+ * on; backward 1.5x, 1.2x, 1.04x, 0.97x, then 0.8-0.9x (more row indices per plane than a plane's fixed steps). */
+#define GROUP_PLANE_CELLS 100
+#define GROUP_CELLS 4096
+
+static void group_planes(pool_geometry *g) {
+    if (g->nd >= POOL_MAX_AXES || g->in_plane > GROUP_PLANE_CELLS) return;
+    Py_ssize_t p = GROUP_CELLS / g->in_plane;
+    if (p > g->planes) p = g->planes;
+    while (p > 1 && g->planes % p) p--;
+    if (p < 2) return;
+    Py_ssize_t *fields[] = {g->in, g->out, g->kernel, g->stride, g->pad, g->dilation};
+    const Py_ssize_t lead[] = {p, p, 1, 1, 0, 1};
+    for (int f = 0; f < 6; f++) {
+        memmove(fields[f] + 1, fields[f], g->nd * sizeof(Py_ssize_t));
+        fields[f][0] = lead[f];
+    }
+    g->nd++;
+    g->planes /= p;
+    g->in_plane *= p;
+    g->out_plane *= p;
+    g->rows *= p;
+    g->out_rows *= p;
+}
+
 static PyObject *max_pool_forward(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *geometry, *ox, *oymax, *oy, *owin, *ocodes;
@@ -841,6 +888,7 @@ static PyObject *max_pool_forward(PyObject *self, PyObject *args) {
     void *x, *ymax, *y, *win, *codes;
     if (!PyArg_ParseTuple(args, "OOOOOO", &geometry, &ox, &oymax, &oy, &owin, &ocodes)) return NULL;
     if (parse_geometry(geometry, &g) < 0) return NULL;
+    group_planes(&g);
     Py_ssize_t item = item_size(ox);
     if (item < 0) return NULL;
     Py_ssize_t ins = g.planes * g.in_plane, outs = g.planes * g.out_plane;
@@ -886,6 +934,7 @@ static PyObject *max_pool_backward(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOOOOOpp", &geometry, &ody, &oymax, &owin, &odelta, &odx, &accumulate, &positive))
         return NULL;
     if (parse_geometry(geometry, &g) < 0) return NULL;
+    group_planes(&g);
     Py_ssize_t item = item_size(ody);
     if (item < 0) return NULL;
     Py_ssize_t ins = g.planes * g.in_plane, outs = g.planes * g.out_plane;

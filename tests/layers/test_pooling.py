@@ -618,8 +618,28 @@ def test_compiled_max_pooling_is_bitwise_the_numpy_body(monkeypatch, in_shape, k
     of a fused ReLU, and the winners found again after a TEST-phase forward."""
     if body == "numpy":
         pytest.skip("compares the two bodies")
+    _compare_bodies(monkeypatch, (3, 2), in_shape, kernel, stride, pad, dilation, ceil, dtype)
+
+
+@pytest.mark.parametrize("lead, in_shape, kernel, stride, pad", [
+    ((7, 9), (10, 10), (3, 3), (2, 2), (1, 1)),   # 63 planes of 100 cells: pooled 21 at a time (40 fit)
+    ((64, 50), (4, 4), (2, 2), (2, 2), (0, 0)),   # LeNet's pool2: 200 at a time (256 fit)
+    ((5, 1), (11,), (3,), (2,), (1,)),            # 1-D rows, 5 planes at a time
+    ((2, 3), (11, 11), (3, 3), (2, 2), (0, 0)),   # 121 cells: one plane at a time
+])
+def test_compiled_max_pooling_of_small_planes_in_groups_is_bitwise_the_numpy_body(monkeypatch, lead, in_shape,
+                                                                                    kernel, stride, pad, body):
+    """Small planes, which the compiled kernels pool many at a time as one plane of an extra axis, give the numpy
+    body's results bit for bit, whatever share of the planes a group holds."""
+    if body == "numpy":
+        pytest.skip("compares the two bodies")
+    ones = (1,) * len(in_shape)
+    _compare_bodies(monkeypatch, lead, in_shape, kernel, stride, pad, ones, True, np.float32)
+
+
+def _compare_bodies(monkeypatch, lead, in_shape, kernel, stride, pad, dilation, ceil, dtype):
     rng = np.random.default_rng(5)
-    x = rng.integers(-4, 3, (3, 2) + in_shape).astype(dtype)  # many ties
+    x = rng.integers(-4, 3, lead + in_shape).astype(dtype)  # many ties
     flat = x.reshape(-1)
     for value in (np.nan, -np.inf, -FLT_MAX):
         flat[rng.choice(flat.size, 7, replace=False)] = value
@@ -629,7 +649,7 @@ def test_compiled_max_pooling_is_bitwise_the_numpy_body(monkeypatch, in_shape, k
             monkeypatch.setenv("CCT_NATIVE", "0")
         pl = Pooler(pb.PoolingParameter.MAX, in_shape, kernel, stride, pad, ceil, dilation=dilation)
         assert (pl._compiled(x) is not None) == compiled
-        y = np.empty((3, 2) + pl.out_shape, dtype)
+        y = np.empty(lead + pl.out_shape, dtype)
         mask = np.empty_like(y)
         dy = rng.standard_normal(y.shape).astype(dtype) if not results else results[0][-1]
         pl.forward(x, y, mask=mask)
