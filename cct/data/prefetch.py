@@ -9,13 +9,18 @@ second.  An exception in the producer is handed to the consumer: :meth:`Prefetch
 a one-line :class:`~cct.errors.CctError`.  Batches are recycled through a free list like Caffe's
 ``prefetch_free_`` queue, so steady-state prefetching allocates nothing.
 
-A producer whose batches take next to no work (``SYNC_BATCH_CPU_SECONDS`` of the thread's CPU time per batch,
-the median of ``SYNC_SAMPLE`` batches after the first ``SYNC_SKIP``) is then run in the consuming thread
-instead, batch by batch as the net asks: the reading thread's Python work competes with the net's for the
-interpreter lock, and on such a producer that costs more than the work itself (the digits LeNet: 36-44 us per
-batch made in the net's thread, 90-170 us of the reading thread's CPU beside a training net; an iteration 0.14
-ms, 6%, faster without the thread).  Producers that do real work (decoding, cropping big images) keep the
-thread.
+A producer whose batches take next to no work is then run in the consuming thread instead, batch by batch as the
+net asks: the reading thread's Python work competes with the net's for the interpreter lock, and on such a producer
+that costs more than the work itself (the digits LeNet: 36-44 us per batch made in the net's thread, 90-170 us of
+the reading thread's CPU beside a training net; an iteration 0.14 ms, 6%, faster without the thread).  The reading
+thread's CPU time is a poor judge of that work — beside a busy net on a loaded 2-core machine the same digits
+batches measured 0.3-0.65 ms there (0.12-0.2 ms in the net's thread), over the 0.25 ms this rule once had, and the
+thread stayed, costing LeNet's conv1 forward 0.27 ms of its 0.6 — so a producer whose ``SYNC_SAMPLE`` batches
+after the first ``SYNC_SKIP`` took a median of at most ``SYNC_TRIAL_CPU_SECONDS`` there is tried in the consuming
+thread for ``SYNC_SAMPLE`` batches, and kept there if those took a median of at most ``SYNC_BATCH_CPU_SECONDS``
+(the Python work of small records, which holds the interpreter lock the thread would fight for), else its thread
+starts again where they left it.  Producers that do real work (decoding, cropping big images, much of it outside
+the lock) keep the thread.
 
 Exact resume: a producer may have ``state()`` (its cursor and random streams, JSON-able) and
 ``restore(state)``.  Each batch travels with the producer's state right after making it, so
@@ -37,9 +42,11 @@ from cct.errors import CctError
 _POLL = 0.05  # seconds between checks of the stop event while blocked
 _ids = itertools.count()
 # a producer whose SYNC_SAMPLE batches after the first SYNC_SKIP (its warm-up: first reads, page faults) took a
-# median of at most this much CPU time (the reading thread's own) runs in the consuming thread from then on (see
+# median of at most SYNC_TRIAL_CPU_SECONDS of the reading thread's CPU time is tried in the consuming thread, and
+# runs there from then on where SYNC_SAMPLE batches made there took a median of at most SYNC_BATCH_CPU_SECONDS (see
 # the module docstring)
-SYNC_BATCH_CPU_SECONDS = 2.5e-4
+SYNC_BATCH_CPU_SECONDS = 1e-3
+SYNC_TRIAL_CPU_SECONDS = 5e-3
 SYNC_SKIP = 4
 SYNC_SAMPLE = 8
 
@@ -108,6 +115,7 @@ class Prefetcher:
         self.consumed_state: Any = _state(producer)
         self._costs: list[float] = []  # CPU seconds of the first batches consumed (SYNC_SKIP + SYNC_SAMPLE)
         self.synchronous = False  # the producer runs in the consuming thread (see the module docstring)
+        self._trial: list[float] | None = None  # while on trial there: CPU seconds of its batches made there
         self._start()
 
     def _start(self) -> None:
@@ -124,12 +132,19 @@ class Prefetcher:
                 recycled = self._free.get_nowait()
             except queue.Empty:
                 recycled = None
+            t0 = time.thread_time()
             try:
                 batch = self._producer.next_batch(recycled)
             except Exception as e:  # noqa: BLE001 - one line, as from the thread
                 self._failure = _message(e)
                 raise CctError(self._failure) from None
             self.consumed_state = _state(self._producer)
+            if self._trial is not None:
+                self._trial.append(time.thread_time() - t0)
+                if len(self._trial) == SYNC_SAMPLE:
+                    if statistics.median(self._trial) > SYNC_BATCH_CPU_SECONDS:
+                        self._go_threaded()
+                    self._trial = None
             return batch
         while True:
             try:
@@ -145,9 +160,10 @@ class Prefetcher:
         if len(self._costs) < SYNC_SKIP + SYNC_SAMPLE:
             self._costs.append(cost)
             if len(self._costs) == SYNC_SKIP + SYNC_SAMPLE \
-                    and statistics.median(self._costs[SYNC_SKIP:]) <= SYNC_BATCH_CPU_SECONDS \
+                    and statistics.median(self._costs[SYNC_SKIP:]) <= SYNC_TRIAL_CPU_SECONDS \
                     and callable(getattr(self._producer, "restore", None)) and self.consumed_state is not None:
                 self._go_synchronous()
+                self._trial = []
         return batch
 
     def _halt(self) -> None:
@@ -170,6 +186,15 @@ class Prefetcher:
         self._producer.restore(self.consumed_state)
         self.synchronous = True
         self._close = weakref.finalize(self, self._producer.close)  # no thread to close it any more: this does
+
+    def _go_threaded(self) -> None:
+        """Back to the reading thread (a producer whose batches made in the calling thread cost too much there),
+        from where the net's last batch left the producer."""
+        self._close.detach()
+        self.synchronous = False
+        self._keep_open.clear()
+        self._stop.clear()
+        self._start()
 
     def recycle(self, batch: Any) -> None:
         """Give a consumed batch back for reuse."""

@@ -157,10 +157,10 @@ def test_a_producer_with_next_to_no_work_runs_in_the_consuming_thread_without_lo
     monkeypatch.setattr(prefetch_module, "SYNC_BATCH_CPU_SECONDS", 1.0)  # whatever the machine's speed
     producer = Counter()
     p = Prefetcher(producer, 4)
-    got = [p.get() for _ in range(SWITCH + 5)]
-    assert got == list(range(SWITCH + 5))
+    got = [p.get() for _ in range(SWITCH + SYNC_SAMPLE + 5)]  # past its trial there
+    assert got == list(range(SWITCH + SYNC_SAMPLE + 5))
     assert p.synchronous and not p.thread.is_alive()
-    assert p.consumed_state == {"next": SWITCH + 5}
+    assert p.consumed_state == {"next": SWITCH + SYNC_SAMPLE + 5}
     p.rewind({"next": 2})
     assert [p.get(), p.get()] == [2, 3]
     p.stop()
@@ -169,10 +169,25 @@ def test_a_producer_with_next_to_no_work_runs_in_the_consuming_thread_without_lo
 
 
 def test_a_producer_that_works_keeps_its_thread():
-    producer = Counter(burn=3 * prefetch_module.SYNC_BATCH_CPU_SECONDS)
+    producer = Counter(burn=2 * prefetch_module.SYNC_TRIAL_CPU_SECONDS)
     p = Prefetcher(producer, 2)
     assert [p.get() for _ in range(SWITCH + 3)] == list(range(SWITCH + 3))
     assert not p.synchronous and p.thread.is_alive()
+    p.stop()
+    assert not p.thread.is_alive() and producer.closed == 1
+
+
+def test_a_producer_that_works_in_the_consuming_thread_too_goes_back_to_its_thread(monkeypatch):
+    """Tried in the consuming thread (its reading thread measured it cheap), a producer whose batches cost more
+    there than SYNC_BATCH_CPU_SECONDS gets its thread back after SYNC_SAMPLE batches, the sequence unbroken."""
+    monkeypatch.setattr(prefetch_module, "SYNC_TRIAL_CPU_SECONDS", 1.0)
+    producer = Counter(burn=3 * prefetch_module.SYNC_BATCH_CPU_SECONDS)
+    p = Prefetcher(producer, 2)
+    assert [p.get() for _ in range(SWITCH)] == list(range(SWITCH))
+    assert p.synchronous and not p.thread.is_alive()  # on trial
+    assert [p.get() for _ in range(SYNC_SAMPLE + 3)] == list(range(SWITCH, SWITCH + SYNC_SAMPLE + 3))
+    assert not p.synchronous and p.thread.is_alive()
+    assert p.consumed_state == {"next": SWITCH + SYNC_SAMPLE + 3}
     p.stop()
     assert not p.thread.is_alive() and producer.closed == 1
 
