@@ -84,8 +84,8 @@ def test_auto_falls_back_with_a_reason(monkeypatch):
 
 
 @pytest.mark.parametrize("fft_ms,lowering_ms,expected", [(40, 100, "fft"), (30, 20, "lowering"),
-                                                           (99.5, 100, "lowering"), (96, 100, "lowering"),
-                                                           (94, 100, "fft")])
+                                                           (99.5, 100, "lowering"), (98.5, 100, "lowering"),
+                                                           (97, 100, "fft")])
 def test_auto_takes_the_measured_faster_engine(monkeypatch, fft_ms, lowering_ms, expected):
     seen = []
 
@@ -95,7 +95,7 @@ def test_auto_takes_the_measured_faster_engine(monkeypatch, fft_ms, lowering_ms,
 
     monkeypatch.setattr(choice, "autotune_conv_engine", measured)
     name, reason = choice.choose_conv_engine(BIG_7)
-    assert seen == [BIG_7] and name == expected  # a saving under 1 ms keeps the lowering engine
+    assert seen == [BIG_7] and name == expected  # a saving under 2% keeps the lowering engine
     assert reason == f"engine autotuned: fft {fft_ms:.3g} ms, lowering {lowering_ms:.3g} ms"
 
 
@@ -380,7 +380,7 @@ def test_a_settled_block_counts_its_settling_steps_past_the_first(monkeypatch):
 def test_an_fft_layout_keeping_many_spectra_must_save_more(monkeypatch):
     """Measured alone, the FFT engine has the caches to itself; in a net its kept spectra compete with every
     other layer (CaffeNet's conv2: 7% faster alone, 25% slower in the net; with AVX2 kernels 26% faster alone,
-    as fast in the net): above KEPT_BYTES of spectra it must save KEPT_FRACTION, else 5%."""
+    as fast in the net): above KEPT_BYTES of spectra it must save KEPT_FRACTION, else MEASURED_PREFER_FRACTION."""
     conv2 = ConvGeometry(64, 96, 256, 2, (27, 27), (5, 5), (1, 1), (2, 2), (1, 1))
     small = ConvGeometry(1, 16, 16, 1, (30, 30, 30), (3, 3, 3), (1, 1, 1), (0, 0, 0), (1, 1, 1))
     assert choice._kept_bytes(conv2, np.float32, {"fft lifted": 0})["fft lifted"] > choice.KEPT_BYTES
@@ -389,7 +389,7 @@ def test_an_fft_layout_keeping_many_spectra_must_save_more(monkeypatch):
     kept = 0.100 * (1 + choice.KEPT_FRACTION)
     for g, lowering, expected in ((conv2, 0.107, "lowering"), (conv2, kept - 0.003, "lowering"),
                                   (conv2, kept + 0.003, "fft lifted"),
-                                  (small, 0.107, "fft lifted"), (small, 0.104, "lowering")):
+                                  (small, 0.103, "fft lifted"), (small, 0.1015, "lowering")):
         monkeypatch.setattr(choice, "autotune_conv_engine",
                             lambda *a, lowering=lowering, **k: {"lowering": lowering, "fft lifted": 0.100})
         assert choice.choose_conv_engine(g)[0] == expected, (g, lowering)
