@@ -71,10 +71,16 @@ AUTOTUNE_ROUNDS = 2
 # machine, CaffeNet's conv4 measured lowering 2 at 4.87 ms per image against its 3.05 in the layer, and ran
 # lowering 1, 20% slower)
 LOWERING_RECHECK_WINDOW = 1.6
+# lowerings measured within this factor of the fastest on part of the batch are measured again on the whole batch,
+# where those steps are predicted to take at most LOWERING_WHOLE_SECONDS together, and the whole batch decides: a
+# chunk's images run otherwise than the layer's chunks one after the other (the CcT sweep's d/o = 1/8 layer, 16
+# images: on 2 per partition lowering 1 measured 8% faster per image, on the whole layer lowering 2 ran 6% faster)
+LOWERING_WHOLE_WINDOW = 1.15
+LOWERING_WHOLE_SECONDS = 1.0
 # of the lowerings' measurement (2: close calls measured again, partitions' chunks capped; 3: the images of the
-# largest chunk; 4: the images-last 2-D lowering and col2im compiled): entries measured by another version are
-# measured again
-LOWERING_MEASURE_VERSION = 4
+# largest chunk; 4: the images-last 2-D lowering and col2im compiled; 5: close calls on the whole batch): entries
+# measured by another version are measured again
+LOWERING_MEASURE_VERSION = 5
 # measuring lowering vs fft runs at most this many (predicted) seconds of images per round ...
 ENGINE_AUTOTUNE_SECONDS = 0.25
 ENGINE_AUTOTUNE_ROUNDS = 3
@@ -447,7 +453,9 @@ def autotune(g: ConvGeometry, dtype: Any = np.float32, candidates: Any = None,
     out of the caches, as the full layer's — at most the largest of the lowerings' chunks of a partition:
     what the layer runs at a time), strategies interleaved, the best of ``AUTOTUNE_ROUNDS`` after a warm-up
     (one round in a net's fast measurement), those within ``LOWERING_RECHECK_WINDOW`` of the fastest measured
-    as often again in the other order, each keeping its best; cached per geometry, dtype and thread setting."""
+    as often again in the other order, each keeping its best, then those within ``LOWERING_WHOLE_WINDOW`` on the
+    whole batch where that takes at most ``LOWERING_WHOLE_SECONDS`` (their times from it); cached per geometry,
+    dtype and thread setting."""
     from cct.engines.lowering import strategy_fallback
 
     wanted = [s for s in (candidates or (1, 2, 3)) if strategy_fallback(s, g) is None]
@@ -488,7 +496,14 @@ def _autotune_lowerings(g: ConvGeometry, dtype: Any, wanted: list[int], images: 
     if len(close) > 1:
         again = _measure_engines({s: engines[s] for s in close}, replace(g, num=n), dtype, rounds, warm=True)
         best.update({s: min(best[s], t) for s, t in again.items()})
-    return {s: t / n for s, t in best.items()}
+    per_image = {s: t / n for s, t in best.items()}
+    fastest = min(per_image.values())
+    whole = [s for s in wanted if per_image[s] <= LOWERING_WHOLE_WINDOW * fastest]
+    if n < g.num and len(whole) > 1 and \
+            sum(per_image[s] for s in whole) * g.num * (rounds + 1) <= LOWERING_WHOLE_SECONDS:
+        on_all = _measure_engines({s: engines[s] for s in reversed(whole)}, g, dtype, rounds)
+        per_image.update({s: t / g.num for s, t in on_all.items()})
+    return per_image
 
 
 def autotune_conv_engine(g: ConvGeometry, dtype: Any = np.float32, strategy: int = 1,

@@ -278,6 +278,29 @@ def test_a_beaten_lowering_engine_is_measured_again_and_keeps_its_better_time(mo
     assert calls[-1] == ["lowering"] and result["lowering"] < min(t for k, t in result.items() if k != "lowering")
 
 
+def test_a_close_call_between_lowerings_on_part_of_the_batch_is_decided_on_the_whole_batch(monkeypatch):
+    """The lowerings are measured on a chunk's images per partition; those within LOWERING_WHOLE_WINDOW of the
+    fastest there are measured again on the whole batch (when that is cheap enough), which decides: a chunk runs
+    otherwise than the layer's chunks one after the other."""
+    g = ConvGeometry(16, 32, 256, 1, (27, 27), (5, 5), (1, 1), (2, 2), (1, 1))
+    calls = []
+
+    def measure(engines, geometry, dtype, rounds, settle=0.0, warm=False):
+        calls.append((sorted(engines), geometry.num))
+        per_image = {1: 5.6, 2: 6.1, 3: 20.0} if geometry.num < g.num else {1: 5.4, 2: 5.1, 3: 20.0}  # ms
+        return {s: per_image[s] * geometry.num * 1e-3 for s in engines}
+
+    monkeypatch.setattr(autotune, "_measure_engines", measure)
+    settings.set("partitions", 2)
+    result = autotune._autotune_lowerings(g, np.float32, [1, 2, 3], None)
+    assert calls[0][1] < g.num and calls[-1] == ([1, 2], g.num)  # lowering 3, 3.5x slower, not again
+    assert min(result, key=result.__getitem__) == 2 and result[2] == pytest.approx(5.1e-3)
+    calls.clear()
+    monkeypatch.setattr(autotune, "LOWERING_WHOLE_SECONDS", 0.1)  # the whole batch too dear: the chunk decides
+    assert min(autotune._autotune_lowerings(g, np.float32, [1, 2, 3], None).items(), key=lambda kv: kv[1])[0] == 1
+    assert all(num < g.num for _, num in calls)
+
+
 def test_a_close_call_between_lowerings_is_measured_again_in_the_other_order(monkeypatch):
     """One round of a few images decides the lowering in a net's fast measurement: the lowerings within
     LOWERING_RECHECK_WINDOW of the fastest are measured once more, warm, in the other order, each keeping its
