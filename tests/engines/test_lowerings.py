@@ -642,3 +642,21 @@ def test_sixteen_partitions_lower_their_four_images_at_once(monkeypatch):
         chunks = engine._chunks(64, 4)
         assert len(chunks) == 16
         assert all(n1 - n0 == images for part in chunks for n0, n1 in part)
+
+
+@pytest.mark.parametrize("shape", [(64, 20, 8, 8), (3, 5, 7), (64, 96, 55, 55)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_bias_gradient_adds_every_image_and_cell(shape, dtype, monkeypatch):
+    """``db += Σ dy`` over images and spatial cells: by the compiled row sums (a small gradient) or the BLAS's
+    matrix-vector products (a large one, or without the kernels), within the comparison rule of the float64
+    sums, added to what ``db`` held."""
+    from cct.compare.tolerance import assert_close
+    from cct.engines.base import ConvEngine
+
+    dy = np.random.default_rng(3).standard_normal(shape).astype(dtype)
+    want = 1.5 + dy.astype(np.float64).reshape(shape[0], shape[1], -1).sum(axis=(0, 2))
+    for switch in ("1", "0"):
+        monkeypatch.setenv("CCT_NATIVE", switch)
+        db = np.full(shape[1], 1.5, dtype)
+        assert ConvEngine.backward_bias(dy, db) is db
+        assert_close(db, want, f"bias gradient (CCT_NATIVE={switch})", reference="float64 sums")
