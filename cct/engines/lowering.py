@@ -102,7 +102,14 @@ STRATEGY_NAMES = {1: "expensive lowering", 2: "balanced", 3: "expensive lifting"
 
 
 def images_first_copy(dst: Any, src: Any, bias: Any | None = None) -> None:
-    """``dst`` (n, C, *cells) = ``src`` (C, *cells, n) moved, plus ``bias`` (C,) per channel when given."""
+    """``dst`` (n, C, *cells) = ``src`` (C, *cells, n) moved, plus ``bias`` (C,) per channel when given — by the
+    compiled tiled transposition where it takes the arrays (numpy's strided copy ran 2-7x a plain copy's time)."""
+    n = dst.shape[0]
+    compiled = native.kernels_for(dst, src, *(() if bias is None else (bias,)))
+    if compiled is not None and n:
+        rows = src.size // n
+        compiled.transpose(src, dst, rows, n, bias, max(1, rows // max(1, dst.shape[1])))
+        return
     xp = get_array_module(dst)
     moved = xp.moveaxis(src, -1, 0)
     if bias is None:
@@ -1057,7 +1064,11 @@ class LoweringEngine(ConvEngine):
         if not L.images_last and dy.shape[0] == 1 and dy.flags.c_contiguous:
             return xp.moveaxis(dy, 1, 0)
         dyt = self._view(ws, "yT" if L.f else "z", (L.O,) + L.yt_shape(dy.shape[0], g.out_shape)[2:], dy)
-        xp.copyto(dyt, xp.moveaxis(dy, 0, -1) if L.images_last else xp.moveaxis(dy, 1, 0))
+        compiled = native.kernels_for(dy, dyt) if L.images_last and dy.shape[0] else None
+        if compiled is not None:  # (n, O·cells) -> (O·cells, n), tiled
+            compiled.transpose(dy, dyt, dy.shape[0], dy.size // dy.shape[0], None, 1)
+        else:
+            xp.copyto(dyt, xp.moveaxis(dy, 0, -1) if L.images_last else xp.moveaxis(dy, 1, 0))
         return dyt
 
     def _weight_grad_chunk(self, ws: dict[str, Any], x: Any, dz: Any, acc: Any, first: bool,

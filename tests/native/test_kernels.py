@@ -256,3 +256,28 @@ def test_a_module_of_another_api_version_is_not_called(monkeypatch):
         monkeypatch.undo()
         importlib.reload(native)
     assert native._stale is False
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("rows, cols, cells", [(1, 1, 1), (7, 5, 7), (130, 67, 10), (64, 200, 64), (3, 129, 1)])
+def test_transpose_is_numpys_move_plus_bias(kernels, dtype, rows, cols, cells):
+    """dst (cols, rows) = src (rows, cols) transposed, + bias[i // cells] on source row i: numpy's values bit for
+    bit, across tile edges."""
+    rng = np.random.default_rng(7)
+    src = rng.standard_normal((rows, cols)).astype(dtype)
+    bias = rng.standard_normal(-(-rows // cells)).astype(dtype)
+    dst = np.full((cols, rows), np.nan, dtype)
+    kernels.transpose(src, dst, rows, cols, None, 1)
+    np.testing.assert_array_equal(dst, src.T)
+    kernels.transpose(src, dst, rows, cols, bias, cells)
+    np.testing.assert_array_equal(dst, src.T + np.repeat(bias, cells)[:rows])
+
+
+def test_transpose_checks_its_buffers(kernels):
+    src = np.zeros((4, 6), np.float32)
+    with pytest.raises(ValueError, match="dst: expected 24"):
+        kernels.transpose(src, np.zeros(23, np.float32), 4, 6, None, 1)
+    with pytest.raises(ValueError, match="bias: expected 2"):
+        kernels.transpose(src, np.zeros(24, np.float32), 4, 6, np.zeros(1, np.float32), 2)
+    with pytest.raises(ValueError, match="cells positive"):
+        kernels.transpose(src, np.zeros(24, np.float32), 4, 6, None, 0)
