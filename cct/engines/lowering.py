@@ -582,7 +582,7 @@ class LoweringEngine(ConvEngine):
         n, f, nd = x.shape[0], L.f, g.num_spatial_axes
         if L.images_last if images_last is None else images_last:
             if out is None:
-                out = self._view(ws, "col", L.col_shape(n), x)
+                out = self._view(ws, "col", self._lowered_shape(n, True), x)
             compiled = native.kernels()
             if compiled is not None and nd == 2 and native.takes(x, out):
                 compiled.im2col_last(x, out, self._lowering_geometry(n))
@@ -595,7 +595,7 @@ class LoweringEngine(ConvEngine):
                 + tuple(st[1 + a] * g.stride[a] for a in range(f, nd)) + (st[-1],)))
             return out
         if out is None:
-            out = self._view(ws, "col", (L.C,) + L.kL + (n,) + L.inF + L.outL, x)
+            out = self._view(ws, "col", self._lowered_shape(n, False), x)
         if f == nd:
             xp.copyto(out, xp.moveaxis(x, 0, 1))
             return out
@@ -616,6 +616,13 @@ class LoweringEngine(ConvEngine):
         order = (1,) + tuple(range(2 + nd, 2 + nd + nl)) + (0,) + tuple(range(2, 2 + nd))
         xp.copyto(out, window.transpose(order))
         return out
+
+    def _lowered_shape(self, n: int, images_last: bool | None = None) -> tuple[int, ...]:
+        """The shape of :meth:`_lower`'s ``col`` for ``n`` images (``images_last`` overrides the layout's)."""
+        L = self._lay()
+        if L.images_last if images_last is None else images_last:
+            return L.col_shape(n)
+        return (L.C,) + L.kL + (n,) + L.inF + L.outL
 
     def _lowering_geometry(self, n: int) -> tuple[int, ...]:
         """The compiled 2-D lowering's geometry (images first or last) for ``n`` images: n, C, H, W, then kernel,
@@ -822,18 +829,20 @@ class LoweringEngine(ConvEngine):
     # ---- per chunk bodies ----------------------------------------------------------------------
     def _forward_chunk(self, ws: dict[str, Any], x: Any, wm: Any, b: Any | None, y: Any,
                        keep: tuple[int, int] | None = None) -> None:
-        """One chunk's forward; ``keep``: the chunk's image range, under which its lowered matrix and a copy
-        of its input are kept for :meth:`_kept_lowered`."""
+        """One chunk's forward; ``keep``: the chunk's image range, under which its lowered matrix — lowered
+        straight into the kept buffer, not copied there — and a copy of its input are kept for
+        :meth:`_kept_lowered`."""
         L = self._lay()
-        col = self._lower(ws, x).reshape(L.G, L.K, x.shape[0] * L.cols)
+        out = None
         if keep is not None:
             xp = get_array_module(x)
             kept = self._kept.get(keep)
             if kept is None or kept[0] is not L or kept[1].shape != x.shape or kept[1].dtype != x.dtype \
                     or get_array_module(kept[1]) is not xp:
-                kept = self._kept[keep] = (L, xp.empty_like(x), xp.empty_like(col))
+                kept = self._kept[keep] = (L, xp.empty_like(x), xp.empty(self._lowered_shape(x.shape[0]), x.dtype))
             xp.copyto(kept[1], x)
-            xp.copyto(kept[2], col)
+            out = kept[2]
+        col = self._lower(ws, x, out).reshape(L.G, L.K, x.shape[0] * L.cols)
         self._forward_lowered(ws, col, wm, b, y)
 
     def _kept_lowered(self, key: tuple[int, int], x: Any) -> Any | None:
@@ -847,7 +856,8 @@ class LoweringEngine(ConvEngine):
         bits = f"u{x.dtype.itemsize}"
         if not bool(xp.array_equal(kept[1].view(bits), x.view(bits))):
             return None
-        return kept[2]
+        L = kept[0]
+        return kept[2].reshape(L.G, L.K, x.shape[0] * L.cols)
 
     def _forward_lowered(self, ws: dict[str, Any], col: Any, wm: Any, b: Any | None, y: Any) -> None:
         """``y`` (n, O, *out) from the lowered ``col`` (G, K, n·cols): GEMM, lift, transpose (+ bias)."""
