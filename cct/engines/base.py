@@ -156,7 +156,7 @@ class ConvEngine(ABC):
         next layer's partitions): 3x-6x faster than numpy's reduction over the strided image and spatial axes
         (CaffeNet's conv1, 64 images: 1.0 vs 3.3 ms), as accurate.  A gradient small enough for one thread is
         summed row by row by the compiled kernels (:mod:`cct.native`, in double precision) where they take it:
-        the digits LeNet's 64 x 20 x 8 x 8 and 64 x 50 x 4 x 4, 54-65 -> 28 us."""
+        the digits LeNet's 64 x 20 x 8 x 8 and 64 x 50 x 4 x 4, 54-65 -> 39-41 us a call."""
         from cct import native
         from cct.device import get_array_module
         from cct.engines.gemm import SMALL_GEMM_FLOPS, gemm_threads
