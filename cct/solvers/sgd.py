@@ -32,7 +32,7 @@ from cct.device import get_array_module
 from cct.errors import CctError
 from cct.native import kernels, takes
 from cct.proto import caffe_pb2 as pb
-from cct.runtime.partition import run_batch
+from cct.runtime.partition import partitions_for, run_batch
 from cct.solvers.lr_policy import check_lr_policy, learning_rate
 from cct.solvers.solver import Solver, register_solver
 
@@ -128,8 +128,9 @@ class SGDSolver(Solver):
         regularize, the rule, ``w -= g``.  ``iteration``: the iteration whose gradient this is (default the
         current one; a delayed update passes its own, for the rules that count steps)."""
         self._update_iter = self.iter if iteration is None else int(iteration)
+        compiled = kernels()  # once for all of them (a setting read per parameter cost LeNet's update 10%)
         for i in ids:
-            self._update(i, rate, parallel=True)
+            self._update(i, rate, parallel=True, compiled=compiled)
         self._update_iter = None
 
     def updates_per_parameter(self) -> bool:
@@ -139,11 +140,12 @@ class SGDSolver(Solver):
         """Learnable parameter ``i`` alone: normalize, regularize, the rule at ``rate``, ``data -= diff`` (what
         :meth:`apply_update` does for every parameter, when no step needs them all: no clipping).  Called
         while backward goes on (overlapped updates): its chunks run in the calling thread."""
-        self._update(i, rate, parallel=False)
+        self._update(i, rate, parallel=False, compiled=kernels())
 
-    def _update(self, i: int, rate: Any, parallel: bool) -> None:
+    def _update(self, i: int, rate: Any, parallel: bool, compiled: Any) -> None:
         """One parameter's update: on the whole blobs, or (host parameters of ``2 * UPDATE_CHUNK`` values or
-        more) chunk by chunk, the chunks split over the batch partitions when ``parallel``."""
+        more) chunk by chunk, the chunks split over the batch partitions when ``parallel``; ``compiled``: the
+        compiled kernels (:func:`cct.native.kernels`) or None."""
         p = self.net.learnable_params[i]
         n = len(self.net.learnable_params)
         kept = [self.history[k * n + i] for k in range(self.history_sets)]
@@ -156,11 +158,12 @@ class SGDSolver(Solver):
         if self.net.executor.update_on_device([(p, "data"), (p, "diff")] + [(h, "data") for h in kept], on_device):
             return
         history = [h.data for h in kept]
-        fused = self._fused_step(i, rate, p.data, p.diff, history)
+        fused = self._fused_step(i, rate, p.data, p.diff, history, compiled)
         if fused is not None:
-            if parallel:
-                run_batch(p.count, fused, work=UPDATE_WORK_PER_VALUE)
-            else:
+            parts = partitions_for(p.count, UPDATE_WORK_PER_VALUE) if parallel else 1
+            if parts > 1:
+                run_batch(p.count, fused, parts=parts)
+            else:  # (no ranges, no pool: most of a small net's parameters)
                 fused(0, 0, p.count)
             return
         if p.xp is not np or p.count < 2 * UPDATE_CHUNK:
@@ -179,8 +182,8 @@ class SGDSolver(Solver):
         else:
             body(0, 0, p.count)
 
-    def _fused_step(self, i: int, rate: Any, w: Any, g: Any,
-                    history: list[Any]) -> Callable[[int, int, int], None] | None:
+    def _fused_step(self, i: int, rate: Any, w: Any, g: Any, history: list[Any],
+                    compiled: Any) -> Callable[[int, int, int], None] | None:
         """The whole step (:meth:`_step`) of SGD's own rule as one compiled pass over values ``[a0, a1)``
         (``fn(part, a0, a1)``), for host float arrays when the compiled kernels are on; None otherwise (another
         rule, cupy, no kernels): the numpy body runs.  The kernel makes the numpy body's float operations in
@@ -189,7 +192,7 @@ class SGDSolver(Solver):
         if not (cls._step is SGDSolver._step and cls._rule is SGDSolver._rule and cls._normalize is
                 SGDSolver._normalize and cls._regularize is SGDSolver._regularize):
             return None
-        k = kernels()
+        k = compiled
         if k is None or not takes(w, g, *history):
             return None
         w, g, h = w.reshape(-1), g.reshape(-1), history[0].reshape(-1)

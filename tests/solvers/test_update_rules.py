@@ -251,5 +251,6 @@ def test_other_rules_do_not_take_sgds_compiled_step():
     for kind in RULES:
         solver = solvers.create_solver(tiny_solver_param(type=kind, **RULES[kind]))
         p = solver.net.learnable_params[0]
-        fused = solver._fused_step(0, np.float32(0.1), p.data, p.diff, [solver.history[0].data])
+        fused = solver._fused_step(0, np.float32(0.1), p.data, p.diff, [solver.history[0].data],
+                                   solvers.sgd.kernels())
         assert (fused is not None) == (kind == "SGD" and solvers.sgd.kernels() is not None), kind
