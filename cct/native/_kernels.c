@@ -510,6 +510,21 @@ DEFINE_LRN(lrn_forward_f64, lrn_backward_f64, double)
 DEFINE_RELU_BACKWARD(relu_backward_f32, float)
 DEFINE_RELU_BACKWARD(relu_backward_f64, double)
 
+/* ---- finiteness ----------------------------------------------------------------------------------------- */
+
+/* Whether every one of n values is finite: no exponent field all ones (inf, NaN), tested on the bits with integer
+ * operations in one read-only pass (a sum's finiteness tells the same but adds; numpy's reduction of CaffeNet's
+ * 61M gradients took 27 ms, 1.9% of an iteration). */
+#define DEFINE_ALL_FINITE(NAME, T, U, EXP)                                                                   \
+    CCT_CLONES static int NAME(const T *x, Py_ssize_t n) {                                                   \
+        const U *u = (const U *)x;                                                                           \
+        U bad = 0;                                                                                           \
+        for (Py_ssize_t i = 0; i < n; i++) bad |= (U)((u[i] & EXP) == EXP);                                  \
+        return !bad;                                                                                         \
+    }
+DEFINE_ALL_FINITE(all_finite_f32, float, uint32_t, (uint32_t)0x7f800000u)
+DEFINE_ALL_FINITE(all_finite_f64, double, uint64_t, (uint64_t)0x7ff0000000000000ull)
+
 /* ---- transposition ------------------------------------------------------------------------------------ */
 
 /* dst (cols, rows) = src (rows, cols) transposed, plus bias[i / cells] on source row i when bias is given: the
@@ -1170,6 +1185,27 @@ static PyObject *relu_backward(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static PyObject *all_finite(PyObject *self, PyObject *args) {
+    PyObject *ox;
+    buffers b = {.held = 0};
+    void *x;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "O", &ox)) return NULL;
+    Py_ssize_t item = item_size(ox);
+    if (item < 0) return NULL;
+    if (take(&b, ox, 0, item, 0, "x", &x, 0) < 0) {
+        release(&b);
+        return NULL;
+    }
+    const Py_ssize_t n = b.views[0].len / item;
+    int ok;
+    Py_BEGIN_ALLOW_THREADS
+    ok = item == 4 ? all_finite_f32(x, n) : all_finite_f64(x, n);
+    Py_END_ALLOW_THREADS
+    release(&b);
+    return PyBool_FromLong(ok);
+}
+
 static PyObject *transpose(PyObject *self, PyObject *args) {
     PyObject *osrc, *odst, *obias;
     Py_ssize_t rows, cols, cells;
@@ -1576,6 +1612,7 @@ static PyMethodDef methods[] = {
      "lrn_backward(x, y, dy, scale, dx, n, c, hw, size, gain): its gradient, gain = -2*coeff*beta"},
     {"relu_backward", relu_backward, METH_VARARGS,
      "relu_backward(x, dy, dx): dx = dy * (x > 0); dx may be dy"},
+    {"all_finite", all_finite, METH_VARARGS, "all_finite(x): whether every value of x is finite (no inf, no NaN)"},
     {"transpose", transpose, METH_VARARGS,
      "transpose(src, dst, rows, cols, bias, cells): dst (cols, rows) = src (rows, cols) transposed, plus "
      "bias[i // cells] on source row i (bias may be None)"},
@@ -1614,7 +1651,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels", NULL, -1,
 
 /* The version of the functions' arguments and meaning: cct.native ignores a module of another version (a copy
  * left in a checkout by an older build). */
-#define CCT_KERNELS_API 9
+#define CCT_KERNELS_API 10
 
 PyMODINIT_FUNC PyInit__kernels(void) {
     PyObject *m = PyModule_Create(&module);

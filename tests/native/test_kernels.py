@@ -281,3 +281,16 @@ def test_transpose_checks_its_buffers(kernels):
         kernels.transpose(src, np.zeros(24, np.float32), 4, 6, np.zeros(1, np.float32), 2)
     with pytest.raises(ValueError, match="cells positive"):
         kernels.transpose(src, np.zeros(24, np.float32), 4, 6, None, 0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_all_finite_tests_every_value(kernels, dtype):
+    """inf, -inf and NaN (in any place) are not finite; the largest finite value, subnormals and -0 are."""
+    info = np.finfo(dtype)
+    fine = np.array([0.0, -0.0, info.max, -info.max, info.tiny / 4, 1.0] * 7, dtype)
+    assert kernels.all_finite(fine) and kernels.all_finite(fine[:0])
+    for bad in (np.inf, -np.inf, np.nan, -np.nan):
+        for at in (0, 17, fine.size - 1):
+            x = fine.copy()
+            x[at] = bad
+            assert not kernels.all_finite(x), (bad, at)

@@ -104,3 +104,22 @@ def test_cli_stop_on_nan_exits_non_zero_with_one_line(tmp_path, monkeypatch, cap
     with captured_log() as buf:
         rc = main(["train", "-solver", "solver.prototxt"])
     assert rc == 0 and len(_warnings(buf.getvalue())) == 1
+
+
+@pytest.mark.parametrize("native_on", ["1", "0"])
+def test_finiteness_of_a_gradient_split_over_the_partitions(monkeypatch, native_on):
+    """A large gradient is tested in ranges over the batch partitions (the compiled pass) or by its sum (numpy):
+    a non-finite value anywhere, in the first range or the last, is found either way."""
+    from cct.config import settings
+    from cct.solvers.divergence import _finite
+
+    monkeypatch.setenv("CCT_NATIVE", native_on)
+    settings.set("partitions", 2)
+    a = np.ones(3_000_001, np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        assert _finite(a)
+        for at, bad in ((0, np.nan), (a.size - 1, np.inf), (1_500_000, -np.inf)):
+            b = a.copy()
+            b[at] = bad
+            assert not _finite(b), (at, bad)
+        assert _finite(np.full(1000, np.finfo(np.float32).max))  # the float32 sum overflows: not divergence
