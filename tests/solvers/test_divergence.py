@@ -108,18 +108,21 @@ def test_cli_stop_on_nan_exits_non_zero_with_one_line(tmp_path, monkeypatch, cap
 
 @pytest.mark.parametrize("native_on", ["1", "0"])
 def test_finiteness_of_a_gradient_split_over_the_partitions(monkeypatch, native_on):
-    """A large gradient is tested in ranges over the batch partitions (the compiled pass) or by its sum (numpy):
-    a non-finite value anywhere, in the first range or the last, is found either way."""
+    """A gradient is tested by the compiled pass (a large one in ranges over the batch partitions) or by its sum
+    (numpy): a non-finite value anywhere, in the first range or the last, is found either way."""
+    from cct import native
     from cct.config import settings
-    from cct.solvers.divergence import _finite
+    from cct.solvers.divergence import SPLIT_MIN_VALUES, _finite
 
     monkeypatch.setenv("CCT_NATIVE", native_on)
+    compiled = native.kernels()
     settings.set("partitions", 2)
-    a = np.ones(3_000_001, np.float32)
-    with np.errstate(over="ignore", invalid="ignore"):
-        assert _finite(a)
-        for at, bad in ((0, np.nan), (a.size - 1, np.inf), (1_500_000, -np.inf)):
-            b = a.copy()
-            b[at] = bad
-            assert not _finite(b), (at, bad)
-        assert _finite(np.full(1000, np.finfo(np.float32).max))  # the float32 sum overflows: not divergence
+    for size in (1000, SPLIT_MIN_VALUES + 1):
+        a = np.ones(size, np.float32)
+        with np.errstate(over="ignore", invalid="ignore"):
+            assert _finite(a, compiled)
+            for at, bad in ((0, np.nan), (size - 1, np.inf), (size // 2, -np.inf)):
+                b = a.copy()
+                b[at] = bad
+                assert not _finite(b, compiled), (size, at, bad)
+            assert _finite(np.full(size, np.finfo(np.float32).max), compiled)  # a float32 sum overflows: finite
