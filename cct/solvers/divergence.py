@@ -1,13 +1,13 @@
 """Divergence: where the first non-finite value of a training iteration came from.
 
 The per-iteration check reads each learnable gradient once: by the compiled kernels' test of every value's
-exponent bits (:mod:`cct.native`), a large gradient split over the batch partitions (CaffeNet's 61M gradients:
-numpy's sums 26.7 ms, 1.9% of an iteration on a 2-core Intel Xeon; this pass about 7 ms on two cores:
+exponent bits (:mod:`cct.native`), a large gradient split over the batch partitions (CaffeNet's 61M gradients on a
+2-core Intel Xeon: numpy's sums 26.7 ms, 1.9% of an iteration; this pass 13.6-16.0 ms, 0.8-1.05%:
 ``benchmarks/divergence_check.py``), else by one reduction per gradient — ``sum(diff)`` is finite exactly when
 every element is finite, unless finite values overflow the float32 sum, which the exact element test then
-settles.  Only when it fails does :func:`first_nonfinite` walk the net
-to name the layer: the forward pass in order (each layer's tops), then the backward pass in reverse order
-(each layer's parameter gradients and the gradients it sends to its bottoms).
+settles.  Only when it fails does :func:`first_nonfinite` walk the net to name the layer: the forward pass in
+order (each layer's tops), then the backward pass in reverse order (each layer's parameter gradients and the
+gradients it sends to its bottoms).
 """
 from __future__ import annotations
 
