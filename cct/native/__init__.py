@@ -4,13 +4,14 @@ numpy runs an elementwise operation at memory speed, but a step made of many suc
 pooling's compare/select per kernel offset and its scatter in backward, LRN's window sums, a lowering's copies and
 sums of short rows, ReLU's mask and product, BatchNorm's statistics and normalization and Scale's product and sums
 over every channel plane, the SGD update's seven passes over every parameter, SoftmaxWithLoss's backward's dozen
-calls) spends its time in the passes themselves and, with the batch partitions' threads, in waiting for the GIL
-between short calls. These kernels do one plane (or image, or tile of channels, or value) at a time in one pass
-while it is in the core's cache, without the GIL. They compute what the numpy bodies compute, the same comparisons
-and additions in the same order (the same values; col2im may give +0.0 where the numpy body keeps a -0.0); the
-layers, the lowering and the SGD solver call them through :func:`kernels` for the numpy arrays they support
-(:func:`takes`) and keep their array-module bodies for everything else (cupy, other dtypes, N-D lowering, LRN
-within a channel or with other powers, leaky ReLUs, the other update rules).
+calls, numpy's strided copies between the lowering's layouts) spends its time in the passes themselves and, with
+the batch partitions' threads, in waiting for the GIL between short calls. These kernels do one plane (or image,
+or tile of channels, or value) at a time in one pass while it is in the core's cache, without the GIL. They
+compute what the numpy bodies compute, the same comparisons and additions in the same order (the same values;
+col2im may give +0.0 where the numpy body keeps a -0.0); the layers, the lowering and the SGD solver call them
+through :func:`kernels` for the numpy arrays they support (:func:`takes`) and keep their array-module bodies for
+everything else (cupy, other dtypes, N-D lowering, LRN within a channel or with other powers, leaky ReLUs, the
+other update rules).
 
 They also make :func:`cct.engines.gemm.matmul_accumulate`'s call into numpy's BLAS (``out += a @ b``, beta 1)
 in one C call with the GIL released, where a ctypes call checked its operands in Python.
@@ -69,5 +70,5 @@ def describe() -> str:
     if kernels() is None:
         return "numpy bodies (compiled kernels off: CCT_NATIVE=0)"
     return ("compiled (MAX pooling of up to 8 spatial axes; LRN across channels, beta 0.75; 2-D lowering, images "
-            "first or last; ReLU backward; BatchNorm and Scale per channel; SoftmaxWithLoss backward; SGD update; "
-            "accumulating GEMM calls), numpy bodies elsewhere")
+            "first or last, and its layout moves; ReLU backward; BatchNorm and Scale per channel; SoftmaxWithLoss "
+            "backward; SGD update; gradients' finiteness; accumulating GEMM calls), numpy bodies elsewhere")
