@@ -585,7 +585,7 @@ class LoweringEngine(ConvEngine):
                 out = self._view(ws, "col", self._lowered_shape(n, True), x)
             compiled = native.kernels()
             if compiled is not None and nd == 2 and native.takes(x, out):
-                compiled.im2col_last(x, out, self._lowering_geometry(n))
+                compiled.lowering(x, out, self._lowering_geometry(n), False, True)
                 return out
             src = self._images_last(ws, x)
             st = src.strides
@@ -601,7 +601,7 @@ class LoweringEngine(ConvEngine):
             return out
         compiled = native.kernels()
         if compiled is not None and nd == 2 and native.takes(x, out):
-            compiled.im2col(x, out, self._lowering_geometry(n))
+            compiled.lowering(x, out, self._lowering_geometry(n), False, False)
             return out
         src = self._padded_input(ws, x)
         nl = nd - f
@@ -692,7 +692,7 @@ class LoweringEngine(ConvEngine):
         compiled = native.kernels()
         if L.images_last if images_last is None else images_last:
             if compiled is not None and nd == 2 and native.takes(col, dx):
-                compiled.col2im_last(col, dx, self._lowering_geometry(n))
+                compiled.lowering(col, dx, self._lowering_geometry(n), True, True)
                 return dx
             target = self._view(ws, "x_pad", (L.C,) + L.inF + tuple(i + 2 * p for i, p in zip(sizes, L.padL))
                                 + (n,), dx)
@@ -706,7 +706,7 @@ class LoweringEngine(ConvEngine):
             xp.copyto(dx, xp.moveaxis(target[inner], -1, 0))
             return dx
         if compiled is not None and nd == 2 and native.takes(col, dx):
-            compiled.col2im(col, dx, self._lowering_geometry(n))
+            compiled.lowering(col, dx, self._lowering_geometry(n), True, False)
             return dx
         unit = all(s == 1 for s in g.stride[f:])
         flat = unit and L.outL[-1] < FLAT_COL2IM_MAX_WIDTH and all(d == 1 for d in g.dilation[f:])

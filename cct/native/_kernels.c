@@ -1099,12 +1099,15 @@ static int lowering_geometry(PyObject *geometry, Py_ssize_t *g, Py_ssize_t *pad_
 /* im2col (x -> col) or, `adjoint`, col2im (col -> dx): the same arguments, checked the same way; the scratch is
  * the image split by stride phase (im2col) or one zero-padded plane (col2im); `last`: the images-innermost
  * layout, whose scratch is one zero-padded plane of every image's cells. */
-static PyObject *lowering_call(PyObject *args, int adjoint, int last) {
+static PyObject *lowering(PyObject *self, PyObject *args) {
     PyObject *oin, *oout, *geometry;
     Py_ssize_t g[14], pad_h, pad_w;
+    int adjoint, last;
     buffers b = {.held = 0};
     void *in, *out;
-    if (!PyArg_ParseTuple(args, "OOO", &oin, &oout, &geometry) || lowering_geometry(geometry, g, &pad_h, &pad_w) < 0)
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOOpp", &oin, &oout, &geometry, &adjoint, &last) ||
+        lowering_geometry(geometry, g, &pad_h, &pad_w) < 0)
         return NULL;
     const Py_ssize_t n = g[0], c = g[1], h = g[2], w = g[3], *k = g + 4;
     const Py_ssize_t image = n * c * h * w, lowered = c * k[0] * k[1] * n * k[8] * k[9];
@@ -1143,26 +1146,6 @@ static PyObject *lowering_call(PyObject *args, int adjoint, int last) {
     free(buf);
     release(&b);
     Py_RETURN_NONE;
-}
-
-static PyObject *im2col(PyObject *self, PyObject *args) {
-    (void)self;
-    return lowering_call(args, 0, 0);
-}
-
-static PyObject *col2im(PyObject *self, PyObject *args) {
-    (void)self;
-    return lowering_call(args, 1, 0);
-}
-
-static PyObject *im2col_last(PyObject *self, PyObject *args) {
-    (void)self;
-    return lowering_call(args, 0, 1);
-}
-
-static PyObject *col2im_last(PyObject *self, PyObject *args) {
-    (void)self;
-    return lowering_call(args, 1, 1);
 }
 
 static PyObject *relu_backward(PyObject *self, PyObject *args) {
@@ -1598,14 +1581,10 @@ static PyMethodDef methods[] = {
     {"max_pool_backward", max_pool_backward, METH_VARARGS,
      "max_pool_backward(geometry, dy, ymax, winners, delta, dx, accumulate, positive): route each window's "
      "gradient to its winner"},
-    {"im2col", im2col, METH_VARARGS,
-     "im2col(x, col, (n, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow)): 2-D lowering, col (c, kh, kw, n, oh, ow)"},
-    {"col2im", col2im, METH_VARARGS,
-     "col2im(col, dx, geometry): im2col's adjoint, dx (n, c, h, w) overwritten"},
-    {"im2col_last", im2col_last, METH_VARARGS,
-     "im2col_last(x, col, geometry): im2col with the images innermost, col (c, kh, kw, oh, ow, n)"},
-    {"col2im_last", col2im_last, METH_VARARGS,
-     "col2im_last(col, dx, geometry): im2col_last's adjoint, dx (n, c, h, w) overwritten"},
+    {"lowering", lowering, METH_VARARGS,
+     "lowering(src, dst, (n, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow), adjoint, last): 2-D im2col, x (n, c, "
+     "h, w) -> col (c, kh, kw, n, oh, ow), or with `last` (c, kh, kw, oh, ow, n); `adjoint`: its col2im, col -> dx "
+     "(n, c, h, w) overwritten"},
     {"lrn_forward", lrn_forward, METH_VARARGS,
      "lrn_forward(x, scale, y, n, c, hw, size, k, coeff): LRN across channels, beta 3/4"},
     {"lrn_backward", lrn_backward, METH_VARARGS,
@@ -1651,7 +1630,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels", NULL, -1,
 
 /* The version of the functions' arguments and meaning: cct.native ignores a module of another version (a copy
  * left in a checkout by an older build). */
-#define CCT_KERNELS_API 10
+#define CCT_KERNELS_API 11
 
 PyMODINIT_FUNC PyInit__kernels(void) {
     PyObject *m = PyModule_Create(&module);

@@ -70,13 +70,13 @@ def test_arguments_are_checked_before_any_memory_is_touched(kernels):
         kernels.max_pool_forward(good, x, np.zeros((1, 1, 2, 4), np.float32)[..., ::2], None, None, codes)
     col = np.zeros((1, 2, 2, 1, 3, 3), np.float32)
     lowering = (1, 1, 4, 4, 2, 2, 1, 1, 0, 0, 1, 1, 3, 3)
-    kernels.im2col(x, col, lowering)
+    kernels.lowering(x, col, lowering, False, False)
     with pytest.raises(ValueError, match="col"):
-        kernels.im2col(x, col[:, :1], lowering)
+        kernels.lowering(x, col[:, :1], lowering, False, False)
     with pytest.raises(ValueError, match="dx"):
-        kernels.col2im(col, x[:, :, :3], lowering)
+        kernels.lowering(col, x[:, :, :3], lowering, True, False)
     with pytest.raises(ValueError, match="geometry"):
-        kernels.im2col(x, col, lowering + (1,))
+        kernels.lowering(x, col, lowering + (1,), False, True)
 
 
 
