@@ -1176,11 +1176,8 @@ static PyObject *all_finite(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "O", &ox)) return NULL;
     Py_ssize_t item = item_size(ox);
     if (item < 0) return NULL;
-    if (take(&b, ox, 0, item, 0, "x", &x, 0) < 0) {
-        release(&b);
-        return NULL;
-    }
-    const Py_ssize_t n = b.views[0].len / item;
+    const Py_ssize_t n = take_values(&b, item, 1, &ox, (const int[]){0}, (const char *const[]){"x"}, &x);
+    if (n < 0) return NULL;
     int ok;
     Py_BEGIN_ALLOW_THREADS
     ok = item == 4 ? all_finite_f32(x, n) : all_finite_f64(x, n);
@@ -1218,26 +1215,28 @@ static PyObject *transpose(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* The losses' ignore label argument: None (no label is ignored) or a number. */
+static int ignore_label(PyObject *o, int *has, double *value) {
+    *has = o != Py_None;
+    *value = *has ? PyFloat_AsDouble(o) : 0;
+    return *has && PyErr_Occurred() ? -1 : 0;
+}
+
 static PyObject *label_count(PyObject *self, PyObject *args) {
     PyObject *olabel, *oignore;
     Py_ssize_t classes;
+    int has_ignore;
+    double ignore;
     buffers b = {.held = 0};
     void *label;
     (void)self;
-    if (!PyArg_ParseTuple(args, "OnO", &olabel, &classes, &oignore)) return NULL;
+    if (!PyArg_ParseTuple(args, "OnO", &olabel, &classes, &oignore) ||
+        ignore_label(oignore, &has_ignore, &ignore) < 0)
+        return NULL;
     Py_ssize_t item = item_size(olabel);
     if (item < 0) return NULL;
-    if (take(&b, olabel, 0, item, 0, "label", &label, 0) < 0) {
-        release(&b);
-        return NULL;
-    }
-    const Py_ssize_t n = b.views[0].len / item;
-    const int has_ignore = oignore != Py_None;
-    const double ignore = has_ignore ? PyFloat_AsDouble(oignore) : 0;
-    if (has_ignore && PyErr_Occurred()) {
-        release(&b);
-        return NULL;
-    }
+    const Py_ssize_t n = take_values(&b, item, 1, &olabel, (const int[]){0}, (const char *const[]){"label"}, &label);
+    if (n < 0) return NULL;
     Py_ssize_t count;
     Py_BEGIN_ALLOW_THREADS
     count = item == 4 ? label_count_f32(label, n, classes, has_ignore, ignore)
@@ -1250,23 +1249,19 @@ static PyObject *label_count(PyObject *self, PyObject *args) {
 static PyObject *softmax_loss_backward(PyObject *self, PyObject *args) {
     PyObject *op, *olabel, *odx, *oignore;
     Py_ssize_t outer, classes, inner;
-    double scale;
+    double scale, ignore;
+    int has_ignore;
     buffers b = {.held = 0};
     void *p, *label, *dx;
     (void)self;
-    if (!PyArg_ParseTuple(args, "OOO(nnn)dO", &op, &olabel, &odx, &outer, &classes, &inner, &scale, &oignore))
+    if (!PyArg_ParseTuple(args, "OOO(nnn)dO", &op, &olabel, &odx, &outer, &classes, &inner, &scale, &oignore) ||
+        ignore_label(oignore, &has_ignore, &ignore) < 0)
         return NULL;
     Py_ssize_t item = item_size(op);
     if (item < 0) return NULL;
     if (take(&b, op, 0, item, outer * classes * inner, "p", &p, 0) < 0 ||
         take(&b, olabel, 0, item, outer * inner, "label", &label, 0) < 0 ||
         take(&b, odx, 1, item, outer * classes * inner, "dx", &dx, 0) < 0) {
-        release(&b);
-        return NULL;
-    }
-    const int has_ignore = oignore != Py_None;
-    const double ignore = has_ignore ? PyFloat_AsDouble(oignore) : 0;
-    if (has_ignore && PyErr_Occurred()) {
         release(&b);
         return NULL;
     }
