@@ -7,8 +7,11 @@ to appear.  Every collective is: write your slot, meet at a barrier, read what y
 never overwritten while another rank reads it).  The barrier is a counter and a generation in the header,
 changed under an advisory file lock (``fcntl.flock`` on a lock file of the same name); waiting ranks poll the
 generation.  Sums run over the slots in rank order on every rank, so all ranks get bitwise the same mean and
-their weights stay identical.  A rank that fails marks the header; the others stop at their next wait with one
-error, and every wait is bounded (``timeout``), so a dead rank ends the run instead of hanging it.
+their weights stay identical.  A rank that fails in an exchange marks the header; the others stop at their next
+wait with one error.  A rank whose process ends some other way — an error in its own code, a kill — is seen
+gone: each rank holds an exclusive lock on a lock file of its own for as long as its process lives (the
+kernel drops it when the process ends, however it ends), and a rank waiting at a barrier tests the locks of
+the ranks that joined, every ``LIVENESS_SECONDS``.  Every wait is also bounded (``timeout``).
 """
 from __future__ import annotations
 
@@ -24,8 +27,10 @@ import numpy as np
 from cct.distributed.exchange import GradientExchange
 from cct.errors import CctError
 
-_HEADER = 8  # int64s: arrived, generation, failed rank + 1, parameter count, ...
-_ARRIVED, _GENERATION, _FAILED, _COUNT = 0, 1, 2, 3
+_HEADER = 8  # int64s: arrived, generation, failed rank + 1, parameter count, ...; then the pid of each rank that
+_ARRIVED, _GENERATION, _FAILED, _COUNT = 0, 1, 2, 3  # joined (0 until it does), then the slots
+# a rank waiting at a barrier tests whether the others' processes still live this often (seconds)
+LIVENESS_SECONDS = 0.05
 
 
 def new_uid() -> bytes:
@@ -51,7 +56,9 @@ class ProcessExchange(GradientExchange):
         self.rank, self.size, self.count, self.timeout = rank, size, count, timeout
         base = os.path.join(_folder(), f"cct-nccl-{uid}")
         self.path, self._lock_path = base + ".buf", base + ".lock"
-        nbytes = 8 * _HEADER + 4 * size * count
+        self._rank_lock_paths = [f"{base}.rank{r}.lock" for r in range(size)]
+        self._alive = self._hold_rank_lock()
+        nbytes = 8 * (_HEADER + size) + 4 * size * count
         if rank == 0:
             tmp = f"{self.path}.{os.getpid()}.tmp"
             with open(tmp, "wb") as f:
@@ -70,11 +77,46 @@ class ProcessExchange(GradientExchange):
         self._lock_file = open(self._lock_path, "a+b")  # noqa: SIM115 - held for the exchange's life
         raw = np.memmap(self.path, dtype=np.uint8, mode="r+", shape=(nbytes,))
         self._header = raw[:8 * _HEADER].view(np.int64)
-        self._slots = raw[8 * _HEADER:].view(np.float32).reshape(size, count)
+        self._joined = raw[8 * _HEADER:8 * (_HEADER + size)].view(np.int64)
+        self._slots = raw[8 * (_HEADER + size):].view(np.float32).reshape(size, count)
         if int(self._header[_COUNT]) != count:
             raise CctError(f"NCCL rank {rank}: this net has {count} learnable values, rank 0's has "
                            f"{int(self._header[_COUNT])}: every process must train the same net")
+        self._joined[rank] = os.getpid()
         self._broadcast_done = False
+
+    def _hold_rank_lock(self):
+        """This rank's lock file, locked for the life of the process (see the module docstring)."""
+        import fcntl
+
+        f = open(self._rank_lock_paths[self.rank], "a+b")  # noqa: SIM115 - held for the exchange's life
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.close()
+            raise CctError(f"NCCL: solver rank {self.rank} of this uid is already taken by another process "
+                           "(caffe.set_solver_rank)") from None
+        return f
+
+    def _gone(self) -> int | None:
+        """A rank that joined and whose process has ended (its lock file free or removed), or None."""
+        import fcntl
+
+        for r in range(self.size):
+            if r == self.rank or not int(self._joined[r]):
+                continue
+            try:
+                fd = os.open(self._rank_lock_paths[r], os.O_RDONLY)
+            except FileNotFoundError:
+                return r
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # held: that process lives
+            finally:
+                os.close(fd)  # (releases the lock this test may have taken)
+            return r
+        return None
 
     # ---- the barrier -----------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -102,11 +144,21 @@ class ProcessExchange(GradientExchange):
                 h[_ARRIVED] = 0
                 h[_GENERATION] = generation + 1
                 return
-        deadline = time.monotonic() + self.timeout
+        start = time.monotonic()
+        deadline, next_check = start + self.timeout, start + LIVENESS_SECONDS
         pause = 0.0
         while int(h[_GENERATION]) == generation:
             self._check_failed()
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > next_check:
+                next_check = now + LIVENESS_SECONDS
+                gone = self._gone()
+                # (a rank leaves a barrier only once the generation moved: read again, it tells a rank that
+                # left after this barrier was passed from one that never reached it)
+                if gone is not None and int(h[_GENERATION]) == generation:
+                    raise CctError(f"NCCL: solver rank {gone} of {self.size} ended before the {what}; stopping "
+                                   f"rank {self.rank}")
+            if now > deadline:
                 raise CctError(f"NCCL rank {self.rank} of {self.size}: the others did not reach the {what} within "
                                f"{self.timeout:g} s")
             time.sleep(pause)
@@ -146,8 +198,11 @@ class ProcessExchange(GradientExchange):
             for path in (self.path, self._lock_path):
                 with contextlib.suppress(OSError):
                     os.remove(path)
-        with contextlib.suppress(Exception):
-            self._lock_file.close()
+        with contextlib.suppress(OSError):  # removed before it is unlocked: a free lock file is an ended rank's
+            os.remove(self._rank_lock_paths[self.rank])
+        for f in (self._lock_file, self._alive):
+            with contextlib.suppress(Exception):
+                f.close()
 
 
 class NCCL:
