@@ -794,5 +794,6 @@ def test_where_the_models_decide_winograd_needs_its_margin(monkeypatch):
     # the net's measuring budget spent: the models decide the same way
     settings.set("autotune", None)  # the default, fast
     monkeypatch.setattr(choice, "autotune_conv_engine", lambda *a, **k: None)
+    monkeypatch.setattr(choice, "autotune", lambda *a, **k: None)  # (the lowerings' close call too)
     name, reason = choice.choose_conv_engine(conv4_2)
     assert name == "lowering" and "autotune budget spent" in reason and "winograd 4 x2.00" in reason

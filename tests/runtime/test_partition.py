@@ -105,8 +105,13 @@ def test_no_partition_calls_a_multi_threaded_blas_on_a_many_core_machine(monkeyp
     from cct.engines import fft_plan, measured
     from cct.runtime import threads
 
+    from cct.engines import autotune
+    from cct.engines.cost_model import DEFAULT_RATES
+
     for module in (threads, partition, fft_plan, measured):
         monkeypatch.setattr(module, "cpu_cores", lambda: 16)
+    # the models' default rates: calibrating 16 emulated cores on this machine takes seconds and is beside the point
+    monkeypatch.setattr(autotune, "calibrate", lambda save=True: DEFAULT_RATES)
     settings.set("partitions", "auto")
     seen = []
     matmul = np.matmul
