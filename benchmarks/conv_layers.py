@@ -7,7 +7,9 @@ First measures the float32 sgemm peak (2048³ matmul, best of 5) at the current 
 conv1..conv5 of CaffeNet at ``batch`` images the median forward and forward+backward (data and weights; conv1
 has no data gradient in a net but it is measured too) seconds of each applicable lowering, of the lowering auto
 chooses and of the engine auto chooses (``engine auto``: the lowering, FFT or Winograd engine, as a net's layer
-runs; autotuned outside a net, so fully measured the first time), as GFLOP/s of the convolution's arithmetic
+runs: the five layers configured in order in one net's measuring session, so with the fast autotune's budget on
+a first run and the cached measurements after, and the net's budget of FFT spectra kept between the passes), as
+GFLOP/s of the convolution's arithmetic
 (2·o·d/g·k²·m²·B per pass: for the FFT and Winograd engines, which do less arithmetic, an effective rate) and %
 of the sgemm peak, and the workspace bytes the engine needs (each measured with buffers of its own; in a net
 all layers share one).  Every step's operands are new (as in training).
@@ -38,6 +40,7 @@ from torch_isa import match_torch_isa  # noqa: E402
 
 from cct.bench.flops import sgemm_peak  # noqa: E402
 from cct.engines import ConvGeometry  # noqa: E402
+from cct.engines.autotune import measuring_session  # noqa: E402
 from cct.engines.choice import SelectedEngine  # noqa: E402
 from cct.engines.lowering import LoweringEngine, Workspace, strategy_fallback  # noqa: E402
 from cct.runtime.threads import thread_budget as blas_threads  # noqa: E402
@@ -99,9 +102,18 @@ def main() -> None:
               f"{tail}")
 
     rng = np.random.default_rng(0)
-    for spec in CAFFENET:
+    operands = [layer_operands(args.batch, spec, rng) for spec in CAFFENET]
+    # engine auto as a net's layers choose it: the five configured in the net's order within one net's measuring
+    # session — its measuring budget and its budget of FFT spectra kept between the passes shared (outside a net
+    # an FFT layout keeping many spectra needs KEPT_FRACTION more speed: CaffeNet's conv2 ran lowering 2 here
+    # where the net runs the FFT)
+    net_engines = []
+    with measuring_session():
+        for g, *_ in operands:
+            net_engines.append(SelectedEngine("auto", "benchmark", "auto"))
+            net_engines[-1].configure(g, np.float32)
+    for spec, (g, flops, x, w, dy), net_engine in zip(CAFFENET, operands, net_engines):
         name, d, o, grp, n, k, s, p = spec
-        g, flops, x, w, dy = layer_operands(args.batch, spec, rng)
         y, dx, dw = np.empty_like(dy), np.empty_like(x), np.zeros_like(w)
         for strategy in (1, 2, 3, "auto", "engine"):
             if strategy in (1, 2, 3) and strategy_fallback(strategy, g):
@@ -109,7 +121,7 @@ def main() -> None:
             # each its own buffers (the column is per lowering); auto is the lowering policy, engine the engine
             # choice (lowering, FFT or Winograd) a net's layer runs
             if strategy == "engine":
-                eng = SelectedEngine("auto", "benchmark", "auto")
+                eng = net_engine
             elif strategy == "auto":
                 eng = SelectedEngine("lowering", "benchmark", "auto")
             else:
