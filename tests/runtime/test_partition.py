@@ -102,11 +102,9 @@ def test_no_partition_calls_a_multi_threaded_blas_on_a_many_core_machine(monkeyp
     one thread: a multi-threaded OpenBLAS call from concurrent partitions is serialised by OpenBLAS's lock and
     leaves its workers spinning into the next layer (a convolution's bias gradient did so)."""
     import cct
-    from cct.engines import fft_plan, measured
-    from cct.runtime import threads
-
-    from cct.engines import autotune
+    from cct.engines import autotune, fft_plan, measured
     from cct.engines.cost_model import DEFAULT_RATES
+    from cct.runtime import threads
 
     for module in (threads, partition, fft_plan, measured):
         monkeypatch.setattr(module, "cpu_cores", lambda: 16)
