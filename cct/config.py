@@ -11,7 +11,7 @@ variable fails before any work).  Tests reset the one object (:meth:`Settings.re
 ====================  ===================  ===============  ==================================================
 setting               environment          flag             values
 ====================  ===================  ===============  ==================================================
-conv_engine           CCT_CONV_ENGINE      -conv_engine     lowering | fft | winograd | auto (default)
+conv_engine           CCT_CONV_ENGINE      -conv_engine     lowering | fft | winograd | depthwise | auto (default)
 lowering              CCT_LOWERING         -lowering        1 | 2 | 3 | auto (default)
 partitions            CCT_PARTITIONS       -partitions      N | auto (default; None)
 autotune              CCT_AUTOTUNE         -autotune        fast (default) | full | off (or auto | 1 | 0)
@@ -173,9 +173,11 @@ class Setting:
 
 
 SETTINGS = (
-    Setting("conv_engine", "CCT_CONV_ENGINE", "conv_engine", choice("lowering", "fft", "winograd", "auto"),
-            "convolution engine: lowering, fft, winograd (3x3 stride-1 layers; lowering elsewhere), or auto "
-            "(measured per layer where fft or winograd may gain)"),
+    Setting("conv_engine", "CCT_CONV_ENGINE", "conv_engine",
+            choice("lowering", "fft", "winograd", "depthwise", "auto"),
+            "convolution engine: lowering, fft, winograd (3x3 stride-1 layers; lowering elsewhere), depthwise "
+            "(one input channel per group; lowering elsewhere), or auto (measured per layer where fft or winograd "
+            "may gain, depthwise where its model beats the lowering's)"),
     Setting("lowering", "CCT_LOWERING", "lowering", lowering_choice,
             "the lowering convolutions use: 1, 2, 3, or auto (per layer, by the calibrated cost model)"),
     Setting("partitions", "CCT_PARTITIONS", "partitions", count_or_auto,

@@ -24,8 +24,9 @@ FLAGS = [
          "snapshot, stop or none."),
     # cct's engine knobs (the same settings as CCT_LOWERING / CCT_PARTITIONS for the Python API)
     Flag("conv_engine", str, "", "Optional; convolution engine: lowering, fft, winograd (3x3 stride-1 layers, "
-                                 "lowering elsewhere) or auto (default: CCT_CONV_ENGINE or auto: measured per layer "
-                                 "where fft or winograd may gain)."),
+                                 "lowering elsewhere), depthwise (one input channel per group, lowering elsewhere) "
+                                 "or auto (default: CCT_CONV_ENGINE or auto: measured per layer where fft or "
+                                 "winograd may gain, depthwise where its model beats the lowering's)."),
     Flag("lowering", str, "", "Optional; convolution lowering: 1, 2, 3 or auto (default: CCT_LOWERING or auto)."),
     Flag("autotune", str, "", "Optional; measuring engine candidates: fast (close calls, a few seconds per net), "
                               "full (every layer) or off (cost models only) (default: CCT_AUTOTUNE or fast)."),

@@ -20,8 +20,9 @@ them for every engine with this machine's calibrated rates: the per-layer engine
 planner of volume inference and the parallelism planner all price convolutions through it.
 
 Engines are looked up by name with :func:`create_conv_engine`: ``lowering`` (CcT's three lowerings,
-:mod:`cct.engines.lowering`), ``fft`` (ZNN's FFT convolution, :mod:`cct.engines.fft`) and ``winograd``
-(Lavin & Gray's minimal filtering for 3x3 kernels, :mod:`cct.engines.winograd`).  A layer's creator
+:mod:`cct.engines.lowering`), ``fft`` (ZNN's FFT convolution, :mod:`cct.engines.fft`), ``winograd``
+(Lavin & Gray's minimal filtering for 3x3 kernels, :mod:`cct.engines.winograd`) and ``depthwise`` (one input
+channel per group, directly: :mod:`cct.engines.depthwise`).  A layer's creator
 function gets a :class:`cct.engines.choice.SelectedEngine`, which runs one of them per geometry as the
 settings say (``CCT_CONV_ENGINE``, ``CCT_LOWERING``, ``CCT_PARTITIONS``; cost model and measured autotune).
 """
@@ -39,6 +40,7 @@ __all__ = ["ConvEngine", "ConvGeometry", "Estimate", "conv_engine_names", "creat
 
 # name -> "module:Class"; imported on first use so that an engine's dependencies load only when chosen.
 _CONV_ENGINES: dict[str, str] = {
+    "depthwise": "cct.engines.depthwise:DepthwiseEngine",
     "fft": "cct.engines.fft:FFTEngine",
     "lowering": "cct.engines.lowering:LoweringEngine",
     "winograd": "cct.engines.winograd:WinogradEngine",

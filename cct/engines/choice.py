@@ -145,7 +145,7 @@ class SelectedEngine(ConvEngine):
     def __init__(self, choice: str = "auto", source: str = "default", lowering: int | str = "auto",
                  lowering_source: str = "default"):
         super().__init__()
-        if choice not in ("lowering", "fft", "winograd", "auto") or lowering not in (1, 2, 3, "auto"):
+        if choice not in ("lowering", "fft", "winograd", "depthwise", "auto") or lowering not in (1, 2, 3, "auto"):
             raise ValueError(f"SelectedEngine({choice!r}, lowering={lowering!r})")
         self.choice, self.source = choice, source
         self.lowering, self.lowering_source = lowering, lowering_source
@@ -286,30 +286,40 @@ def winograd_applies(g: ConvGeometry, xp: Any = None) -> tuple[bool, str]:
     return WinogradEngine.supports(g)
 
 
+def depthwise_applies(g: ConvGeometry, xp: Any = None) -> tuple[bool, str]:
+    """(True, "") when the depthwise engine can compute ``g`` on arrays of ``xp``, else (False, the reason)."""
+    from cct.engines.depthwise import DepthwiseEngine
+
+    return DepthwiseEngine.supports(g, xp)
+
+
 def choose_conv_engine(g: ConvGeometry, dtype: Any = np.float32, xp: Any = None, choice: str = "auto",
                        source: str = "default", lowering: int | str = "auto") -> tuple[str, str]:
     """(engine name, reason) for geometry ``g`` under the ``conv_engine`` setting ``choice``.
 
-    ``winograd``: the Winograd engine wherever it applies (3x3, stride 1, 2-D, CPU), the lowering engine
-    elsewhere with the reason.  ``auto``: the candidates beside the lowering engine are the FFT engine, where
-    it applies and the two models (:func:`predicted_seconds`, :func:`predicted_fft_seconds`) leave it a chance
-    to save ``PREFER_TYPE1_SECONDS`` even at ``FAST_MEASURE_WINDOW`` times its prediction, and the Winograd engine,
-    where it applies, the layer is predicted to take ``AUTOTUNE_MIN_SECONDS`` or more and the Winograd model leaves
-    it the same chance (its transforms cost some float32 precision, so small layers keep the lowering engine's
-    sums).  With no candidate the lowering engine runs (small layers,
-    most strided ones: they keep Caffe's summation order); otherwise all are measured on the layer
-    (:func:`autotune_conv_engine`, cached) and the fastest taken when the lowering engine takes over
-    ``MEASURED_PREFER_FRACTION`` (2%) longer (``KEPT_FRACTION``, 40%, for an FFT layout that keeps more than
-    ``KEPT_BYTES`` of spectra between the passes, over the lowering and every other qualified engine, unless
-    the net being built still has room for them in ``KEPT_BUDGET_BYTES``: the first such layers chosen
-    spend it) — the smaller Winograd tile when it is within
-    ``WINOGRAD_TILE_WINDOW`` of the larger (it is the more accurate).  With
-    autotune off (``CCT_AUTOTUNE=0``), or the net's measuring budget spent, the models decide, each scaled by its
-    error measured on this machine, the FFT and Winograd engines by a margin (:func:`_engine_by_models`;
-    :func:`_fft_predicted_faster`: never for an FFT keeping more than ``KEPT_BYTES`` of spectra); with autotune
-    forced on, every applicable layer is measured."""
+    ``winograd``: the Winograd engine wherever it applies (3x3, stride 1, 2-D, CPU), the lowering engine elsewhere
+    with the reason; ``depthwise`` likewise the depthwise engine (one input channel per group, 2-D, CPU with the
+    compiled kernels).  ``auto``: on a layer the depthwise engine can run, it or the lowering engine, whichever the
+    models predict faster (:func:`_depthwise_by_models`); elsewhere the candidates beside the lowering engine are
+    the FFT engine, where it applies and the two models (:func:`predicted_seconds`, :func:`predicted_fft_seconds`)
+    leave it a chance to save ``PREFER_TYPE1_SECONDS`` even at ``FAST_MEASURE_WINDOW`` times its prediction, and the
+    Winograd engine, where it applies, the layer is predicted to take ``AUTOTUNE_MIN_SECONDS`` or more and the
+    Winograd model leaves it the same chance (its transforms cost some float32 precision, so small layers keep the
+    lowering engine's sums).  With no candidate the lowering engine runs (small layers, most strided ones: they keep
+    Caffe's summation order); otherwise all are measured on the layer (:func:`autotune_conv_engine`, cached) and the
+    fastest taken when the lowering engine takes over ``MEASURED_PREFER_FRACTION`` (2%) longer (``KEPT_FRACTION``,
+    40%, for an FFT layout that keeps more than ``KEPT_BYTES`` of spectra between the passes, over the lowering and
+    every other qualified engine, unless the net being built still has room for them in ``KEPT_BUDGET_BYTES``: the
+    first such layers chosen spend it) — the smaller Winograd tile when it is within ``WINOGRAD_TILE_WINDOW`` of the
+    larger (it is the more accurate).  With autotune off (``CCT_AUTOTUNE=0``), or the net's measuring budget spent,
+    the models decide, each scaled by its error measured on this machine, the FFT and Winograd engines by a margin
+    (:func:`_engine_by_models`; :func:`_fft_predicted_faster`: never for an FFT keeping more than ``KEPT_BYTES`` of
+    spectra); with autotune forced on, every applicable layer is measured."""
     if choice == "lowering":
         return "lowering", ""
+    dw_ok, dw_why = depthwise_applies(g, xp)
+    if choice == "depthwise":
+        return ("depthwise", "") if dw_ok else ("lowering", f"not depthwise: {dw_why}")
     wino_ok, wino_why = winograd_applies(g, xp)
     if choice == "winograd":
         return ("winograd", "") if wino_ok else ("lowering", f"not winograd: {wino_why}")
@@ -332,6 +342,8 @@ def choose_conv_engine(g: ConvGeometry, dtype: Any = np.float32, xp: Any = None,
     # (calibrated once, about 1 s)
     rates = machine_rates()
     t_low = _lowering_prediction(g, lowering, rates)
+    if dw_ok:  # (one input channel per group: the FFT's and Winograd's transforms would do the work)
+        return _depthwise_by_models(g, dtype, t_low, rates)
     if (not fft_why or wino_ok) and t_low >= PREFER_TYPE1_SECONDS:
         rates = machine_rates(calibrate_if_missing=True)
         t_low = _lowering_prediction(g, lowering, rates)
@@ -375,6 +387,16 @@ def choose_conv_engine(g: ConvGeometry, dtype: Any = np.float32, xp: Any = None,
     if ledger and kept.get(name, 0) > KEPT_BYTES:
         ledger.kept += kept[name]
     return name, "engine autotuned: " + ", ".join(f"{k} {t * 1e3:.3g} ms" for k, t in measured.items())
+
+
+def _depthwise_by_models(g: ConvGeometry, dtype: Any, t_low: float, rates: Any) -> tuple[str, str]:
+    """(engine, reason) on a layer with one input channel per group: the depthwise engine where its model beats
+    the lowering's (one tiny GEMM per group: 5-17x slower on MobileNet's layers at 16 images, 2 cores)."""
+    from cct.engines.depthwise import DepthwiseEngine
+
+    t_dw = DepthwiseEngine.estimates(g, dtype, rates)[0].seconds
+    name = "depthwise" if t_dw < t_low else "lowering"
+    return name, f"engine by cost model (depthwise {t_dw * 1e3:.3g} ms, lowering {t_low * 1e3:.3g} ms predicted)"
 
 
 def _engine_by_models(g: ConvGeometry, dtype: Any, t_low: float, why: str, fft: bool = True,

@@ -2,10 +2,12 @@
  * cct/native/__init__.py): MAX pooling (forward and backward, 1 to 8 spatial axes), LRN across channels with
  * beta = 3/4 (forward and backward), the 2-D lowering of CcT's types 1 and 2 (im2col) and its adjoint
  * (col2im), ReLU's backward, BatchNorm's and Scale's passes over channel rows (each alone, and the two
- * forward as one), the SGD solver's update step (and a beta = 1 GEMM call into numpy's BLAS, at the end).  Each kernel works on C-contiguous buffers (float32 or float64, chosen by the buffer's item size),
- * walks one channel plane (or image, or tile of channels, or value) at a time while it sits in the core's cache,
- * and releases the GIL, so the batch partitions' threads run it side by side.  Arguments are checked before any
- * memory is touched: a geometry that does not fit its buffers is a ValueError.
+ * forward as one), depthwise convolution (one input channel per group), the SGD solver's update step (and a
+ * beta = 1 GEMM call into numpy's BLAS, at the end).  Each kernel works on C-contiguous buffers (float32 or
+ * float64, chosen by the buffer's item size), walks one channel plane (or image, or tile of channels, or value)
+ * at a time while it sits in the core's cache, and releases the GIL, so the batch partitions' threads run it
+ * side by side.  Arguments are checked before any memory is touched: a geometry that does not fit its buffers is
+ * a ValueError.
  *
  * MAX pooling (Caffe's scan): a window's maximum starts at -FLT_MAX and is replaced by each cell strictly
  * greater, kernel offsets in row-major order, so the winner is the first cell equal to the maximum and NaN
@@ -600,6 +602,315 @@ DEFINE_LABEL_COUNT(label_count_f64, double)
     }
 DEFINE_SOFTMAX_LOSS_BACKWARD(softmax_loss_backward_f32, float)
 DEFINE_SOFTMAX_LOSS_BACKWARD(softmax_loss_backward_f64, double)
+
+/* ---- depthwise convolution ---------------------------------------------------------------------------- */
+
+/* A 2-D convolution with one input channel per group (depthwise: group = C, O = m·C outputs, output channel o
+ * reading input channel o / m), directly: the lowering runs it as one GEMM of m rows per group.  Geometry g: n, c,
+ * o, h, w, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow.  The forward, and the data gradient of a stride-1 layer (the
+ * forward of dy with the kernel's offsets flipped, summing the m output channels of a group), gather: each output
+ * row's cells summed in registers, DW_BLOCK at a time where every tap lies in the input, one by one at the edges,
+ * each cell over (channel of the fan, ky, kx) from 0 in the same order either way, the bias added last (as Caffe's
+ * GEMM, then bias).  A strided layer's data gradient scatters each output cell's gradient to the cells it read.
+ * The weight gradient sums, per tap, the rows' products in DW_BLOCK float lanes added in order into a double.  The
+ * order of every sum is fixed: the same values whatever the thread count. */
+#define DW_BLOCK 16
+#define DW_MAX_K 64    /* taps per axis */
+#define DW_MAX_FAN 64  /* output channels per group (the stride-1 data gradient's fan) */
+
+/* DW_BLOCK values as one vector (GCC's vector extension: the widest registers of each clone, in as many as it takes) */
+typedef float depthwise_f32x __attribute__((vector_size(DW_BLOCK * sizeof(float))));
+typedef double depthwise_f64x __attribute__((vector_size(DW_BLOCK * sizeof(double))));
+#define DW_LANE_BLOCKS 64  /* a lane's float sum: at most this many products before it goes into the double */
+
+typedef struct {
+    Py_ssize_t in_h, in_w, out_h, out_w, kh, kw, sy, sx, fan, div, in_channels, out_channels;
+    Py_ssize_t lo, hi;  /* the output columns where every tap lies in the input */
+    Py_ssize_t offy[DW_MAX_K], offx[DW_MAX_K], span[2 * DW_MAX_K];  /* per tap: offsets, its valid columns */
+} depthwise_taps;
+
+/* The gather's taps for the forward (flipped 0) or a stride-1 layer's data gradient (flipped 1). */
+static void depthwise_plan(depthwise_taps *t, int flipped, const Py_ssize_t *g) {
+    const Py_ssize_t c = g[1], o = g[2], h = g[3], w = g[4], kh = g[5], kw = g[6], sh = g[7], sw = g[8], ph = g[9],
+                     pw = g[10], dh = g[11], dw = g[12], oh = g[13], ow = g[14];
+    t->kh = kh;
+    t->kw = kw;
+    if (!flipped) {
+        t->in_h = h, t->in_w = w, t->out_h = oh, t->out_w = ow, t->sy = sh, t->sx = sw;
+        t->fan = 1, t->div = o / c, t->in_channels = c, t->out_channels = o;
+    } else {
+        t->in_h = oh, t->in_w = ow, t->out_h = h, t->out_w = w, t->sy = 1, t->sx = 1;
+        t->fan = o / c, t->div = 1, t->in_channels = o, t->out_channels = c;
+    }
+    for (Py_ssize_t ky = 0; ky < kh; ky++) t->offy[ky] = flipped ? ph - ky * dh : ky * dh - ph;
+    t->lo = 0;
+    t->hi = t->out_w;
+    for (Py_ssize_t kx = 0; kx < kw; kx++) {
+        const Py_ssize_t off = flipped ? pw - kx * dw : kx * dw - pw, last = t->in_w - 1 - off;
+        Py_ssize_t a = off >= 0 ? 0 : (-off + t->sx - 1) / t->sx, b = last < 0 ? 0 : last / t->sx + 1;
+        b = b < t->out_w ? b : t->out_w;
+        t->offx[kx] = off;
+        t->span[2 * kx] = a;
+        t->span[2 * kx + 1] = b;
+        t->lo = a > t->lo ? a : t->lo;
+        t->hi = b < t->hi ? b : t->hi;
+    }
+    if (t->hi < t->lo) t->hi = t->lo;
+}
+
+/* A stride-1 layer's planes as wide rows: each input plane copied into a zero-bordered buffer (pt rows above, pl
+ * columns left, rows pw wide) in which every tap of every output cell lies, so that output cell (r, q) at wide
+ * index r·pw + q reads the buffer at that index plus one shift per tap — one contiguous pass per tap over the
+ * whole plane, DW_WIDE cells at a time (columns q >= out_w are computed and dropped). */
+#define DW_WIDE (4 * DW_BLOCK)  /* a step's cells: four vectors */
+
+typedef struct {
+    Py_ssize_t pt, pl, pw, bh, len, cells;  /* borders, buffer rows and values, wide output cells */
+    Py_ssize_t shift[DW_MAX_K * DW_MAX_K];
+} depthwise_wide;
+
+static void depthwise_wide_plan(depthwise_wide *p, const depthwise_taps *t) {
+    Py_ssize_t min_y = 0, max_y = 0, min_x = 0, max_x = 0;
+    for (Py_ssize_t ky = 0; ky < t->kh; ky++) {
+        min_y = t->offy[ky] < min_y ? t->offy[ky] : min_y;
+        max_y = t->offy[ky] > max_y ? t->offy[ky] : max_y;
+    }
+    for (Py_ssize_t kx = 0; kx < t->kw; kx++) {
+        min_x = t->offx[kx] < min_x ? t->offx[kx] : min_x;
+        max_x = t->offx[kx] > max_x ? t->offx[kx] : max_x;
+    }
+    p->pt = -min_y;
+    p->pl = -min_x;
+    p->pw = p->pl + (t->in_w > t->out_w + max_x ? t->in_w : t->out_w + max_x);
+    p->bh = p->pt + (t->in_h > t->out_h + max_y ? t->in_h : t->out_h + max_y);
+    p->len = (p->bh + 1) * p->pw + DW_WIDE;  /* a last block's dropped lanes read past the last row */
+    p->cells = t->out_h * p->pw;
+    for (Py_ssize_t ky = 0; ky < t->kh; ky++)
+        for (Py_ssize_t kx = 0; kx < t->kw; kx++)
+            p->shift[ky * t->kw + kx] = (t->offy[ky] + p->pt) * p->pw + t->offx[kx] + p->pl;
+}
+
+#define DEFINE_DEPTHWISE(GATHER, SCATTER, WEIGHTS, T, V)                                                             \
+    /* out plane q of an image (planes [first, last) of n·out_channels) = Σ_{j < fan} Σ_{ky, kx} weight q·fan + j at \
+     * (ky, kx) · input plane (q·fan + j) / div of the image at (row·sy + offy[ky], col·sx + offx[kx]), taps outside \
+     * the input skipped (+ bias[q]) */                                                                              \
+    CCT_CLONES static void GATHER(const T *restrict in, const T *restrict wt, const T *bias, T *restrict out,        \
+                                  const depthwise_taps *t, Py_ssize_t first, Py_ssize_t last) {                      \
+        const Py_ssize_t ih = t->in_h, iw = t->in_w, oh = t->out_h, ow = t->out_w, kh = t->kh, kw = t->kw;           \
+        const Py_ssize_t sy = t->sy, sx = t->sx, fan = t->fan, taps = kh * kw;                                       \
+        /* the interior's blocks, the last one ending at its end (overlapping the one before: the same sums) */      \
+        const Py_ssize_t blocked = t->hi - t->lo >= DW_BLOCK ? t->hi : t->lo;                                        \
+        const Py_ssize_t edges[2][2] = {{0, t->lo}, {blocked, ow}};                                                  \
+        for (Py_ssize_t plane = first; plane < last; plane++) {                                                      \
+            const Py_ssize_t img = plane / t->out_channels, q = plane % t->out_channels;                             \
+            const T *ins[DW_MAX_FAN];                                                                                \
+            for (Py_ssize_t j = 0; j < fan; j++)                                                                     \
+                ins[j] = in + (img * t->in_channels + (q * fan + j) / t->div) * ih * iw;                             \
+            const T *k = wt + q * fan * taps;                                                                        \
+            const T add = bias ? bias[q] : 0;                                                                        \
+            for (Py_ssize_t r = 0; r < oh; r++) {                                                                    \
+                T *restrict row = out + (plane * oh + r) * ow;                                                       \
+                for (Py_ssize_t next = t->lo; next < blocked; next += DW_BLOCK) {                                    \
+                    const Py_ssize_t col = next + DW_BLOCK <= blocked ? next : blocked - DW_BLOCK;                   \
+                    V acc = {0};                                                                                     \
+                    for (Py_ssize_t j = 0; j < fan; j++)                                                             \
+                        for (Py_ssize_t ky = 0; ky < kh; ky++) {                                                     \
+                            const Py_ssize_t iy = r * sy + t->offy[ky];                                              \
+                            if (iy < 0 || iy >= ih) continue;                                                        \
+                            const T *src = ins[j] + iy * iw + col * sx;                                              \
+                            for (Py_ssize_t kx = 0; kx < kw; kx++) {                                                 \
+                                const T *cells = src + t->offx[kx];                                                  \
+                                V in_;                                                                               \
+                                if (sx == 1)                                                                         \
+                                    memcpy(&in_, cells, sizeof in_);                                                 \
+                                else                                                                                 \
+                                    for (int b = 0; b < DW_BLOCK; b++) in_[b] = cells[b * sx];                       \
+                                acc += k[j * taps + ky * kw + kx] * in_;                                             \
+                            }                                                                                        \
+                        }                                                                                            \
+                    if (bias) acc += add;                                                                            \
+                    memcpy(row + col, &acc, sizeof acc);                                                             \
+                }                                                                                                    \
+                for (int e = 0; e < 2; e++)                                                                          \
+                    for (Py_ssize_t col = edges[e][0]; col < edges[e][1]; col++) {                                   \
+                        T sum = 0;                                                                                   \
+                        for (Py_ssize_t j = 0; j < fan; j++)                                                         \
+                            for (Py_ssize_t ky = 0; ky < kh; ky++) {                                                 \
+                                const Py_ssize_t iy = r * sy + t->offy[ky];                                          \
+                                if (iy < 0 || iy >= ih) continue;                                                    \
+                                for (Py_ssize_t kx = 0; kx < kw; kx++) {                                             \
+                                    const Py_ssize_t ix = col * sx + t->offx[kx];                                    \
+                                    if (ix >= 0 && ix < iw) sum += k[j * taps + ky * kw + kx] * ins[j][iy * iw + ix];\
+                                }                                                                                    \
+                            }                                                                                        \
+                        row[col] = bias ? sum + add : sum;                                                           \
+                    }                                                                                                \
+            }                                                                                                        \
+        }                                                                                                            \
+    }                                                                                                                \
+    /* a strided layer's data gradient: dx planes [first, last) of n·c overwritten by each output cell's gradient    \
+     * times each tap's weight, added to the cell the tap read, in the order (output channel of the group, output    \
+     * row, ky, kx, output column) */                                                                                \
+    CCT_CLONES static void SCATTER(const T *restrict dy, const T *restrict wt, T *restrict dx, const Py_ssize_t *g,  \
+                                   const depthwise_taps *t, Py_ssize_t first, Py_ssize_t last) {                     \
+        const Py_ssize_t c = g[1], o = g[2], h = g[3], w = g[4], kh = g[5], kw = g[6], sh = g[7], sw = g[8],         \
+                         oh = g[13], ow = g[14], m = o / c;                                                          \
+        for (Py_ssize_t plane = first; plane < last; plane++) {                                                      \
+            const Py_ssize_t img = plane / c, ci = plane % c;                                                        \
+            T *out = dx + plane * h * w;                                                                             \
+            for (Py_ssize_t i = 0; i < h * w; i++) out[i] = 0;                                                       \
+            for (Py_ssize_t co = ci * m; co < ci * m + m; co++) {                                                    \
+                const T *grad = dy + (img * o + co) * oh * ow, *k = wt + co * kh * kw;                               \
+                for (Py_ssize_t oy = 0; oy < oh; oy++) {                                                             \
+                    const T *restrict row = grad + oy * ow;                                                          \
+                    for (Py_ssize_t ky = 0; ky < kh; ky++) {                                                         \
+                        const Py_ssize_t iy = oy * sh + t->offy[ky];                                                 \
+                        if (iy < 0 || iy >= h) continue;                                                             \
+                        T *restrict dst = out + iy * w;                                                              \
+                        for (Py_ssize_t kx = 0; kx < kw; kx++) {                                                     \
+                            const Py_ssize_t off = t->offx[kx], lo = t->span[2 * kx], hi = t->span[2 * kx + 1];      \
+                            const T v = k[ky * kw + kx];                                                             \
+                            for (Py_ssize_t ox = lo; ox < hi; ox++) dst[ox * sw + off] += v * row[ox];               \
+                        }                                                                                            \
+                    }                                                                                                \
+                }                                                                                                    \
+            }                                                                                                        \
+        }                                                                                                            \
+    }                                                                                                                \
+    /* dw[co] += per tap Σ_{image, output row} of the row's products of dy and the cells the tap read (in DW_BLOCK   \
+     * float lanes, added in order into a double), output channels [first, last); acc: kh·kw doubles */              \
+    CCT_CLONES static void WEIGHTS(const T *restrict x, const T *restrict dy, T *restrict dwt, const Py_ssize_t *g,  \
+                                   const depthwise_taps *t, Py_ssize_t first, Py_ssize_t last, double *acc) {        \
+        const Py_ssize_t n = g[0], c = g[1], o = g[2], h = g[3], w = g[4], kh = g[5], kw = g[6], sh = g[7],          \
+                         sw = g[8], oh = g[13], ow = g[14], m = o / c, taps = kh * kw;                               \
+        for (Py_ssize_t co = first; co < last; co++) {                                                               \
+            for (Py_ssize_t i = 0; i < taps; i++) acc[i] = 0;                                                        \
+            for (Py_ssize_t img = 0; img < n; img++) {                                                               \
+                const T *in = x + (img * c + co / m) * h * w, *grad = dy + (img * o + co) * oh * ow;                 \
+                for (Py_ssize_t oy = 0; oy < oh; oy++) {                                                             \
+                    const T *restrict row = grad + oy * ow;                                                          \
+                    for (Py_ssize_t ky = 0; ky < kh; ky++) {                                                         \
+                        const Py_ssize_t iy = oy * sh + t->offy[ky];                                                 \
+                        if (iy < 0 || iy >= h) continue;                                                             \
+                        const T *restrict src = in + iy * w;                                                         \
+                        for (Py_ssize_t kx = 0; kx < kw; kx++) {                                                     \
+                            const Py_ssize_t off = t->offx[kx], lo = t->span[2 * kx], hi = t->span[2 * kx + 1];      \
+                            V lane = {0};                                                                            \
+                            Py_ssize_t ox = lo;                                                                      \
+                            for (; ox + DW_BLOCK <= hi; ox += DW_BLOCK) {                                            \
+                                V dy_, in_;                                                                          \
+                                memcpy(&dy_, row + ox, sizeof dy_);                                                  \
+                                if (sw == 1)                                                                         \
+                                    memcpy(&in_, src + ox + off, sizeof in_);                                        \
+                                else                                                                                 \
+                                    for (int b = 0; b < DW_BLOCK; b++) in_[b] = src[(ox + b) * sw + off];            \
+                                lane += dy_ * in_;                                                                   \
+                            }                                                                                        \
+                            for (int b = 0; ox < hi; ox++, b++) lane[b] += row[ox] * src[ox * sw + off];             \
+                            double sum = 0;                                                                          \
+                            for (int b = 0; b < DW_BLOCK; b++) sum += lane[b];                                       \
+                            acc[ky * kw + kx] += sum;                                                                \
+                        }                                                                                            \
+                    }                                                                                                \
+                }                                                                                                    \
+            }                                                                                                        \
+            for (Py_ssize_t i = 0; i < taps; i++) dwt[co * taps + i] += (T)acc[i];                                   \
+        }                                                                                                            \
+    }                                                                                                                \
+    /* GATHER on a stride-1 layer by wide rows (depthwise_wide): buf, fan zeroed buffers of p->len values; wide,     \
+     * p->cells + DW_WIDE values */                                                                                  \
+    CCT_CLONES CCT_INLINE_COPIES static void GATHER##_wide(const T *restrict in, const T *restrict wt, const T *bias, T *restrict out,\
+                                         const depthwise_taps *t, const depthwise_wide *p, Py_ssize_t first,         \
+                                         Py_ssize_t last, T *buf, T *wide) {                                         \
+        const Py_ssize_t ih = t->in_h, iw = t->in_w, oh = t->out_h, ow = t->out_w, fan = t->fan;                     \
+        const Py_ssize_t taps = t->kh * t->kw;                                                                       \
+        for (Py_ssize_t plane = first; plane < last; plane++) {                                                      \
+            const Py_ssize_t img = plane / t->out_channels, q = plane % t->out_channels;                             \
+            for (Py_ssize_t j = 0; j < fan; j++) {                                                                   \
+                const T *src = in + (img * t->in_channels + (q * fan + j) / t->div) * ih * iw;                       \
+                T *to = buf + j * p->len + p->pt * p->pw + p->pl;                                                    \
+                for (Py_ssize_t y = 0; y < ih; y++)                                                                  \
+                    for (Py_ssize_t col = 0; col < iw; col++) to[y * p->pw + col] = src[y * iw + col];               \
+            }                                                                                                        \
+            const T *k = wt + q * fan * taps;                                                                        \
+            for (Py_ssize_t i = 0; i < p->cells; i += 4 * DW_BLOCK) {  /* four vectors: four independent sums */     \
+                V a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};                                                            \
+                for (Py_ssize_t j = 0; j < fan; j++)                                                                 \
+                    for (Py_ssize_t tap = 0; tap < taps; tap++) {                                                    \
+                        const T *from = buf + j * p->len + i + p->shift[tap], v = k[j * taps + tap];                 \
+                        V c0, c1, c2, c3;                                                                            \
+                        memcpy(&c0, from, sizeof c0);                                                                \
+                        memcpy(&c1, from + DW_BLOCK, sizeof c1);                                                     \
+                        memcpy(&c2, from + 2 * DW_BLOCK, sizeof c2);                                                 \
+                        memcpy(&c3, from + 3 * DW_BLOCK, sizeof c3);                                                 \
+                        a0 += v * c0;                                                                                \
+                        a1 += v * c1;                                                                                \
+                        a2 += v * c2;                                                                                \
+                        a3 += v * c3;                                                                                \
+                    }                                                                                                \
+                memcpy(wide + i, &a0, sizeof a0);                                                                    \
+                memcpy(wide + i + DW_BLOCK, &a1, sizeof a1);                                                         \
+                memcpy(wide + i + 2 * DW_BLOCK, &a2, sizeof a2);                                                     \
+                memcpy(wide + i + 3 * DW_BLOCK, &a3, sizeof a3);                                                     \
+            }                                                                                                        \
+            const T add = bias ? bias[q] : 0;                                                                        \
+            for (Py_ssize_t r = 0; r < oh; r++) {                                                                    \
+                T *restrict row = out + (plane * oh + r) * ow;                                                       \
+                const T *from = wide + r * p->pw;                                                                    \
+                if (bias)                                                                                            \
+                    for (Py_ssize_t col = 0; col < ow; col++) row[col] = from[col] + add;                            \
+                else                                                                                                 \
+                    for (Py_ssize_t col = 0; col < ow; col++) row[col] = from[col];                                  \
+            }                                                                                                        \
+        }                                                                                                            \
+    }                                                                                                                \
+    /* WEIGHTS on a stride-1 layer by wide rows: per tap, the products of the gradient's wide plane (zero in the     \
+     * dropped columns) and the buffer at the tap's shift, image after image, summed in DW_BLOCK float lanes over    \
+     * DW_LANE_BLOCKS blocks at a time, each time added in order into a double; buf: p->len zeroed values, grad:     \
+     * p->cells + DW_WIDE zeroed values, lanes: kh·kw vectors */                                                     \
+    CCT_CLONES CCT_INLINE_COPIES static void WEIGHTS##_wide(const T *restrict x, const T *restrict dy, T *restrict dwt,\
+                                          const Py_ssize_t *g, const depthwise_taps *t, const depthwise_wide *p,     \
+                                          Py_ssize_t first, Py_ssize_t last, T *buf, T *grad, V *lanes,              \
+                                          double *acc) {                                                             \
+        const Py_ssize_t n = g[0], c = g[1], o = g[2], h = g[3], w = g[4], oh = g[13], ow = g[14], m = o / c;        \
+        const Py_ssize_t taps = t->kh * t->kw;                                                                       \
+        for (Py_ssize_t co = first; co < last; co++) {                                                               \
+            Py_ssize_t blocks = 0;                                                                                   \
+            for (Py_ssize_t i = 0; i < taps; i++) {                                                                  \
+                acc[i] = 0;                                                                                          \
+                lanes[i] = (V){0};                                                                                   \
+            }                                                                                                        \
+            for (Py_ssize_t img = 0; img < n; img++) {                                                               \
+                const T *src = x + (img * c + co / m) * h * w, *gsrc = dy + (img * o + co) * oh * ow;                \
+                T *to = buf + p->pt * p->pw + p->pl;                                                                 \
+                for (Py_ssize_t y = 0; y < h; y++)                                                                   \
+                    for (Py_ssize_t col = 0; col < w; col++) to[y * p->pw + col] = src[y * w + col];                 \
+                for (Py_ssize_t r = 0; r < oh; r++)                                                                  \
+                    for (Py_ssize_t col = 0; col < ow; col++) grad[r * p->pw + col] = gsrc[r * ow + col];            \
+                for (Py_ssize_t i = 0; i < p->cells; i += DW_BLOCK) {                                                \
+                    V d;                                                                                             \
+                    memcpy(&d, grad + i, sizeof d);                                                                  \
+                    for (Py_ssize_t tap = 0; tap < taps; tap++) {                                                    \
+                        V cells;                                                                                     \
+                        memcpy(&cells, buf + i + p->shift[tap], sizeof cells);                                       \
+                        lanes[tap] += d * cells;                                                                     \
+                    }                                                                                                \
+                    if (++blocks == DW_LANE_BLOCKS || (img == n - 1 && i + DW_BLOCK >= p->cells)) {                  \
+                        for (Py_ssize_t tap = 0; tap < taps; tap++) {                                                \
+                            double sum = 0;                                                                          \
+                            for (int b = 0; b < DW_BLOCK; b++) sum += lanes[tap][b];                                 \
+                            acc[tap] += sum;                                                                         \
+                            lanes[tap] = (V){0};                                                                     \
+                        }                                                                                            \
+                        blocks = 0;                                                                                  \
+                    }                                                                                                \
+                }                                                                                                    \
+            }                                                                                                        \
+            for (Py_ssize_t i = 0; i < taps; i++) dwt[co * taps + i] += (T)acc[i];                                   \
+        }                                                                                                            \
+    }
+DEFINE_DEPTHWISE(depthwise_gather_f32, depthwise_scatter_f32, depthwise_weights_f32, float, depthwise_f32x)
+DEFINE_DEPTHWISE(depthwise_gather_f64, depthwise_scatter_f64, depthwise_weights_f64, double, depthwise_f64x)
 
 /* ---- SGD update ---------------------------------------------------------------------------------------- */
 
@@ -1275,6 +1586,116 @@ static PyObject *softmax_loss_backward(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* depthwise(which, src, other, dst, bias, geometry, first, last): which 0, the forward: src x, other the weights,
+ * dst y, its planes (image, output channel) [first, last) overwritten, bias None or O values; 1, the data
+ * gradient: src dy, other the weights, dst dx, its planes (image, input channel) [first, last) overwritten; 2, the
+ * weight gradient: src x, other dy, dst dw, output channels [first, last) accumulated.  geometry: n, c, o, h, w,
+ * kh, kw, sh, sw, ph, pw, dh, dw, oh, ow (o a multiple of c; at most DW_MAX_K taps per axis). */
+static PyObject *depthwise(PyObject *self, PyObject *args) {
+    PyObject *osrc, *oother, *odst, *obias, *geometry;
+    int which;
+    Py_ssize_t g[15], first, last;
+    buffers b = {.held = 0};
+    void *src, *other, *dst, *bias;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "iOOOOOnn", &which, &osrc, &oother, &odst, &obias, &geometry, &first, &last))
+        return NULL;
+    PyObject *seq = PySequence_Fast(geometry, "geometry must be a sequence of 15 integers");
+    if (!seq) return NULL;
+    int bad = PySequence_Fast_GET_SIZE(seq) != 15;
+    for (int i = 0; !bad && i < 15; i++) {
+        g[i] = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(seq, i));
+        bad = g[i] == -1 && PyErr_Occurred() ? -1 : g[i] < (i == 9 || i == 10 ? 0 : 1);
+    }
+    Py_DECREF(seq);
+    if (bad < 0) return NULL;
+    if (bad || which < 0 || which > 2 || g[2] % g[1] || g[5] > DW_MAX_K || g[6] > DW_MAX_K ||
+        g[3] + 2 * g[9] < g[11] * (g[5] - 1) + 1 || g[4] + 2 * g[10] < g[12] * (g[6] - 1) + 1 ||
+        g[13] != (g[3] + 2 * g[9] - (g[11] * (g[5] - 1) + 1)) / g[7] + 1 ||
+        g[14] != (g[4] + 2 * g[10] - (g[12] * (g[6] - 1) + 1)) / g[8] + 1 ||
+        first < 0 || first > last || last > (which == 0 ? g[0] * g[2] : which == 1 ? g[0] * g[1] : g[2])) {
+        PyErr_SetString(PyExc_ValueError, "depthwise: unsupported geometry");
+        return NULL;
+    }
+    const Py_ssize_t images = g[0] * g[1] * g[3] * g[4], outputs = g[0] * g[2] * g[13] * g[14],
+                     weights = g[2] * g[5] * g[6];
+    Py_ssize_t item = item_size(osrc);
+    if (item < 0) return NULL;
+    const char *names[3][3] = {{"x", "w", "y"}, {"dy", "w", "dx"}, {"x", "dy", "dw"}};
+    const Py_ssize_t sizes[3][3] = {{images, weights, outputs}, {outputs, weights, images}, {images, outputs, weights}};
+    if (take(&b, osrc, 0, item, sizes[which][0], names[which][0], &src, 0) < 0 ||
+        take(&b, oother, 0, item, sizes[which][1], names[which][1], &other, 0) < 0 ||
+        take(&b, odst, 1, item, sizes[which][2], names[which][2], &dst, 0) < 0 ||
+        take(&b, which == 0 ? obias : Py_None, 0, item, g[2], "bias", &bias, 1) < 0) {
+        release(&b);
+        return NULL;
+    }
+    /* a stride-1 layer's data gradient gathers (its fan: the group's output channels), a strided one scatters */
+    const int gather = which == 0 || (which == 1 && g[7] == 1 && g[8] == 1 && g[2] / g[1] <= DW_MAX_FAN);
+    depthwise_taps *t = malloc(sizeof(depthwise_taps));
+    double *acc = which == 2 ? malloc(sizeof(double) * g[5] * g[6]) : NULL;
+    if (!t || (which == 2 && !acc)) {
+        free(t);
+        free(acc);
+        release(&b);
+        return PyErr_NoMemory();
+    }
+    depthwise_plan(t, which == 1 && gather, g);
+    /* a stride-1 layer by wide rows (its buffers: the fan's zero-bordered planes, then the wide output or the
+     * gradient's wide plane, then the weight gradient's lanes) */
+    depthwise_wide *p = NULL;
+    char *scratch = NULL;
+    Py_ssize_t lanes_at = 0;
+    if (g[7] == 1 && g[8] == 1 && (gather || which == 2)) {
+        p = malloc(sizeof(depthwise_wide));
+        if (p) {
+            depthwise_wide_plan(p, t);
+            lanes_at = ((t->fan * p->len + p->cells + DW_WIDE) * item + 63) / 64 * 64;
+            scratch = aligned_alloc(64, lanes_at + (which == 2 ? g[5] * g[6] * DW_BLOCK * item : 0) + 64);
+            if (scratch) memset(scratch, 0, lanes_at);
+        }
+        if (!p || !scratch) {
+            free(p);
+            free(t);
+            free(acc);
+            release(&b);
+            return PyErr_NoMemory();
+        }
+    }
+    Py_BEGIN_ALLOW_THREADS
+    if (p && which == 2 && item == 4)
+        depthwise_weights_f32_wide(src, other, dst, g, t, p, first, last, (float *)scratch,
+                                   (float *)scratch + p->len, (depthwise_f32x *)(scratch + lanes_at), acc);
+    else if (p && which == 2)
+        depthwise_weights_f64_wide(src, other, dst, g, t, p, first, last, (double *)scratch,
+                                   (double *)scratch + p->len, (depthwise_f64x *)(scratch + lanes_at), acc);
+    else if (p && item == 4)
+        depthwise_gather_f32_wide(src, other, bias, dst, t, p, first, last, (float *)scratch,
+                                  (float *)scratch + t->fan * p->len);
+    else if (p)
+        depthwise_gather_f64_wide(src, other, bias, dst, t, p, first, last, (double *)scratch,
+                                  (double *)scratch + t->fan * p->len);
+    else if (gather && item == 4)
+        depthwise_gather_f32(src, other, bias, dst, t, first, last);
+    else if (gather)
+        depthwise_gather_f64(src, other, bias, dst, t, first, last);
+    else if (which == 1 && item == 4)
+        depthwise_scatter_f32(src, other, dst, g, t, first, last);
+    else if (which == 1)
+        depthwise_scatter_f64(src, other, dst, g, t, first, last);
+    else if (item == 4)
+        depthwise_weights_f32(src, other, dst, g, t, first, last, acc);
+    else
+        depthwise_weights_f64(src, other, dst, g, t, first, last, acc);
+    Py_END_ALLOW_THREADS
+    free(scratch);
+    free(p);
+    free(t);
+    free(acc);
+    release(&b);
+    Py_RETURN_NONE;
+}
+
 static PyObject *sgd_update(PyObject *self, PyObject *args) {
     PyObject *o[3];
     void *p[3];
@@ -1584,6 +2005,11 @@ static PyMethodDef methods[] = {
      "lrn_forward(x, scale, y, n, c, hw, size, k, coeff): LRN across channels, beta 3/4"},
     {"lrn_backward", lrn_backward, METH_VARARGS,
      "lrn_backward(x, y, dy, scale, dx, n, c, hw, size, gain): its gradient, gain = -2*coeff*beta"},
+    {"depthwise", depthwise, METH_VARARGS,
+     "depthwise(which, src, other, dst, bias, (n, c, o, h, w, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow), first, last): "
+     "a 2-D convolution with one input channel per group: which 0 y = conv(x, w) (+ bias) on y's planes [first, "
+     "last), 1 dx = its transpose of dy on dx's planes [first, last), 2 dw += correlation of x with dy for output "
+     "channels [first, last)"},
     {"relu_backward", relu_backward, METH_VARARGS,
      "relu_backward(x, dy, dx): dx = dy * (x > 0); dx may be dy"},
     {"all_finite", all_finite, METH_VARARGS, "all_finite(x): whether every value of x is finite (no inf, no NaN)"},
@@ -1625,7 +2051,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels", NULL, -1,
 
 /* The version of the functions' arguments and meaning: cct.native ignores a module of another version (a copy
  * left in a checkout by an older build). */
-#define CCT_KERNELS_API 11
+#define CCT_KERNELS_API 12
 
 PyMODINIT_FUNC PyInit__kernels(void) {
     PyObject *m = PyModule_Create(&module);

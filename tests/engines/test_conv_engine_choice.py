@@ -39,7 +39,7 @@ def test_setting_values_and_sources():
                         ("Winograd", "winograd")):
         settings.set("conv_engine", text)
         assert settings.get("conv_engine") == value
-    with pytest.raises(CctError, match="conv_engine must be lowering, fft, winograd or auto"):
+    with pytest.raises(CctError, match="conv_engine must be lowering, fft, winograd, depthwise or auto"):
         settings.set("conv_engine", "direct")
     use_flags(None, None, "fft")
     assert (settings.get("conv_engine"), settings.source("conv_engine")) == ("fft", "-conv_engine")
@@ -630,7 +630,7 @@ def test_forced_fft_on_a_layer_it_cannot_run_is_one_line(tmp_path):
            "no spatial axes" in fatal
     rc, out = _run("time", "-model", model, "-conv_engine", "fastest")
     assert rc == 1 and messages(out, "F") == [
-        "-conv_engine: conv_engine must be lowering, fft, winograd or auto (got 'fastest')"]
+        "-conv_engine: conv_engine must be lowering, fft, winograd, depthwise or auto (got 'fastest')"]
 
 
 def test_invalid_environment_is_one_line_from_the_command_line(tmp_path, monkeypatch):

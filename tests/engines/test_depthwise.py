@@ -1,0 +1,180 @@
+"""The depthwise engine (one input channel per group): forward, data and weight gradients against the lowering
+engine and against a float64 evaluation of the definition, across kernel sizes, strides, paddings, dilations and
+channel multipliers, both dtypes; the same bits however the planes and channels are split; a layer's numerical
+gradient through it; what it refuses; and how ``conv_engine`` ``depthwise`` and ``auto`` choose it."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import cct.layers.conv  # noqa: F401  (registers the layers)
+from cct import native
+from cct.compare.tolerance import assert_close
+from cct.config import settings
+from cct.engines import ConvGeometry, choice, depthwise
+from cct.engines.depthwise import DepthwiseEngine
+from cct.engines.lowering import LoweringEngine, Workspace
+from cct.errors import CctError
+from cct.gradient_check import check_gradient, setup_layer
+from tests.helpers import run_batch_in_one_range, run_batch_in_ranges, use_flags
+
+pytestmark = pytest.mark.skipif(native.kernels() is None, reason="the compiled kernels are not built")
+
+GEOMETRIES = [  # N, C, multiplier, (H, W), kernel, stride, pad, dilation
+    (3, 4, 1, (9, 11), (3, 3), (1, 1), (1, 1), (1, 1)),      # MobileNet's 3x3 layers, stride 1
+    (2, 3, 1, (12, 12), (3, 3), (2, 2), (1, 1), (1, 1)),     # ... and stride 2
+    (2, 2, 3, (7, 10), (3, 5), (1, 2), (2, 1), (1, 1)),      # three outputs per channel, other kernel and strides
+    (2, 3, 2, (10, 9), (3, 3), (1, 1), (2, 2), (2, 2)),      # dilated: the data gradient gathers a fan of 2
+    (1, 5, 1, (40, 37), (5, 5), (1, 1), (2, 2), (1, 1)),     # rows longer than a wide block, 5x5
+    (2, 2, 1, (5, 5), (5, 5), (2, 2), (0, 0), (1, 1)),       # one output cell
+    (2, 3, 1, (6, 6), (1, 1), (1, 1), (0, 0), (1, 1)),       # 1x1
+    (2, 2, 1, (4, 19), (3, 3), (1, 3), (0, 3), (1, 1)),      # padding wider than the stride
+]
+
+
+def _geometry(dims) -> ConvGeometry:
+    n, c, m, shape, kernel, stride, pad, dil = dims
+    return ConvGeometry(n, c, c * m, c, shape, kernel, stride, pad, dil)
+
+
+def _operands(g: ConvGeometry, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((g.num, g.in_channels) + g.in_shape).astype(dtype)
+    w = rng.standard_normal((g.out_channels, 1) + g.kernel).astype(dtype)
+    b = rng.standard_normal(g.out_channels).astype(dtype)
+    dy = rng.standard_normal((g.num, g.out_channels) + g.out_shape).astype(dtype)
+    return x, w, b, dy
+
+
+def _run(eng, g, x, w, b, dy):
+    eng.configure(g, x.dtype)
+    y = np.full_like(dy, np.nan)
+    eng.forward(x, w, b, y)
+    dx, dw = np.full_like(x, np.nan), np.ones_like(w)  # dw accumulates onto ones
+    eng.backward(x, dy, w, dx, dw)
+    return y, dx, dw
+
+
+def _definition(g: ConvGeometry, x, w, b, dy):
+    """y, dx and dw (plus ones, as _run) from the definition, in float64: each output cell's taps over the
+    zero-padded input; dx and dw as the adjoints of that map."""
+    x, w, b, dy = (a.astype(np.float64) for a in (x, w, b, dy))
+    m = g.out_channels // g.in_channels
+    (ph, pw), (sh, sw), (dh, dw_), (oh, ow) = g.pad, g.stride, g.dilation, g.out_shape
+    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    y = np.repeat(np.zeros_like(xp[:, :, :oh, :ow]), m, axis=1) + b[None, :, None, None]
+    dxp, dwt = np.zeros_like(xp), np.ones_like(w)
+    for ky in range(g.kernel[0]):
+        for kx in range(g.kernel[1]):
+            rows = slice(ky * dh, ky * dh + sh * (oh - 1) + 1, sh)
+            cols = slice(kx * dw_, kx * dw_ + sw * (ow - 1) + 1, sw)
+            cells = np.repeat(xp[:, :, rows, cols], m, axis=1)  # output channel o reads input channel o // m
+            y += w[None, :, 0, ky, kx, None, None] * cells
+            dwt[:, 0, ky, kx] += (dy * cells).sum(axis=(0, 2, 3))
+            back = dy * w[None, :, 0, ky, kx, None, None]
+            dxp[:, :, rows, cols] += back.reshape(g.num, g.in_channels, m, oh, ow).sum(axis=2)
+    return y, dxp[:, :, ph:ph + g.in_shape[0], pw:pw + g.in_shape[1]], dwt
+
+
+@pytest.mark.parametrize("dims", GEOMETRIES)
+def test_matches_the_definition_and_the_lowering_engine(dims):
+    g = _geometry(dims)
+    for dtype in (np.float32, np.float64):
+        x, w, b, dy = _operands(g, dtype)
+        got = _run(DepthwiseEngine(), g, x, w, b, dy)
+        want = _definition(g, x, w, b, dy)
+        lowering = _run(LoweringEngine(1, workspace=Workspace()), g, x, w, b, dy)
+        for name, ours, exact, theirs in zip(("y", "dx", "dw"), got, want, lowering):
+            if dtype == np.float64:
+                np.testing.assert_allclose(ours, exact, rtol=1e-11, atol=1e-11, err_msg=f"{name} {dims}")
+            else:
+                assert_close(ours, exact, f"{name} {dims}", reference="float64 definition")
+                assert_close(ours, theirs, f"{name} {dims}", reference="lowering")
+
+
+@pytest.mark.parametrize("dims", [GEOMETRIES[0], GEOMETRIES[1], GEOMETRIES[2]])
+def test_the_same_bits_however_planes_and_channels_are_split(dims, monkeypatch):
+    """The forward and the data gradient split (image, channel) planes, the weight gradient output channels: each
+    value is summed in full by one thread in a fixed order, so any split gives the bits of one call."""
+    g = _geometry(dims)
+    x, w, b, dy = _operands(g, np.float32, seed=3)
+    monkeypatch.setattr(depthwise, "run_batch", run_batch_in_one_range)
+    whole = _run(DepthwiseEngine(), g, x, w, b, dy)
+    for parts in (2, 3, 5):
+        seen = []
+        monkeypatch.setattr(depthwise, "run_batch", run_batch_in_ranges(parts, seen))
+        split = _run(DepthwiseEngine(), g, x, w, b, dy)
+        assert len(seen) > 3
+        for a, c in zip(whole, split):
+            np.testing.assert_array_equal(a.view(np.uint32), c.view(np.uint32))
+
+
+def test_the_kernel_writes_only_the_planes_and_channels_it_is_given():
+    g = _geometry(GEOMETRIES[0])
+    x, w, b, dy = _operands(g, np.float32, seed=4)
+    args = ((g.num, g.in_channels, g.out_channels) + g.in_shape + g.kernel + g.stride + g.pad + g.dilation
+            + g.out_shape)
+    k = native.kernels()
+    y = np.full_like(dy, 7.0)
+    k.depthwise(0, x, w, y, b, args, 2, 5)  # planes 2..4 of n*o, in image 0
+    flat = y.reshape(-1, g.out_count)
+    assert (flat[:2] == 7).all() and (flat[5:] == 7).all() and not (flat[2:5] == 7).any()
+    dw = np.zeros_like(w)
+    k.depthwise(2, x, dy, dw, None, args, 1, 3)
+    assert (dw[0] == 0).all() and (dw[3:] == 0).all() and (dw[1:3] != 0).all()
+    with pytest.raises(ValueError, match="depthwise: unsupported geometry"):
+        k.depthwise(0, x, w, y, b, args, 0, g.num * g.out_channels + 1)
+    with pytest.raises(ValueError, match="depthwise: unsupported geometry"):
+        k.depthwise(0, x, w, y, b, args[:13] + (args[13] + 1, args[14]), 0, 1)  # an output shape that does not fit
+    with pytest.raises(ValueError, match="dy: expected"):
+        k.depthwise(1, dy[:1], w, np.empty_like(x), None, args, 0, 1)
+
+
+def test_a_layer_through_the_engine_passes_the_numerical_gradient_check():
+    use_flags(None, None, "depthwise")
+    x = np.random.default_rng(5).standard_normal((2, 3, 7, 6))
+    text = ('type: "Convolution" convolution_param { num_output: 6 kernel_size: 3 pad: 1 stride: 2 group: 3 '
+            'weight_filler { type: "gaussian" std: 0.5 } bias_filler { type: "gaussian" std: 0.5 } }')
+    assert setup_layer(text, [x]).layer.engine.name == "depthwise"
+    check_gradient(text, [x])
+
+
+@pytest.mark.parametrize("geometry,why", [
+    (ConvGeometry(1, 4, 4, 2, (8, 8), (3, 3), (1, 1), (1, 1), (1, 1)), "one input channel per group"),
+    (ConvGeometry(1, 4, 4, 1, (8, 8), (3, 3), (1, 1), (1, 1), (1, 1)), "one input channel per group"),
+    (ConvGeometry(1, 2, 2, 2, (8, 8, 8), (3, 3, 3), (1, 1, 1), (1, 1, 1), (1, 1, 1)), "2-D convolutions (3-D"),
+    (ConvGeometry(1, 2, 2, 2, (70, 70), (65, 1), (1, 1), (0, 0), (1, 1)), "at most 64 taps"),
+])
+def test_refuses_what_it_cannot_compute(geometry, why):
+    ok, reason = DepthwiseEngine.supports(geometry)
+    assert not ok and why in reason
+    with pytest.raises(CctError, match="depthwise convolution engine does not apply"):
+        DepthwiseEngine().configure(geometry)
+    assert DepthwiseEngine.estimates(geometry) == []
+    assert choice.choose_conv_engine(geometry, choice="depthwise") == ("lowering", f"not depthwise: {reason}")
+
+
+def test_forced_depthwise_runs_where_it_applies_and_auto_takes_it_where_its_model_wins(monkeypatch):
+    from cct.engines.cost_model import DEFAULT_RATES
+
+    monkeypatch.setattr(choice, "machine_rates", lambda *a, **k: DEFAULT_RATES)
+    mobilenet = ConvGeometry(16, 32, 32, 32, (112, 112), (3, 3), (1, 1), (1, 1), (1, 1))
+    assert choice.choose_conv_engine(mobilenet, choice="depthwise") == ("depthwise", "")
+    assert choice.choose_conv_engine(mobilenet, xp=object(), choice="depthwise")[1].startswith("not depthwise: ")
+    name, reason = choice.choose_conv_engine(mobilenet)
+    assert name == "depthwise" and reason.startswith("engine by cost model (depthwise ")
+    eng = choice.SelectedEngine("auto")
+    eng.configure(mobilenet)
+    assert eng.name == "depthwise" and eng.describe().startswith("depthwise (compiled")
+    monkeypatch.setattr(choice, "_lowering_prediction", lambda *a: 1e-9)  # a lowering predicted faster keeps it
+    assert choice.choose_conv_engine(mobilenet)[0] == "lowering"
+    monkeypatch.setenv("CCT_NATIVE", "0")  # without the compiled kernels: the lowering engine, with the reason
+    ok, why = DepthwiseEngine.supports(mobilenet)
+    assert not ok and "compiled kernels" in why
+    assert choice.choose_conv_engine(mobilenet, choice="depthwise") == ("lowering", f"not depthwise: {why}")
+
+
+def test_the_setting_takes_depthwise():
+    settings.set("conv_engine", "depthwise")
+    assert settings.get("conv_engine") == "depthwise"
+    settings.reset()
