@@ -607,310 +607,258 @@ DEFINE_SOFTMAX_LOSS_BACKWARD(softmax_loss_backward_f64, double)
 
 /* A 2-D convolution with one input channel per group (depthwise: group = C, O = m·C outputs, output channel o
  * reading input channel o / m), directly: the lowering runs it as one GEMM of m rows per group.  Geometry g: n, c,
- * o, h, w, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow.  The forward, and the data gradient of a stride-1 layer (the
- * forward of dy with the kernel's offsets flipped, summing the m output channels of a group), gather: each output
- * row's cells summed in registers, DW_BLOCK at a time where every tap lies in the input, one by one at the edges,
- * each cell over (channel of the fan, ky, kx) from 0 in the same order either way, the bias added last (as Caffe's
- * GEMM, then bias).  A strided layer's data gradient scatters each output cell's gradient to the cells it read.
- * The weight gradient sums, per tap, the rows' products in DW_BLOCK float lanes added in order into a double.  The
- * order of every sum is fixed: the same values whatever the thread count. */
+ * o, h, w, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow.
+ *
+ * Every pass reads planes laid out as wide rows: a plane (or each of its sh·sw stride phases, phase (a, b) holding
+ * cells (u·sh + a, v·sw + b)) copied into a zero-bordered buffer whose rows are `pitch` values apart, so that
+ * every tap of every computed cell (r, q) reads, at wide index i = r·pitch + q, the value at i plus the tap's shift
+ * in one buffer: each tap is one contiguous pass over the whole plane, DW_WIDE cells (four vectors of sums) at a
+ * time, and the columns q past the computed ones are computed and dropped.  The forward reads the input's phases;
+ * the data gradient, one pass per phase of dx, reads the group's output gradients (each dx phase gathers the taps
+ * of that phase, their offsets flipped); the weight gradient multiplies each tap's pass over the input's phases by
+ * the output gradient laid out as wide rows (zero in the dropped columns).  Each value is summed in a fixed order
+ * (a cell over (output channel of the group, ky, kx) from 0, then the bias, as Caffe's GEMM then bias; a weight's
+ * products in DW_BLOCK float lanes gathered into a double every DW_LANE_BLOCKS blocks), the same whatever the
+ * thread count. */
 #define DW_BLOCK 16
-#define DW_MAX_K 64    /* taps per axis */
-#define DW_MAX_FAN 64  /* output channels per group (the stride-1 data gradient's fan) */
+#define DW_WIDE (4 * DW_BLOCK)
+#define DW_MAX_K 64         /* taps per axis, and the largest stride */
+#define DW_MAX_FAN 64       /* output channels per group */
+#define DW_LANE_BLOCKS 64   /* a lane's float sum: at most this many products before it goes into the double */
+#define DW_MAX_TAPS (DW_MAX_K * DW_MAX_K)
 
 /* DW_BLOCK values as one vector (GCC's vector extension: the widest registers of each clone, in as many as it takes) */
 typedef float depthwise_f32x __attribute__((vector_size(DW_BLOCK * sizeof(float))));
 typedef double depthwise_f64x __attribute__((vector_size(DW_BLOCK * sizeof(double))));
-#define DW_LANE_BLOCKS 64  /* a lane's float sum: at most this many products before it goes into the double */
 
 typedef struct {
-    Py_ssize_t in_h, in_w, out_h, out_w, kh, kw, sy, sx, fan, div, in_channels, out_channels;
-    Py_ssize_t lo, hi;  /* the output columns where every tap lies in the input */
-    Py_ssize_t offy[DW_MAX_K], offx[DW_MAX_K], span[2 * DW_MAX_K];  /* per tap: offsets, its valid columns */
-} depthwise_taps;
+    Py_ssize_t rows, pitch, len, top, left;  /* every buffer's rows, row pitch and values; the image's corner in it */
+    Py_ssize_t out_h, out_w, cells;          /* the cells a pass computes; wide: out_h·pitch */
+} dw_layout;
 
-/* The gather's taps for the forward (flipped 0) or a stride-1 layer's data gradient (flipped 1). */
-static void depthwise_plan(depthwise_taps *t, int flipped, const Py_ssize_t *g) {
-    const Py_ssize_t c = g[1], o = g[2], h = g[3], w = g[4], kh = g[5], kw = g[6], sh = g[7], sw = g[8], ph = g[9],
-                     pw = g[10], dh = g[11], dw = g[12], oh = g[13], ow = g[14];
-    t->kh = kh;
-    t->kw = kw;
-    if (!flipped) {
-        t->in_h = h, t->in_w = w, t->out_h = oh, t->out_w = ow, t->sy = sh, t->sx = sw;
-        t->fan = 1, t->div = o / c, t->in_channels = c, t->out_channels = o;
-    } else {
-        t->in_h = oh, t->in_w = ow, t->out_h = h, t->out_w = w, t->sy = 1, t->sx = 1;
-        t->fan = o / c, t->div = 1, t->in_channels = o, t->out_channels = c;
-    }
-    for (Py_ssize_t ky = 0; ky < kh; ky++) t->offy[ky] = flipped ? ph - ky * dh : ky * dh - ph;
-    t->lo = 0;
-    t->hi = t->out_w;
-    for (Py_ssize_t kx = 0; kx < kw; kx++) {
-        const Py_ssize_t off = flipped ? pw - kx * dw : kx * dw - pw, last = t->in_w - 1 - off;
-        Py_ssize_t a = off >= 0 ? 0 : (-off + t->sx - 1) / t->sx, b = last < 0 ? 0 : last / t->sx + 1;
-        b = b < t->out_w ? b : t->out_w;
-        t->offx[kx] = off;
-        t->span[2 * kx] = a;
-        t->span[2 * kx + 1] = b;
-        t->lo = a > t->lo ? a : t->lo;
-        t->hi = b < t->hi ? b : t->hi;
-    }
-    if (t->hi < t->lo) t->hi = t->lo;
+typedef struct {
+    Py_ssize_t taps, weight[DW_MAX_TAPS], source[DW_MAX_TAPS], shift[DW_MAX_TAPS];  /* per tap: weight, buffer, shift */
+    Py_ssize_t phase_h, phase_w, a, b;  /* (data gradient) the dx phase it computes */
+} dw_pass;
+
+static inline Py_ssize_t dw_floor_div(Py_ssize_t x, Py_ssize_t s) { return x >= 0 ? x / s : -((-x + s - 1) / s); }
+static inline Py_ssize_t dw_phase_extent(Py_ssize_t n, Py_ssize_t s, Py_ssize_t a) {
+    return n > a ? (n - a + s - 1) / s : 0;
 }
 
-/* A stride-1 layer's planes as wide rows: each input plane copied into a zero-bordered buffer (pt rows above, pl
- * columns left, rows pw wide) in which every tap of every output cell lies, so that output cell (r, q) at wide
- * index r·pw + q reads the buffer at that index plus one shift per tap — one contiguous pass per tap over the
- * whole plane, DW_WIDE cells at a time (columns q >= out_w are computed and dropped). */
-#define DW_WIDE (4 * DW_BLOCK)  /* a step's cells: four vectors */
-
-typedef struct {
-    Py_ssize_t pt, pl, pw, bh, len, cells;  /* borders, buffer rows and values, wide output cells */
-    Py_ssize_t shift[DW_MAX_K * DW_MAX_K];
-} depthwise_wide;
-
-static void depthwise_wide_plan(depthwise_wide *p, const depthwise_taps *t) {
+/* The buffer layout for taps at phase offsets (uy, ux), reading planes of in_h x in_w (phases of at most that)
+ * to compute out_h x out_w cells. */
+static void dw_layout_for(dw_layout *l, const Py_ssize_t *uy, const Py_ssize_t *ux, Py_ssize_t taps, Py_ssize_t in_h,
+                          Py_ssize_t in_w, Py_ssize_t out_h, Py_ssize_t out_w) {
     Py_ssize_t min_y = 0, max_y = 0, min_x = 0, max_x = 0;
-    for (Py_ssize_t ky = 0; ky < t->kh; ky++) {
-        min_y = t->offy[ky] < min_y ? t->offy[ky] : min_y;
-        max_y = t->offy[ky] > max_y ? t->offy[ky] : max_y;
+    for (Py_ssize_t t = 0; t < taps; t++) {
+        min_y = uy[t] < min_y ? uy[t] : min_y;
+        max_y = uy[t] > max_y ? uy[t] : max_y;
+        min_x = ux[t] < min_x ? ux[t] : min_x;
+        max_x = ux[t] > max_x ? ux[t] : max_x;
     }
-    for (Py_ssize_t kx = 0; kx < t->kw; kx++) {
-        min_x = t->offx[kx] < min_x ? t->offx[kx] : min_x;
-        max_x = t->offx[kx] > max_x ? t->offx[kx] : max_x;
-    }
-    p->pt = -min_y;
-    p->pl = -min_x;
-    p->pw = p->pl + (t->in_w > t->out_w + max_x ? t->in_w : t->out_w + max_x);
-    p->bh = p->pt + (t->in_h > t->out_h + max_y ? t->in_h : t->out_h + max_y);
-    p->len = (p->bh + 1) * p->pw + DW_WIDE;  /* a last block's dropped lanes read past the last row */
-    p->cells = t->out_h * p->pw;
-    for (Py_ssize_t ky = 0; ky < t->kh; ky++)
-        for (Py_ssize_t kx = 0; kx < t->kw; kx++)
-            p->shift[ky * t->kw + kx] = (t->offy[ky] + p->pt) * p->pw + t->offx[kx] + p->pl;
+    l->top = -min_y;
+    l->left = -min_x;
+    l->pitch = l->left + (in_w > out_w + max_x ? in_w : out_w + max_x);
+    l->rows = l->top + (in_h > out_h + max_y ? in_h : out_h + max_y);
+    l->len = (l->rows + 1) * l->pitch + DW_WIDE;  /* a last step's dropped lanes read past the last row */
+    l->out_h = out_h;
+    l->out_w = out_w;
+    l->cells = out_h * l->pitch;
 }
 
-#define DEFINE_DEPTHWISE(GATHER, SCATTER, WEIGHTS, T, V)                                                             \
-    /* out plane q of an image (planes [first, last) of n·out_channels) = Σ_{j < fan} Σ_{ky, kx} weight q·fan + j at \
-     * (ky, kx) · input plane (q·fan + j) / div of the image at (row·sy + offy[ky], col·sx + offx[kx]), taps outside \
-     * the input skipped (+ bias[q]) */                                                                              \
-    CCT_CLONES static void GATHER(const T *restrict in, const T *restrict wt, const T *bias, T *restrict out,        \
-                                  const depthwise_taps *t, Py_ssize_t first, Py_ssize_t last) {                      \
-        const Py_ssize_t ih = t->in_h, iw = t->in_w, oh = t->out_h, ow = t->out_w, kh = t->kh, kw = t->kw;           \
-        const Py_ssize_t sy = t->sy, sx = t->sx, fan = t->fan, taps = kh * kw;                                       \
-        /* the interior's blocks, the last one ending at its end (overlapping the one before: the same sums) */      \
-        const Py_ssize_t blocked = t->hi - t->lo >= DW_BLOCK ? t->hi : t->lo;                                        \
-        const Py_ssize_t edges[2][2] = {{0, t->lo}, {blocked, ow}};                                                  \
-        for (Py_ssize_t plane = first; plane < last; plane++) {                                                      \
-            const Py_ssize_t img = plane / t->out_channels, q = plane % t->out_channels;                             \
-            const T *ins[DW_MAX_FAN];                                                                                \
-            for (Py_ssize_t j = 0; j < fan; j++)                                                                     \
-                ins[j] = in + (img * t->in_channels + (q * fan + j) / t->div) * ih * iw;                             \
-            const T *k = wt + q * fan * taps;                                                                        \
-            const T add = bias ? bias[q] : 0;                                                                        \
-            for (Py_ssize_t r = 0; r < oh; r++) {                                                                    \
-                T *restrict row = out + (plane * oh + r) * ow;                                                       \
-                for (Py_ssize_t next = t->lo; next < blocked; next += DW_BLOCK) {                                    \
-                    const Py_ssize_t col = next + DW_BLOCK <= blocked ? next : blocked - DW_BLOCK;                   \
-                    V acc = {0};                                                                                     \
-                    for (Py_ssize_t j = 0; j < fan; j++)                                                             \
-                        for (Py_ssize_t ky = 0; ky < kh; ky++) {                                                     \
-                            const Py_ssize_t iy = r * sy + t->offy[ky];                                              \
-                            if (iy < 0 || iy >= ih) continue;                                                        \
-                            const T *src = ins[j] + iy * iw + col * sx;                                              \
-                            for (Py_ssize_t kx = 0; kx < kw; kx++) {                                                 \
-                                const T *cells = src + t->offx[kx];                                                  \
-                                V in_;                                                                               \
-                                if (sx == 1)                                                                         \
-                                    memcpy(&in_, cells, sizeof in_);                                                 \
-                                else                                                                                 \
-                                    for (int b = 0; b < DW_BLOCK; b++) in_[b] = cells[b * sx];                       \
-                                acc += k[j * taps + ky * kw + kx] * in_;                                             \
-                            }                                                                                        \
-                        }                                                                                            \
-                    if (bias) acc += add;                                                                            \
-                    memcpy(row + col, &acc, sizeof acc);                                                             \
+/* The forward's (and the weight gradient's) pass over the input's sh·sw phases. */
+static void dw_plan_forward(dw_layout *l, dw_pass *p, const Py_ssize_t *g) {
+    const Py_ssize_t h = g[3], w = g[4], kh = g[5], kw = g[6], sh = g[7], sw = g[8], ph = g[9], pw = g[10],
+                     dh = g[11], dw = g[12], oh = g[13], ow = g[14];
+    Py_ssize_t uy[DW_MAX_TAPS], ux[DW_MAX_TAPS];
+    p->taps = kh * kw;
+    for (Py_ssize_t ky = 0; ky < kh; ky++)
+        for (Py_ssize_t kx = 0; kx < kw; kx++) {
+            const Py_ssize_t t = ky * kw + kx, oy = ky * dh - ph, ox = kx * dw - pw;
+            uy[t] = dw_floor_div(oy, sh);
+            ux[t] = dw_floor_div(ox, sw);
+            p->weight[t] = t;
+            p->source[t] = (oy - uy[t] * sh) * sw + (ox - ux[t] * sw);
+        }
+    dw_layout_for(l, uy, ux, p->taps, dw_phase_extent(h, sh, 0), dw_phase_extent(w, sw, 0), oh, ow);
+    for (Py_ssize_t t = 0; t < p->taps; t++)
+        p->shift[t] = p->source[t] * l->len + (uy[t] + l->top) * l->pitch + ux[t] + l->left;
+}
+
+/* The data gradient's passes, one per phase (a, b) of dx: its taps' offsets flipped, over the output gradients. */
+static void dw_plan_data(dw_layout *l, dw_pass *passes, const Py_ssize_t *g) {
+    const Py_ssize_t h = g[3], w = g[4], kh = g[5], kw = g[6], sh = g[7], sw = g[8], ph = g[9], pw = g[10],
+                     dh = g[11], dw = g[12], oh = g[13], ow = g[14];
+    Py_ssize_t uy[DW_MAX_TAPS], ux[DW_MAX_TAPS];
+    for (Py_ssize_t a = 0; a < sh; a++)
+        for (Py_ssize_t b = 0; b < sw; b++) {
+            dw_pass *p = passes + a * sw + b;
+            p->taps = 0;
+            p->a = a;
+            p->b = b;
+            p->phase_h = dw_phase_extent(h, sh, a);
+            p->phase_w = dw_phase_extent(w, sw, b);
+        }
+    for (Py_ssize_t ky = 0; ky < kh; ky++)
+        for (Py_ssize_t kx = 0; kx < kw; kx++) {
+            const Py_ssize_t t = ky * kw + kx, oy = ky * dh - ph, ox = kx * dw - pw;
+            const Py_ssize_t fy = dw_floor_div(oy, sh), fx = dw_floor_div(ox, sw);
+            dw_pass *p = passes + (oy - fy * sh) * sw + (ox - fx * sw);
+            p->weight[p->taps] = t;
+            p->source[p->taps] = 0;
+            uy[t] = -fy;  /* dx phase cell (u, v) reads dy at (u - fy, v - fx) */
+            ux[t] = -fx;
+            p->shift[p->taps++] = t;  /* (the tap, for now) */
+        }
+    dw_layout_for(l, uy, ux, kh * kw, oh, ow, dw_phase_extent(h, sh, 0), dw_phase_extent(w, sw, 0));
+    for (Py_ssize_t i = 0; i < sh * sw; i++)
+        for (Py_ssize_t k = 0; k < passes[i].taps; k++) {
+            const Py_ssize_t t = passes[i].shift[k];
+            passes[i].shift[k] = (uy[t] + l->top) * l->pitch + ux[t] + l->left;
+        }
+}
+
+#define DEFINE_DEPTHWISE(NAME, T, V)                                                                                 \
+    /* plane (h x w) into the buffers of its sh·sw phases (each l->len values; borders left as they are: zero) */    \
+    CCT_CLONES CCT_INLINE_COPIES static void NAME##_fill(const T *restrict src, T *restrict buf, const dw_layout *l, \
+                                                         Py_ssize_t h, Py_ssize_t w, Py_ssize_t sh, Py_ssize_t sw) { \
+        if (sh == 1 && sw == 1) {                                                                                    \
+            T *restrict to = buf + l->top * l->pitch + l->left;                                                      \
+            for (Py_ssize_t y = 0; y < h; y++)                                                                       \
+                for (Py_ssize_t v = 0; v < w; v++) to[y * l->pitch + v] = src[y * w + v];                            \
+            return;                                                                                                  \
+        }                                                                                                            \
+        for (Py_ssize_t y = 0; y < h; y++) {  /* row y is row y / sh of the phases (y % sh, b) */                    \
+            const T *restrict row = src + y * w;                                                                     \
+            T *restrict to = buf + (y % sh) * sw * l->len + (y / sh + l->top) * l->pitch + l->left;                  \
+            if (sw == 1)                                                                                             \
+                for (Py_ssize_t v = 0; v < w; v++) to[v] = row[v];                                                   \
+            else if (sw == 2) {  /* (a constant stride: the split vectorizes) */                                     \
+                T *restrict odd = to + l->len;                                                                       \
+                for (Py_ssize_t v = 0; v < w / 2; v++) {                                                             \
+                    to[v] = row[2 * v];                                                                              \
+                    odd[v] = row[2 * v + 1];                                                                         \
                 }                                                                                                    \
-                for (int e = 0; e < 2; e++)                                                                          \
-                    for (Py_ssize_t col = edges[e][0]; col < edges[e][1]; col++) {                                   \
-                        T sum = 0;                                                                                   \
-                        for (Py_ssize_t j = 0; j < fan; j++)                                                         \
-                            for (Py_ssize_t ky = 0; ky < kh; ky++) {                                                 \
-                                const Py_ssize_t iy = r * sy + t->offy[ky];                                          \
-                                if (iy < 0 || iy >= ih) continue;                                                    \
-                                for (Py_ssize_t kx = 0; kx < kw; kx++) {                                             \
-                                    const Py_ssize_t ix = col * sx + t->offx[kx];                                    \
-                                    if (ix >= 0 && ix < iw) sum += k[j * taps + ky * kw + kx] * ins[j][iy * iw + ix];\
-                                }                                                                                    \
-                            }                                                                                        \
-                        row[col] = bias ? sum + add : sum;                                                           \
-                    }                                                                                                \
-            }                                                                                                        \
+                if (w % 2) to[w / 2] = row[w - 1];                                                                   \
+            } else                                                                                                   \
+                for (Py_ssize_t b = 0; b < sw; b++)                                                                  \
+                    for (Py_ssize_t v = 0; v < dw_phase_extent(w, sw, b); v++) to[b * l->len + v] = row[v * sw + b]; \
         }                                                                                                            \
     }                                                                                                                \
-    /* a strided layer's data gradient: dx planes [first, last) of n·c overwritten by each output cell's gradient    \
-     * times each tap's weight, added to the cell the tap read, in the order (output channel of the group, output    \
-     * row, ky, kx, output column) */                                                                                \
-    CCT_CLONES static void SCATTER(const T *restrict dy, const T *restrict wt, T *restrict dx, const Py_ssize_t *g,  \
-                                   const depthwise_taps *t, Py_ssize_t first, Py_ssize_t last) {                     \
+    /* wide[i] = Σ_{j < fan} Σ_{taps} k[j·stride + weight] · buf[j·fan_len + i + shift], i < cells (a tap's shift    \
+     * includes its buffer's place) */                                                                               \
+    CCT_CLONES static void NAME##_sum(const T *buf, const T *k, Py_ssize_t fan, Py_ssize_t fan_len,                  \
+                                      Py_ssize_t k_stride, const dw_pass *p, const dw_layout *l, T *restrict wide) { \
+        const Py_ssize_t taps = p->taps, *shift = p->shift, *weight = p->weight;                                     \
+        for (Py_ssize_t i = 0; i < l->cells; i += DW_WIDE) {                                                         \
+            V a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};                                                                \
+            for (Py_ssize_t j = 0; j < fan; j++) {                                                                   \
+                const T *bj = buf + j * fan_len + i, *kj = k + j * k_stride;                                         \
+                for (Py_ssize_t t = 0; t < taps; t++) {                                                              \
+                    const T *from = bj + shift[t];                                                                   \
+                    const T v = kj[weight[t]];                                                                       \
+                    V c0, c1, c2, c3;                                                                                \
+                    memcpy(&c0, from, sizeof c0);                                                                    \
+                    memcpy(&c1, from + DW_BLOCK, sizeof c1);                                                         \
+                    memcpy(&c2, from + 2 * DW_BLOCK, sizeof c2);                                                     \
+                    memcpy(&c3, from + 3 * DW_BLOCK, sizeof c3);                                                     \
+                    a0 += v * c0;                                                                                    \
+                    a1 += v * c1;                                                                                    \
+                    a2 += v * c2;                                                                                    \
+                    a3 += v * c3;                                                                                    \
+                }                                                                                                    \
+            }                                                                                                        \
+            memcpy(wide + i, &a0, sizeof a0);                                                                        \
+            memcpy(wide + i + DW_BLOCK, &a1, sizeof a1);                                                             \
+            memcpy(wide + i + 2 * DW_BLOCK, &a2, sizeof a2);                                                         \
+            memcpy(wide + i + 3 * DW_BLOCK, &a3, sizeof a3);                                                         \
+        }                                                                                                            \
+    }                                                                                                                \
+    /* y planes (image, output channel) [first, last) (+ bias); buf: sh·sw zeroed buffers, wide: l->cells + DW_WIDE */\
+    CCT_CLONES CCT_INLINE_COPIES static void NAME##_forward(const T *x, const T *wt, const T *bias, T *y,            \
+                                                            const Py_ssize_t *g, const dw_layout *l,                 \
+                                                            const dw_pass *p, Py_ssize_t first, Py_ssize_t last,     \
+                                                            T *buf, T *wide) {                                       \
+        const Py_ssize_t c = g[1], o = g[2], h = g[3], w = g[4], sh = g[7], sw = g[8], oh = g[13], ow = g[14];       \
+        for (Py_ssize_t plane = first; plane < last; plane++) {                                                      \
+            const Py_ssize_t img = plane / o, co = plane % o;                                                        \
+            NAME##_fill(x + (img * c + co / (o / c)) * h * w, buf, l, h, w, sh, sw);                                 \
+            NAME##_sum(buf, wt + co * p->taps, 1, 0, 0, p, l, wide);                                                 \
+            T *out = y + plane * oh * ow;                                                                            \
+            if (bias)                                                                                                \
+                for (Py_ssize_t r = 0; r < oh; r++)                                                                  \
+                    for (Py_ssize_t q = 0; q < ow; q++) out[r * ow + q] = wide[r * l->pitch + q] + bias[co];         \
+            else                                                                                                     \
+                for (Py_ssize_t r = 0; r < oh; r++)                                                                  \
+                    for (Py_ssize_t q = 0; q < ow; q++) out[r * ow + q] = wide[r * l->pitch + q];                    \
+        }                                                                                                            \
+    }                                                                                                                \
+    /* dx planes (image, input channel) [first, last), each phase of dx one pass over the group's m output           \
+     * gradients; buf: m zeroed buffers, wide: l->cells + DW_WIDE */                                                 \
+    CCT_CLONES CCT_INLINE_COPIES static void NAME##_data(const T *dy, const T *wt, T *dx, const Py_ssize_t *g,       \
+                                                         const dw_layout *l, const dw_pass *passes,                  \
+                                                         Py_ssize_t first, Py_ssize_t last, T *buf, T *wide) {       \
         const Py_ssize_t c = g[1], o = g[2], h = g[3], w = g[4], kh = g[5], kw = g[6], sh = g[7], sw = g[8],         \
                          oh = g[13], ow = g[14], m = o / c;                                                          \
         for (Py_ssize_t plane = first; plane < last; plane++) {                                                      \
             const Py_ssize_t img = plane / c, ci = plane % c;                                                        \
+            for (Py_ssize_t j = 0; j < m; j++)                                                                       \
+                NAME##_fill(dy + (img * o + ci * m + j) * oh * ow, buf + j * l->len, l, oh, ow, 1, 1);               \
             T *out = dx + plane * h * w;                                                                             \
-            for (Py_ssize_t i = 0; i < h * w; i++) out[i] = 0;                                                       \
-            for (Py_ssize_t co = ci * m; co < ci * m + m; co++) {                                                    \
-                const T *grad = dy + (img * o + co) * oh * ow, *k = wt + co * kh * kw;                               \
-                for (Py_ssize_t oy = 0; oy < oh; oy++) {                                                             \
-                    const T *restrict row = grad + oy * ow;                                                          \
-                    for (Py_ssize_t ky = 0; ky < kh; ky++) {                                                         \
-                        const Py_ssize_t iy = oy * sh + t->offy[ky];                                                 \
-                        if (iy < 0 || iy >= h) continue;                                                             \
-                        T *restrict dst = out + iy * w;                                                              \
-                        for (Py_ssize_t kx = 0; kx < kw; kx++) {                                                     \
-                            const Py_ssize_t off = t->offx[kx], lo = t->span[2 * kx], hi = t->span[2 * kx + 1];      \
-                            const T v = k[ky * kw + kx];                                                             \
-                            for (Py_ssize_t ox = lo; ox < hi; ox++) dst[ox * sw + off] += v * row[ox];               \
-                        }                                                                                            \
-                    }                                                                                                \
-                }                                                                                                    \
+            for (Py_ssize_t i = 0; i < sh * sw; i++) {                                                               \
+                const dw_pass *p = passes + i;                                                                       \
+                NAME##_sum(buf, wt + ci * m * kh * kw, m, l->len, kh * kw, p, l, wide);                              \
+                for (Py_ssize_t u = 0; u < p->phase_h; u++)                                                          \
+                    for (Py_ssize_t v = 0; v < p->phase_w; v++)                                                      \
+                        out[(u * sh + p->a) * w + v * sw + p->b] = wide[u * l->pitch + v];                           \
             }                                                                                                        \
         }                                                                                                            \
     }                                                                                                                \
-    /* dw[co] += per tap Σ_{image, output row} of the row's products of dy and the cells the tap read (in DW_BLOCK   \
-     * float lanes, added in order into a double), output channels [first, last); acc: kh·kw doubles */              \
-    CCT_CLONES static void WEIGHTS(const T *restrict x, const T *restrict dy, T *restrict dwt, const Py_ssize_t *g,  \
-                                   const depthwise_taps *t, Py_ssize_t first, Py_ssize_t last, double *acc) {        \
-        const Py_ssize_t n = g[0], c = g[1], o = g[2], h = g[3], w = g[4], kh = g[5], kw = g[6], sh = g[7],          \
-                         sw = g[8], oh = g[13], ow = g[14], m = o / c, taps = kh * kw;                               \
-        for (Py_ssize_t co = first; co < last; co++) {                                                               \
-            for (Py_ssize_t i = 0; i < taps; i++) acc[i] = 0;                                                        \
-            for (Py_ssize_t img = 0; img < n; img++) {                                                               \
-                const T *in = x + (img * c + co / m) * h * w, *grad = dy + (img * o + co) * oh * ow;                 \
-                for (Py_ssize_t oy = 0; oy < oh; oy++) {                                                             \
-                    const T *restrict row = grad + oy * ow;                                                          \
-                    for (Py_ssize_t ky = 0; ky < kh; ky++) {                                                         \
-                        const Py_ssize_t iy = oy * sh + t->offy[ky];                                                 \
-                        if (iy < 0 || iy >= h) continue;                                                             \
-                        const T *restrict src = in + iy * w;                                                         \
-                        for (Py_ssize_t kx = 0; kx < kw; kx++) {                                                     \
-                            const Py_ssize_t off = t->offx[kx], lo = t->span[2 * kx], hi = t->span[2 * kx + 1];      \
-                            V lane = {0};                                                                            \
-                            Py_ssize_t ox = lo;                                                                      \
-                            for (; ox + DW_BLOCK <= hi; ox += DW_BLOCK) {                                            \
-                                V dy_, in_;                                                                          \
-                                memcpy(&dy_, row + ox, sizeof dy_);                                                  \
-                                if (sw == 1)                                                                         \
-                                    memcpy(&in_, src + ox + off, sizeof in_);                                        \
-                                else                                                                                 \
-                                    for (int b = 0; b < DW_BLOCK; b++) in_[b] = src[(ox + b) * sw + off];            \
-                                lane += dy_ * in_;                                                                   \
-                            }                                                                                        \
-                            for (int b = 0; ox < hi; ox++, b++) lane[b] += row[ox] * src[ox * sw + off];             \
-                            double sum = 0;                                                                          \
-                            for (int b = 0; b < DW_BLOCK; b++) sum += lane[b];                                       \
-                            acc[ky * kw + kx] += sum;                                                                \
-                        }                                                                                            \
-                    }                                                                                                \
-                }                                                                                                    \
-            }                                                                                                        \
-            for (Py_ssize_t i = 0; i < taps; i++) dwt[co * taps + i] += (T)acc[i];                                   \
-        }                                                                                                            \
-    }                                                                                                                \
-    /* GATHER on a stride-1 layer by wide rows (depthwise_wide): buf, fan zeroed buffers of p->len values; wide,     \
-     * p->cells + DW_WIDE values */                                                                                  \
-    CCT_CLONES CCT_INLINE_COPIES static void GATHER##_wide(const T *restrict in, const T *restrict wt, const T *bias, T *restrict out,\
-                                         const depthwise_taps *t, const depthwise_wide *p, Py_ssize_t first,         \
-                                         Py_ssize_t last, T *buf, T *wide) {                                         \
-        const Py_ssize_t ih = t->in_h, iw = t->in_w, oh = t->out_h, ow = t->out_w, fan = t->fan;                     \
-        const Py_ssize_t taps = t->kh * t->kw;                                                                       \
-        for (Py_ssize_t plane = first; plane < last; plane++) {                                                      \
-            const Py_ssize_t img = plane / t->out_channels, q = plane % t->out_channels;                             \
-            for (Py_ssize_t j = 0; j < fan; j++) {                                                                   \
-                const T *src = in + (img * t->in_channels + (q * fan + j) / t->div) * ih * iw;                       \
-                T *to = buf + j * p->len + p->pt * p->pw + p->pl;                                                    \
-                for (Py_ssize_t y = 0; y < ih; y++)                                                                  \
-                    for (Py_ssize_t col = 0; col < iw; col++) to[y * p->pw + col] = src[y * iw + col];               \
-            }                                                                                                        \
-            const T *k = wt + q * fan * taps;                                                                        \
-            for (Py_ssize_t i = 0; i < p->cells; i += 4 * DW_BLOCK) {  /* four vectors: four independent sums */     \
-                V a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};                                                            \
-                for (Py_ssize_t j = 0; j < fan; j++)                                                                 \
-                    for (Py_ssize_t tap = 0; tap < taps; tap++) {                                                    \
-                        const T *from = buf + j * p->len + i + p->shift[tap], v = k[j * taps + tap];                 \
-                        V c0, c1, c2, c3;                                                                            \
-                        memcpy(&c0, from, sizeof c0);                                                                \
-                        memcpy(&c1, from + DW_BLOCK, sizeof c1);                                                     \
-                        memcpy(&c2, from + 2 * DW_BLOCK, sizeof c2);                                                 \
-                        memcpy(&c3, from + 3 * DW_BLOCK, sizeof c3);                                                 \
-                        a0 += v * c0;                                                                                \
-                        a1 += v * c1;                                                                                \
-                        a2 += v * c2;                                                                                \
-                        a3 += v * c3;                                                                                \
-                    }                                                                                                \
-                memcpy(wide + i, &a0, sizeof a0);                                                                    \
-                memcpy(wide + i + DW_BLOCK, &a1, sizeof a1);                                                         \
-                memcpy(wide + i + 2 * DW_BLOCK, &a2, sizeof a2);                                                     \
-                memcpy(wide + i + 3 * DW_BLOCK, &a3, sizeof a3);                                                     \
-            }                                                                                                        \
-            const T add = bias ? bias[q] : 0;                                                                        \
-            for (Py_ssize_t r = 0; r < oh; r++) {                                                                    \
-                T *restrict row = out + (plane * oh + r) * ow;                                                       \
-                const T *from = wide + r * p->pw;                                                                    \
-                if (bias)                                                                                            \
-                    for (Py_ssize_t col = 0; col < ow; col++) row[col] = from[col] + add;                            \
-                else                                                                                                 \
-                    for (Py_ssize_t col = 0; col < ow; col++) row[col] = from[col];                                  \
-            }                                                                                                        \
-        }                                                                                                            \
-    }                                                                                                                \
-    /* WEIGHTS on a stride-1 layer by wide rows: per tap, the products of the gradient's wide plane (zero in the     \
-     * dropped columns) and the buffer at the tap's shift, image after image, summed in DW_BLOCK float lanes over    \
-     * DW_LANE_BLOCKS blocks at a time, each time added in order into a double; buf: p->len zeroed values, grad:     \
-     * p->cells + DW_WIDE zeroed values, lanes: kh·kw vectors */                                                     \
-    CCT_CLONES CCT_INLINE_COPIES static void WEIGHTS##_wide(const T *restrict x, const T *restrict dy, T *restrict dwt,\
-                                          const Py_ssize_t *g, const depthwise_taps *t, const depthwise_wide *p,     \
-                                          Py_ssize_t first, Py_ssize_t last, T *buf, T *grad, V *lanes,              \
-                                          double *acc) {                                                             \
-        const Py_ssize_t n = g[0], c = g[1], o = g[2], h = g[3], w = g[4], oh = g[13], ow = g[14], m = o / c;        \
-        const Py_ssize_t taps = t->kh * t->kw;                                                                       \
+    /* dw[co] += per tap the products of the output gradient's wide rows and the tap's pass over the input's phases, \
+     * output channels [first, last); buf: sh·sw zeroed buffers, grad: l->cells + DW_WIDE zeroed values, lanes:      \
+     * kh·kw vectors, acc: kh·kw doubles */                                                                          \
+    CCT_CLONES CCT_INLINE_COPIES static void NAME##_weights(const T *x, const T *dy, T *dwt, const Py_ssize_t *g,    \
+                                                            const dw_layout *l, const dw_pass *p, Py_ssize_t first,  \
+                                                            Py_ssize_t last, T *buf, T *grad, V *lanes,              \
+                                                            double *acc) {                                           \
+        const Py_ssize_t n = g[0], c = g[1], o = g[2], h = g[3], w = g[4], sh = g[7], sw = g[8], oh = g[13],         \
+                         ow = g[14], m = o / c, taps = p->taps;                                                      \
         for (Py_ssize_t co = first; co < last; co++) {                                                               \
             Py_ssize_t blocks = 0;                                                                                   \
-            for (Py_ssize_t i = 0; i < taps; i++) {                                                                  \
-                acc[i] = 0;                                                                                          \
-                lanes[i] = (V){0};                                                                                   \
+            for (Py_ssize_t t = 0; t < taps; t++) {                                                                  \
+                acc[t] = 0;                                                                                          \
+                lanes[t] = (V){0};                                                                                   \
             }                                                                                                        \
             for (Py_ssize_t img = 0; img < n; img++) {                                                               \
-                const T *src = x + (img * c + co / m) * h * w, *gsrc = dy + (img * o + co) * oh * ow;                \
-                T *to = buf + p->pt * p->pw + p->pl;                                                                 \
-                for (Py_ssize_t y = 0; y < h; y++)                                                                   \
-                    for (Py_ssize_t col = 0; col < w; col++) to[y * p->pw + col] = src[y * w + col];                 \
+                NAME##_fill(x + (img * c + co / m) * h * w, buf, l, h, w, sh, sw);                                   \
+                const T *from = dy + (img * o + co) * oh * ow;                                                       \
                 for (Py_ssize_t r = 0; r < oh; r++)                                                                  \
-                    for (Py_ssize_t col = 0; col < ow; col++) grad[r * p->pw + col] = gsrc[r * ow + col];            \
-                for (Py_ssize_t i = 0; i < p->cells; i += DW_BLOCK) {                                                \
+                    for (Py_ssize_t q = 0; q < ow; q++) grad[r * l->pitch + q] = from[r * ow + q];                   \
+                for (Py_ssize_t i = 0; i < l->cells; i += DW_BLOCK) {                                                \
                     V d;                                                                                             \
                     memcpy(&d, grad + i, sizeof d);                                                                  \
-                    for (Py_ssize_t tap = 0; tap < taps; tap++) {                                                    \
+                    for (Py_ssize_t t = 0; t < taps; t++) {                                                          \
                         V cells;                                                                                     \
-                        memcpy(&cells, buf + i + p->shift[tap], sizeof cells);                                       \
-                        lanes[tap] += d * cells;                                                                     \
+                        memcpy(&cells, buf + i + p->shift[t], sizeof cells);                                         \
+                        lanes[t] += d * cells;                                                                       \
                     }                                                                                                \
-                    if (++blocks == DW_LANE_BLOCKS || (img == n - 1 && i + DW_BLOCK >= p->cells)) {                  \
-                        for (Py_ssize_t tap = 0; tap < taps; tap++) {                                                \
+                    if (++blocks == DW_LANE_BLOCKS || (img == n - 1 && i + DW_BLOCK >= l->cells)) {                  \
+                        for (Py_ssize_t t = 0; t < taps; t++) {                                                      \
                             double sum = 0;                                                                          \
-                            for (int b = 0; b < DW_BLOCK; b++) sum += lanes[tap][b];                                 \
-                            acc[tap] += sum;                                                                         \
-                            lanes[tap] = (V){0};                                                                     \
+                            for (int b = 0; b < DW_BLOCK; b++) sum += lanes[t][b];                                   \
+                            acc[t] += sum;                                                                           \
+                            lanes[t] = (V){0};                                                                       \
                         }                                                                                            \
                         blocks = 0;                                                                                  \
                     }                                                                                                \
                 }                                                                                                    \
             }                                                                                                        \
-            for (Py_ssize_t i = 0; i < taps; i++) dwt[co * taps + i] += (T)acc[i];                                   \
+            for (Py_ssize_t t = 0; t < taps; t++) dwt[co * taps + p->weight[t]] += (T)acc[t];                        \
         }                                                                                                            \
     }
-DEFINE_DEPTHWISE(depthwise_gather_f32, depthwise_scatter_f32, depthwise_weights_f32, float, depthwise_f32x)
-DEFINE_DEPTHWISE(depthwise_gather_f64, depthwise_scatter_f64, depthwise_weights_f64, double, depthwise_f64x)
+DEFINE_DEPTHWISE(depthwise_f32, float, depthwise_f32x)
+DEFINE_DEPTHWISE(depthwise_f64, double, depthwise_f64x)
 
 /* ---- SGD update ---------------------------------------------------------------------------------------- */
 
@@ -1590,7 +1538,8 @@ static PyObject *softmax_loss_backward(PyObject *self, PyObject *args) {
  * dst y, its planes (image, output channel) [first, last) overwritten, bias None or O values; 1, the data
  * gradient: src dy, other the weights, dst dx, its planes (image, input channel) [first, last) overwritten; 2, the
  * weight gradient: src x, other dy, dst dw, output channels [first, last) accumulated.  geometry: n, c, o, h, w,
- * kh, kw, sh, sw, ph, pw, dh, dw, oh, ow (o a multiple of c; at most DW_MAX_K taps per axis). */
+ * kh, kw, sh, sw, ph, pw, dh, dw, oh, ow (o a multiple of c, at most DW_MAX_FAN times; kernel and stride at most
+ * DW_MAX_K per axis). */
 static PyObject *depthwise(PyObject *self, PyObject *args) {
     PyObject *osrc, *oother, *odst, *obias, *geometry;
     int which;
@@ -1609,7 +1558,8 @@ static PyObject *depthwise(PyObject *self, PyObject *args) {
     }
     Py_DECREF(seq);
     if (bad < 0) return NULL;
-    if (bad || which < 0 || which > 2 || g[2] % g[1] || g[5] > DW_MAX_K || g[6] > DW_MAX_K ||
+    if (bad || which < 0 || which > 2 || g[2] % g[1] || g[2] / g[1] > DW_MAX_FAN || g[5] > DW_MAX_K ||
+        g[6] > DW_MAX_K || g[7] > DW_MAX_K || g[8] > DW_MAX_K ||
         g[3] + 2 * g[9] < g[11] * (g[5] - 1) + 1 || g[4] + 2 * g[10] < g[12] * (g[6] - 1) + 1 ||
         g[13] != (g[3] + 2 * g[9] - (g[11] * (g[5] - 1) + 1)) / g[7] + 1 ||
         g[14] != (g[4] + 2 * g[10] - (g[12] * (g[6] - 1) + 1)) / g[8] + 1 ||
@@ -1618,7 +1568,7 @@ static PyObject *depthwise(PyObject *self, PyObject *args) {
         return NULL;
     }
     const Py_ssize_t images = g[0] * g[1] * g[3] * g[4], outputs = g[0] * g[2] * g[13] * g[14],
-                     weights = g[2] * g[5] * g[6];
+                     weights = g[2] * g[5] * g[6], phases = g[7] * g[8], taps = g[5] * g[6];
     Py_ssize_t item = item_size(osrc);
     if (item < 0) return NULL;
     const char *names[3][3] = {{"x", "w", "y"}, {"dy", "w", "dx"}, {"x", "dy", "dw"}};
@@ -1630,68 +1580,46 @@ static PyObject *depthwise(PyObject *self, PyObject *args) {
         release(&b);
         return NULL;
     }
-    /* a stride-1 layer's data gradient gathers (its fan: the group's output channels), a strided one scatters */
-    const int gather = which == 0 || (which == 1 && g[7] == 1 && g[8] == 1 && g[2] / g[1] <= DW_MAX_FAN);
-    depthwise_taps *t = malloc(sizeof(depthwise_taps));
-    double *acc = which == 2 ? malloc(sizeof(double) * g[5] * g[6]) : NULL;
-    if (!t || (which == 2 && !acc)) {
-        free(t);
-        free(acc);
+    /* the plan, then the scratch: the zero-bordered buffers (the input's phases, or the group's output gradients),
+     * the wide output (or the gradient's wide rows), the weight gradient's lanes (64-byte aligned) */
+    dw_layout l;
+    dw_pass *passes = malloc(sizeof(dw_pass) * (which == 1 ? phases : 1));
+    char *scratch = NULL;
+    Py_ssize_t at_wide = 0, at_lanes = 0;
+    if (passes) {
+        if (which == 1)
+            dw_plan_data(&l, passes, g);
+        else
+            dw_plan_forward(&l, passes, g);
+        at_wide = (which == 1 ? g[2] / g[1] : phases) * l.len * item;
+        at_lanes = (at_wide + (l.cells + DW_WIDE) * item + 63) / 64 * 64;
+        scratch = aligned_alloc(64, at_lanes + (which == 2 ? taps * (DW_BLOCK * item + 8) : 0) + 64);
+        if (scratch) memset(scratch, 0, at_lanes);
+    }
+    if (!passes || !scratch) {
+        free(passes);
+        free(scratch);
         release(&b);
         return PyErr_NoMemory();
     }
-    depthwise_plan(t, which == 1 && gather, g);
-    /* a stride-1 layer by wide rows (its buffers: the fan's zero-bordered planes, then the wide output or the
-     * gradient's wide plane, then the weight gradient's lanes) */
-    depthwise_wide *p = NULL;
-    char *scratch = NULL;
-    Py_ssize_t lanes_at = 0;
-    if (g[7] == 1 && g[8] == 1 && (gather || which == 2)) {
-        p = malloc(sizeof(depthwise_wide));
-        if (p) {
-            depthwise_wide_plan(p, t);
-            lanes_at = ((t->fan * p->len + p->cells + DW_WIDE) * item + 63) / 64 * 64;
-            scratch = aligned_alloc(64, lanes_at + (which == 2 ? g[5] * g[6] * DW_BLOCK * item : 0) + 64);
-            if (scratch) memset(scratch, 0, lanes_at);
-        }
-        if (!p || !scratch) {
-            free(p);
-            free(t);
-            free(acc);
-            release(&b);
-            return PyErr_NoMemory();
-        }
-    }
+    void *wide = scratch + at_wide, *lanes = scratch + at_lanes;
+    double *acc = (double *)(scratch + at_lanes + taps * DW_BLOCK * item);
     Py_BEGIN_ALLOW_THREADS
-    if (p && which == 2 && item == 4)
-        depthwise_weights_f32_wide(src, other, dst, g, t, p, first, last, (float *)scratch,
-                                   (float *)scratch + p->len, (depthwise_f32x *)(scratch + lanes_at), acc);
-    else if (p && which == 2)
-        depthwise_weights_f64_wide(src, other, dst, g, t, p, first, last, (double *)scratch,
-                                   (double *)scratch + p->len, (depthwise_f64x *)(scratch + lanes_at), acc);
-    else if (p && item == 4)
-        depthwise_gather_f32_wide(src, other, bias, dst, t, p, first, last, (float *)scratch,
-                                  (float *)scratch + t->fan * p->len);
-    else if (p)
-        depthwise_gather_f64_wide(src, other, bias, dst, t, p, first, last, (double *)scratch,
-                                  (double *)scratch + t->fan * p->len);
-    else if (gather && item == 4)
-        depthwise_gather_f32(src, other, bias, dst, t, first, last);
-    else if (gather)
-        depthwise_gather_f64(src, other, bias, dst, t, first, last);
+    if (which == 0 && item == 4)
+        depthwise_f32_forward(src, other, bias, dst, g, &l, passes, first, last, (float *)scratch, wide);
+    else if (which == 0)
+        depthwise_f64_forward(src, other, bias, dst, g, &l, passes, first, last, (double *)scratch, wide);
     else if (which == 1 && item == 4)
-        depthwise_scatter_f32(src, other, dst, g, t, first, last);
+        depthwise_f32_data(src, other, dst, g, &l, passes, first, last, (float *)scratch, wide);
     else if (which == 1)
-        depthwise_scatter_f64(src, other, dst, g, t, first, last);
+        depthwise_f64_data(src, other, dst, g, &l, passes, first, last, (double *)scratch, wide);
     else if (item == 4)
-        depthwise_weights_f32(src, other, dst, g, t, first, last, acc);
+        depthwise_f32_weights(src, other, dst, g, &l, passes, first, last, (float *)scratch, wide, lanes, acc);
     else
-        depthwise_weights_f64(src, other, dst, g, t, first, last, acc);
+        depthwise_f64_weights(src, other, dst, g, &l, passes, first, last, (double *)scratch, wide, lanes, acc);
     Py_END_ALLOW_THREADS
     free(scratch);
-    free(p);
-    free(t);
-    free(acc);
+    free(passes);
     release(&b);
     Py_RETURN_NONE;
 }

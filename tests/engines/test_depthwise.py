@@ -20,7 +20,7 @@ from tests.helpers import run_batch_in_one_range, run_batch_in_ranges, use_flags
 
 pytestmark = pytest.mark.skipif(native.kernels() is None, reason="the compiled kernels are not built")
 
-GEOMETRIES = [  # N, C, multiplier, (H, W), kernel, stride, pad, dilation
+GEOMETRIES = [  # N, C, multiplier, (H, W), kernel, stride, pad, dilation (each stride's sh x sw phases exercised)
     (3, 4, 1, (9, 11), (3, 3), (1, 1), (1, 1), (1, 1)),      # MobileNet's 3x3 layers, stride 1
     (2, 3, 1, (12, 12), (3, 3), (2, 2), (1, 1), (1, 1)),     # ... and stride 2
     (2, 2, 3, (7, 10), (3, 5), (1, 2), (2, 1), (1, 1)),      # three outputs per channel, other kernel and strides
@@ -29,6 +29,8 @@ GEOMETRIES = [  # N, C, multiplier, (H, W), kernel, stride, pad, dilation
     (2, 2, 1, (5, 5), (5, 5), (2, 2), (0, 0), (1, 1)),       # one output cell
     (2, 3, 1, (6, 6), (1, 1), (1, 1), (0, 0), (1, 1)),       # 1x1
     (2, 2, 1, (4, 19), (3, 3), (1, 3), (0, 3), (1, 1)),      # padding wider than the stride
+    (2, 3, 1, (7, 8), (1, 1), (2, 2), (0, 0), (1, 1)),       # stride over a 1x1 kernel: dx phases no tap reaches
+    (1, 2, 2, (11, 13), (3, 3), (3, 2), (1, 2), (2, 1)),     # stride 3 rows, 2 columns, dilated rows
 ]
 
 
