@@ -180,3 +180,22 @@ def test_the_setting_takes_depthwise():
     settings.set("conv_engine", "depthwise")
     assert settings.get("conv_engine") == "depthwise"
     settings.reset()
+
+
+def test_a_grouped_deconvolution_runs_through_it_too():
+    """FCN's bilinear upsampling: a Deconvolution with one channel per group is the transpose of a depthwise
+    convolution, so it runs on the engine (its forward the engine's data gradient over the stride phases): the
+    numerical gradient check, and the lowering engine's forward."""
+    use_flags(None, None, "depthwise")
+    x = np.random.default_rng(6).standard_normal((2, 3, 4, 5))
+    text = ('type: "Deconvolution" convolution_param { num_output: 3 kernel_size: 4 stride: 2 pad: 1 group: 3 '
+            'weight_filler { type: "gaussian" std: 0.5 } bias_filler { type: "gaussian" std: 0.5 } }')
+    check_gradient(text, [x])
+    layer = setup_layer(text, [x], dtype=np.float64)
+    assert layer.layer.engine.name == "depthwise"
+    use_flags(None, None, "lowering")
+    lowered = setup_layer(text, [x], dtype=np.float64)
+    assert lowered.layer.engine.name == "lowering"
+    for mine, theirs in zip(lowered.layer.blobs, layer.layer.blobs):
+        mine.data[...] = theirs.data
+    np.testing.assert_allclose(layer.forward()[0], lowered.forward()[0], rtol=1e-10, atol=1e-10)
