@@ -12,6 +12,16 @@ def use_flags(lowering: str | None = None, partitions: str | None = None, conv_e
     settings.validate()
 
 
+def check_gradient_through_engine(engine: str, text: str, x: np.ndarray) -> None:
+    """The numerical gradient check of the convolution layer ``text`` (prototxt) on ``x`` with ``-conv_engine
+    engine``, which must be the engine the layer runs."""
+    from cct.gradient_check import check_gradient, setup_layer
+
+    use_flags(None, None, engine)
+    assert setup_layer(text, [x]).layer.engine.name == engine
+    check_gradient(text, [x])
+
+
 def datum_lmdb(path, records: int, side: int, seed: int, classes: int = 3) -> str:
     """An LMDB at ``path`` of ``records`` Datums: seeded 1 x side x side uint8 images, labels in [0, classes)."""
     from cct.data.datum import array_to_datum

@@ -1,5 +1,5 @@
 """The depthwise engine (one input channel per group): forward, data and weight gradients against the lowering
-engine and against a float64 evaluation of the definition, across kernel sizes, strides, paddings, dilations and
+engine and against the direct references in float64, across kernel sizes, strides, paddings, dilations and
 channel multipliers, both dtypes; the same bits however the planes and channels are split; a layer's numerical
 gradient through it; what it refuses; and how ``conv_engine`` ``depthwise`` and ``auto`` choose it."""
 from __future__ import annotations
@@ -16,7 +16,8 @@ from cct.engines.depthwise import DepthwiseEngine
 from cct.engines.lowering import LoweringEngine, Workspace
 from cct.errors import CctError
 from cct.gradient_check import check_gradient, setup_layer
-from tests.helpers import run_batch_in_one_range, run_batch_in_ranges, use_flags
+from tests.engines import reference
+from tests.helpers import check_gradient_through_engine, run_batch_in_one_range, run_batch_in_ranges, use_flags
 
 pytestmark = pytest.mark.skipif(native.kernels() is None, reason="the compiled kernels are not built")
 
@@ -58,24 +59,10 @@ def _run(eng, g, x, w, b, dy):
 
 
 def _definition(g: ConvGeometry, x, w, b, dy):
-    """y, dx and dw (plus ones, as _run) from the definition, in float64: each output cell's taps over the
-    zero-padded input; dx and dw as the adjoints of that map."""
+    """y, dx and dw (plus ones, as _run) by the direct references, in float64."""
     x, w, b, dy = (a.astype(np.float64) for a in (x, w, b, dy))
-    m = g.out_channels // g.in_channels
-    (ph, pw), (sh, sw), (dh, dw_), (oh, ow) = g.pad, g.stride, g.dilation, g.out_shape
-    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
-    y = np.repeat(np.zeros_like(xp[:, :, :oh, :ow]), m, axis=1) + b[None, :, None, None]
-    dxp, dwt = np.zeros_like(xp), np.ones_like(w)
-    for ky in range(g.kernel[0]):
-        for kx in range(g.kernel[1]):
-            rows = slice(ky * dh, ky * dh + sh * (oh - 1) + 1, sh)
-            cols = slice(kx * dw_, kx * dw_ + sw * (ow - 1) + 1, sw)
-            cells = np.repeat(xp[:, :, rows, cols], m, axis=1)  # output channel o reads input channel o // m
-            y += w[None, :, 0, ky, kx, None, None] * cells
-            dwt[:, 0, ky, kx] += (dy * cells).sum(axis=(0, 2, 3))
-            back = dy * w[None, :, 0, ky, kx, None, None]
-            dxp[:, :, rows, cols] += back.reshape(g.num, g.in_channels, m, oh, ow).sum(axis=2)
-    return y, dxp[:, :, ph:ph + g.in_shape[0], pw:pw + g.in_shape[1]], dwt
+    return (reference.conv_forward(g, x, w, b), reference.conv_backward_data(g, dy, w),
+            1 + reference.conv_backward_weights(g, x, dy))
 
 
 @pytest.mark.parametrize("dims", GEOMETRIES)
@@ -133,12 +120,10 @@ def test_the_kernel_writes_only_the_planes_and_channels_it_is_given():
 
 
 def test_a_layer_through_the_engine_passes_the_numerical_gradient_check():
-    use_flags(None, None, "depthwise")
     x = np.random.default_rng(5).standard_normal((2, 3, 7, 6))
-    text = ('type: "Convolution" convolution_param { num_output: 6 kernel_size: 3 pad: 1 stride: 2 group: 3 '
-            'weight_filler { type: "gaussian" std: 0.5 } bias_filler { type: "gaussian" std: 0.5 } }')
-    assert setup_layer(text, [x]).layer.engine.name == "depthwise"
-    check_gradient(text, [x])
+    check_gradient_through_engine("depthwise", 'type: "Convolution" convolution_param { num_output: 6 kernel_size: 3 '
+                                  'pad: 1 stride: 2 group: 3 weight_filler { type: "gaussian" std: 0.5 } '
+                                  'bias_filler { type: "gaussian" std: 0.5 } }', x)
 
 
 @pytest.mark.parametrize("geometry,why", [

@@ -14,8 +14,7 @@ from cct.engines import ConvGeometry, choice, winograd
 from cct.engines.lowering import LoweringEngine, Workspace, shared_workspace
 from cct.engines.winograd import TILES, WinogradEngine
 from cct.errors import CctError
-from cct.gradient_check import check_gradient, setup_layer
-from tests.helpers import run_batch_in_one_range, run_batch_in_ranges, use_flags
+from tests.helpers import check_gradient_through_engine, run_batch_in_one_range, run_batch_in_ranges
 
 GEOMETRIES = [  # N, C, O, group, H, W, pad
     (3, 4, 6, 1, 7, 9, 1),     # output 7x9: partial tiles on both axes
@@ -146,12 +145,10 @@ def test_the_padding_border_is_rewritten_after_another_user_of_the_workspace():
 
 
 def test_a_layer_through_the_engine_passes_the_numerical_gradient_check():
-    use_flags(None, None, "winograd")
     x = np.random.default_rng(5).standard_normal((2, 3, 6, 5))
-    text = ('type: "Convolution" convolution_param { num_output: 4 kernel_size: 3 pad: 1 group: 1 '
-            'weight_filler { type: "gaussian" std: 0.5 } bias_filler { type: "gaussian" std: 0.5 } }')
-    assert setup_layer(text, [x]).layer.engine.name == "winograd"
-    check_gradient(text, [x])
+    check_gradient_through_engine("winograd", 'type: "Convolution" convolution_param { num_output: 4 kernel_size: 3 '
+                                  'pad: 1 group: 1 weight_filler { type: "gaussian" std: 0.5 } '
+                                  'bias_filler { type: "gaussian" std: 0.5 } }', x)
 
 
 @pytest.mark.parametrize("geometry,why", [
