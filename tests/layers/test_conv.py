@@ -8,6 +8,7 @@ import pytest
 
 import cct.layers.conv  # noqa: F401  (registers the layers)
 from cct.engines import ConvGeometry, create_conv_engine
+from cct.engines.depthwise import DepthwiseEngine
 from cct.engines.fft import FFTEngine
 from cct.engines.lowering import LoweringEngine
 from cct.engines.winograd import WinogradEngine
@@ -240,7 +241,8 @@ def test_engine_lookup_and_cudnn_engine_accepted():
     assert isinstance(create_conv_engine("lowering"), LoweringEngine)
     assert isinstance(create_conv_engine("fft"), FFTEngine)
     assert isinstance(create_conv_engine("winograd"), WinogradEngine)
-    with pytest.raises(CctError, match="known: fft, lowering, winograd"):
+    assert isinstance(create_conv_engine("depthwise"), DepthwiseEngine)
+    with pytest.raises(CctError, match="known: depthwise, fft, lowering, winograd"):
         create_conv_engine("direct")
     x = np.random.default_rng(13).standard_normal((1, 2, 4, 4))
     for engine in ("CAFFE", "CUDNN", "DEFAULT"):
