@@ -12,8 +12,8 @@ times each, so the machine's noise hits both alike.  The script reads their logs
 prints the engine cct runs each convolution with, then per layer the median (over rounds) of each tool's average
 forward and backward milliseconds, their ratio cct/Caffe and a ``*`` where cct is slower (a max pooling whose
 backward cct runs with the in-place ReLU's below it, or a BatchNorm whose forward it runs with the in-place
-Scale's above it, as training does — ``cct time`` says so and reads 0 on the other layer's line — is compared
-with Caffe's two lines together); then the median
+Scale's (and ReLU's) above it, as training does — ``cct time`` says so and reads 0 on the other layers' lines — is
+compared with Caffe's lines together); then the median
 forward-backward iteration of each (all iterations of all rounds) and the ratio.  Both leave ``Input`` blobs at
 zero, as ``caffe time`` does (Caffe's branchy max-pooling loop runs its best case on such ties; cct's is
 branch-free).
@@ -116,12 +116,12 @@ def main() -> None:
         return statistics.median(values) if values else None
 
     order = list(runs["caffe"][0][1])
-    # per direction: the layer whose line includes another's (a pooling the ReLU's backward, a BatchNorm the Scale's
-    # forward) -> that other layer, and back
-    fused: dict[str, dict[str, str]] = {"forward": {}, "backward": {}}
+    # per direction: the layer whose line includes others' (a pooling the ReLU's backward, a BatchNorm the Scale's
+    # and the ReLU's forwards) -> those layers, and back
+    fused: dict[str, dict[str, list[str]]] = {"forward": {}, "backward": {}}
     for layer, direction, other in FUSED.findall(warm):
-        fused[direction][layer] = other
-    inside = {d: {other: layer for layer, other in pairs.items()} for d, pairs in fused.items()}
+        fused[direction].setdefault(layer, []).append(other)
+    inside = {d: {other: layer for layer, others in pairs.items() for other in others} for d, pairs in fused.items()}
     print(f"\n{'layer':10s} {'caffe fwd':>10s} {'cct fwd':>9s} {'ratio':>6s}   {'caffe bwd':>10s} {'cct bwd':>9s} "
           f"{'ratio':>6s}")
     slower = []
@@ -133,8 +133,8 @@ def main() -> None:
                 cells.append(f"{'in ' + inside[direction][layer]:>27s} ")
                 continue
             if layer in fused[direction] and a is not None:
-                other = layer_median("caffe", fused[direction][layer], direction)
-                a = None if other is None else a + other  # Caffe's two lines against cct's pair
+                others = [layer_median("caffe", other, direction) for other in fused[direction][layer]]
+                a = None if None in others else a + sum(others)  # Caffe's lines against cct's one step
             if a is None or b is None:
                 cells.append(f"{'-':>10s} {'-':>9s} {'':>6s} ")
                 continue

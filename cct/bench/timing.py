@@ -3,9 +3,9 @@ time for a number of iterations.  Each layer runs through the per-layer runner o
 (so a device split is what is timed), and every layer's backward is timed whether or not the net needs it, as
 Caffe's ``time`` does (a TEST-phase net still computes its parameter gradients there).  A pair the executor runs
 as one step in training (:mod:`cct.exec.fusion`: a max pooling doing the in-place ReLU's backward below it; a
-BatchNorm doing the in-place Scale's forward above it) is timed as that step, on the pooling or the BatchNorm, the
-other layer's pass then taking 0 ms (:attr:`NetTiming.fused` and :attr:`NetTiming.fused_forward` name the
-pairs)."""
+BatchNorm doing the in-place Scale's forward above it, and the in-place ReLU's above that) is timed as that step,
+on the pooling or the BatchNorm, the other layers' passes then taking 0 ms (:attr:`NetTiming.fused` and
+:attr:`NetTiming.fused_forward` name them)."""
 from __future__ import annotations
 
 import time
@@ -29,7 +29,8 @@ class NetTiming:
     forward_ms: list[float] = field(default_factory=list)    # the forward of each pass
     total_ms: int = 0
     fused: dict[str, str] = field(default_factory=dict)  # pooling -> the ReLU whose backward its line includes
-    fused_forward: dict[str, str] = field(default_factory=dict)  # BatchNorm -> the Scale whose forward it includes
+    # BatchNorm -> the Scale (and ReLU) whose forwards it includes
+    fused_forward: dict[str, list[str]] = field(default_factory=dict)
 
 
 def device_synchronizer() -> Callable[[], None]:
@@ -72,7 +73,7 @@ def time_layers(net, iterations: int, synchronize: Callable[[], None] = lambda: 
             synchronize()
             into.forward_us[i] += _us(t0)
             if following > i + 1:  # the pair a training pass runs as one step: timed on the first layer
-                into.fused_forward[net._layer_names[i]] = net._layer_names[following - 1]
+                into.fused_forward[net._layer_names[i]] = list(net._layer_names[i + 1:following])
             i = following
         into.forward_ms.append((time.perf_counter() - iter_start) * 1e3)
         into.forward_total_us += _us(iter_start)

@@ -1,8 +1,8 @@
 """``cct time``: benchmark model execution time (Caffe's ``caffe time``): per-layer forward and backward times
 averaged over ``-iterations`` (whole microseconds per layer, whole milliseconds per iteration and in total),
 the engine every convolution runs, and which max pooling's backward line includes the in-place ReLU's below it
-and which BatchNorm's forward line the in-place Scale's above it (one step in training: the other line reads
-0)."""
+and which BatchNorm's forward line the in-place Scale's (and the in-place ReLU's) above it (one step in training:
+the other lines read 0)."""
 from __future__ import annotations
 
 import numpy as np
@@ -53,8 +53,8 @@ def main(flags: Flags) -> int:
         log.info("%10s\tforward: %s ms.", name, log.fmt(t.forward_us[i] / 1000 / n))
         log.info("%10s\tbackward: %s ms.", name, log.fmt(t.backward_us[i] / 1000 / n))
     for name in t.layer_names:  # after the per-layer lines, which keep Caffe's format
-        if name in t.fused_forward:
-            log.info("%10s\tforward includes %s's forward (one step in training)", name, t.fused_forward[name])
+        for other in t.fused_forward.get(name, ()):
+            log.info("%10s\tforward includes %s's forward (one step in training)", name, other)
         if name in t.fused:
             log.info("%10s\tbackward includes %s's backward (one step in training)", name, t.fused[name])
     log.info("Average Forward pass: %s ms.", log.fmt(t.forward_total_us / 1000 / n))

@@ -14,7 +14,10 @@ with one pass less over the blob between them.
   the scaled top (:meth:`cct.layers.normalization.BatchNormLayer.forward_scaled`; a ResNet block's pair,
   32x64x56x56: 1.5 instead of 1.7 + 1.2 ms, one core); otherwise the Scale keeps its input in BatchNorm's copy
   instead of one of its own (:meth:`cct.layers.scale.ScaleLayer.input_kept_in`).  Either way a blob-sized buffer
-  less per pair with batch statistics (Inception-v3's 94 pairs, batch 16: 547 MiB).
+  less per pair with batch statistics (Inception-v3's 94 pairs, batch 16: 547 MiB).  A plain ReLU in place right
+  after the Scale (ResNet's and MobileNet's BatchNorm, Scale, ReLU) joins that pass: numpy's ``maximum(·, 0)`` on
+  each scaled value as it is written — its backward reads only the top, which is the same — instead of a pass of
+  its own over the blob (:func:`rectified_scales`).
 
 (A backward ``Scale → BatchNorm`` step — the Scale's and BatchNorm's sums in one read, BatchNorm's sums taken of
 ``dy·s`` formed in registers to keep the bits — measured slower than the two layers: four double-precision sums a
@@ -45,6 +48,16 @@ def _plain_relu(net: NetCore, i: int) -> int | None:
     if len(bottoms) != 1 or bottoms != tops:
         return None
     return bottoms[0]
+
+
+def rectified_scales(net: NetCore, pairs: dict[int, int]) -> dict[int, int]:
+    """Scale layer index (of ``pairs``, :func:`forward_pairs`) -> the index of the plain in-place ReLU right after
+    it on its blob, whose forward the pair's compiled pass does too."""
+    out = {}
+    for j in pairs:
+        if j + 1 < len(net.layers) and _plain_relu(net, j + 1) == net._top_id_vecs[j][0]:
+            out[j] = j + 1
+    return out
 
 
 def backward_pairs(net: NetCore) -> dict[int, int]:

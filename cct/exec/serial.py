@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from cct.exec.base import Executor, zero_param_diffs
-from cct.exec.fusion import backward_pairs, forward_pairs
+from cct.exec.fusion import backward_pairs, forward_pairs, rectified_scales
 
 if TYPE_CHECKING:  # pragma: no cover
     from cct.net import NetCore
@@ -31,14 +31,16 @@ class LayerRunner:
         """Layer ``i`` (a MAX Pooling) and the in-place ReLU below it, as one step."""
         net.layers[i].backward_rectified(net.top_vecs[i], net.bottom_need_backward[i], net.bottom_vecs[i])
 
-    def forward_normalized(self, net: NetCore, i: int, j: int) -> bool:
-        """Layer ``i`` (a BatchNorm) and ``j``, the Scale in place on its top, as one step where the compiled
-        kernels take them (:meth:`cct.layers.normalization.BatchNormLayer.forward_scaled`); False, nothing run,
-        otherwise."""
+    def forward_normalized(self, net: NetCore, i: int, j: int, relu: int | None = None) -> bool:
+        """Layer ``i`` (a BatchNorm) and ``j``, the Scale in place on its top — and ``relu``, a plain ReLU in
+        place after it — as one step where the compiled kernels take them
+        (:meth:`cct.layers.normalization.BatchNormLayer.forward_scaled`); False, nothing run, otherwise."""
         norm, scale = net.layers[i], net.layers[j]
         norm.reshape(net.bottom_vecs[i], net.top_vecs[i])
         scale.reshape(net.bottom_vecs[j], net.top_vecs[j])
-        return norm.forward_scaled(net.bottom_vecs[i], net.top_vecs[i], scale)
+        if relu is not None:
+            net.layers[relu].reshape(net.bottom_vecs[relu], net.top_vecs[relu])
+        return norm.forward_scaled(net.bottom_vecs[i], net.top_vecs[i], scale, rectify=relu is not None)
 
     def clear_param_diffs(self, net: NetCore) -> None:
         """Zero the learnable parameters' gradients where the layers add into them."""
@@ -69,6 +71,7 @@ class SerialExecutor(Executor):
         self._backward_pairs = backward_pairs(net) if plain else {}
         self._forward_pairs = forward_pairs(net) if plain else {}  # Scale -> the BatchNorm below it
         self._normalized = {i: j for j, i in self._forward_pairs.items()}  # BatchNorm -> the Scale above it
+        self._rectified = rectified_scales(net, self._forward_pairs) if plain else {}  # Scale -> the ReLU above it
 
     def fused_backward_pairs(self) -> dict[int, int]:
         """The pairs this executor runs as one backward step (:mod:`cct.exec.fusion`): MAX Pooling index -> the
@@ -86,12 +89,15 @@ class SerialExecutor(Executor):
         return relu
 
     def forward_step(self, net: NetCore, i: int, start: int, end: int, fuse: bool = True) -> tuple[int, float]:
-        """Layer ``i`` of a forward pass over ``start..end`` — with the Scale above it as one step where that pair
-        applies and ``fuse`` (nothing looks at the blob between them) — returning the index of the next layer to
-        run and the loss."""
+        """Layer ``i`` of a forward pass over ``start..end`` — with the Scale above it (and the ReLU above that) as
+        one step where that pair applies and ``fuse`` (nothing looks at the blob between them) — returning the
+        index of the next layer to run and the loss."""
         above = self._normalized.get(i) if fuse else None
-        if above is not None and above <= end and self.runner.forward_normalized(net, i, above):
-            return above + 1, 0.0
+        if above is not None and above <= end:
+            relu = self._rectified.get(above)
+            relu = relu if relu is not None and relu <= end else None
+            if self.runner.forward_normalized(net, i, above, relu):
+                return (above if relu is None else relu) + 1, 0.0
         below = self._forward_pairs.get(i) if fuse else None
         if below is not None and below >= start:  # the BatchNorm before it ran in this pass: its copy is current
             net.layers[i].input_kept_in(net.layers[below].kept_output())

@@ -130,12 +130,13 @@ class BatchNormLayer(Layer):
 
         run_channel_blocks(x, normalize)
 
-    def forward_scaled(self, bottom: list[Blob], top: list[Blob], scale: Any) -> bool:
-        """This forward, then ``scale``'s (a per-channel Scale in place on the top: :mod:`cct.exec.fusion`) in one
-        pass of the compiled kernels — the normalized values kept where both backwards read them (this layer's
-        copy with batch statistics, else the Scale's own), the scaled values in the top; the bits of the two
-        forwards.  False, nothing computed, where the kernels do not take the arrays or the Scale is not per
-        channel on this ``(N, C, S)`` view."""
+    def forward_scaled(self, bottom: list[Blob], top: list[Blob], scale: Any, rectify: bool = False) -> bool:
+        """This forward, then ``scale``'s (a per-channel Scale in place on the top: :mod:`cct.exec.fusion`) — and,
+        ``rectify``, a plain ReLU's in place after it — in one pass of the compiled kernels: the normalized values
+        kept where both backwards read them (this layer's copy with batch statistics, else the Scale's own), the
+        scaled (rectified) values in the top; the bits of the forwards one after the other.  False, nothing
+        computed, where the kernels do not take the arrays or the Scale is not per channel on this ``(N, C, S)``
+        view."""
         y = self._view(top[0].data)
         operands = scale.channel_operands(top[0])
         if operands is None or tuple(scale.geometry) != y.shape:
@@ -150,7 +151,7 @@ class BatchNormLayer(Layer):
         mean, std = self.forward_statistics(bottom[0])
         cells = x.shape[2]
         run_channel_blocks(x, lambda _p, i, c: compiled.normalize_scale_rows(
-            x[i, c], mean[c], std[c], s[c], None if bias is None else bias[c], y[i, c], copy[i, c], cells))
+            x[i, c], mean[c], std[c], s[c], None if bias is None else bias[c], y[i, c], copy[i, c], cells, rectify))
         return True
 
     def _batch_statistics(self, x: Any) -> tuple[Any, Any]:

@@ -1031,22 +1031,26 @@ DEFINE_NORMALIZE_BACKWARD_ROWS(normalize_backward_rows_f64, double)
 /* BatchNorm then an in-place per-channel Scale as one pass (cct/exec/fusion.py): copy = (x - mean[c]) / std[c] (x /
  * std[c] without a mean), the BatchNorm's top, kept; out = copy * scale[c] (+ bias[c]), the Scale's — the bits
  * of the two layers' passes one after the other. */
+/* numpy's maximum(w, 0) where `on`: w above 0, NaN kept, everything else (-0.0 too) +0 */
+#define RECTIFIED(T, w, on) ((on) && !((w) > 0) && (w) == (w) ? (T)0 : (w))
 #define DEFINE_NORMALIZE_SCALE_ROWS(NAME, T)                                                                   \
     CCT_CLONES static void NAME(const T *x, const T *mean, const T *std, const T *scale, const T *bias, T *out, \
-                                T *copy, Py_ssize_t rows, Py_ssize_t channels, Py_ssize_t cells) {              \
+                                T *copy, Py_ssize_t rows, Py_ssize_t channels, Py_ssize_t cells, int rectify) { \
         for (Py_ssize_t r = 0; r < rows; r++) {                                                                \
             const Py_ssize_t c = r % channels;                                                                  \
             const T m = mean ? mean[c] : 0, s = std[c], a = scale[c], b = bias ? bias[c] : 0;                   \
             const T *xr = x + r * cells;                                                                        \
             T *outr = out + r * cells, *copyr = copy + r * cells;                                               \
             if (mean && bias)                                                                                   \
-                ROW_PASS(T, xr, NULL, outr, copyr, cells, ((v - m) / s) * a + b, ex_[i_] = (v - m) / s);        \
+                ROW_PASS(T, xr, NULL, outr, copyr, cells, RECTIFIED(T, ((v - m) / s) * a + b, rectify),          \
+                         ex_[i_] = (v - m) / s);                                                                \
             else if (mean)                                                                                      \
-                ROW_PASS(T, xr, NULL, outr, copyr, cells, ((v - m) / s) * a, ex_[i_] = (v - m) / s);            \
+                ROW_PASS(T, xr, NULL, outr, copyr, cells, RECTIFIED(T, ((v - m) / s) * a, rectify),              \
+                         ex_[i_] = (v - m) / s);                                                                \
             else if (bias)                                                                                      \
-                ROW_PASS(T, xr, NULL, outr, copyr, cells, (v / s) * a + b, ex_[i_] = v / s);                    \
+                ROW_PASS(T, xr, NULL, outr, copyr, cells, RECTIFIED(T, (v / s) * a + b, rectify), ex_[i_] = v / s); \
             else                                                                                                \
-                ROW_PASS(T, xr, NULL, outr, copyr, cells, (v / s) * a, ex_[i_] = v / s);                        \
+                ROW_PASS(T, xr, NULL, outr, copyr, cells, RECTIFIED(T, (v / s) * a, rectify), ex_[i_] = v / s);  \
         }                                                                                                       \
     }
 DEFINE_NORMALIZE_SCALE_ROWS(normalize_scale_rows_f32, float)
@@ -1796,9 +1800,11 @@ static PyObject *normalize_scale_rows(PyObject *self, PyObject *args) {
     PyObject *o[7];
     void *p[7];
     Py_ssize_t cells, item, rows, channels = 0;
+    int rectify = 0;
     buffers b = {.held = 0};
     (void)self;
-    if (!PyArg_ParseTuple(args, "OOOOOOOn", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &cells)) return NULL;
+    if (!PyArg_ParseTuple(args, "OOOOOOOn|p", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &cells, &rectify))
+        return NULL;
     if ((rows = take_rows(&b, o[0], 0, cells, "x", &item, &p[0])) < 0 ||
         take_channels(&b, o[2], item, &channels, "std", &p[2], 0) < 0 ||
         take_channels(&b, o[1], item, &channels, "mean", &p[1], 1) < 0 ||
@@ -1811,9 +1817,9 @@ static PyObject *normalize_scale_rows(PyObject *self, PyObject *args) {
     }
     Py_BEGIN_ALLOW_THREADS
     if (item == 4)
-        normalize_scale_rows_f32(p[0], p[1], p[2], p[3], p[4], p[5], p[6], rows, channels, cells);
+        normalize_scale_rows_f32(p[0], p[1], p[2], p[3], p[4], p[5], p[6], rows, channels, cells, rectify);
     else
-        normalize_scale_rows_f64(p[0], p[1], p[2], p[3], p[4], p[5], p[6], rows, channels, cells);
+        normalize_scale_rows_f64(p[0], p[1], p[2], p[3], p[4], p[5], p[6], rows, channels, cells, rectify);
     Py_END_ALLOW_THREADS
     release(&b);
     Py_RETURN_NONE;
@@ -1970,8 +1976,8 @@ static PyMethodDef methods[] = {
     {"normalize_backward_rows", normalize_backward_rows, METH_VARARGS,
      "normalize_backward_rows(dy, y, a, b, std, out, cells): out = (dy - (y * a[c] + b[c])) / std[c]"},
     {"normalize_scale_rows", normalize_scale_rows, METH_VARARGS,
-     "normalize_scale_rows(x, mean, std, scale, bias, out, copy, cells): copy = (x - mean[c]) / std[c] (mean None: "
-     "x / std[c]), out = copy * scale[c] (+ bias[c])"},
+     "normalize_scale_rows(x, mean, std, scale, bias, out, copy, cells, rectify=False): copy = (x - mean[c]) / "
+     "std[c] (mean None: x / std[c]), out = copy * scale[c] (+ bias[c]), then (rectify) numpy's maximum(out, 0)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1979,7 +1985,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels", NULL, -1,
 
 /* The version of the functions' arguments and meaning: cct.native ignores a module of another version (a copy
  * left in a checkout by an older build). */
-#define CCT_KERNELS_API 12
+#define CCT_KERNELS_API 13
 
 PyMODINIT_FUNC PyInit__kernels(void) {
     PyObject *m = PyModule_Create(&module);

@@ -259,12 +259,13 @@ POOLED = _conv_net("pooled", """layer { name: "relu1" type: "ReLU" bottom: "conv
 layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1"
         pooling_param { pool: MAX kernel_size: 2 stride: 2 } }""", "pool1")
 NORMALIZED = _conv_net("normalized", """layer { name: "bn1" type: "BatchNorm" bottom: "conv1" top: "conv1" }
-layer { name: "scale1" type: "Scale" bottom: "conv1" top: "conv1" scale_param { bias_term: true } }""", "conv1")
+layer { name: "scale1" type: "Scale" bottom: "conv1" top: "conv1" scale_param { bias_term: true } }
+layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }""", "conv1")
 
 
 def test_time_runs_a_fused_forward_pair_as_training_does(capsys, tmp_path, monkeypatch) -> None:
-    """A BatchNorm and the in-place Scale after it run forward as one step in training (compiled kernels): ``cct
-    time`` times that step on the BatchNorm and says so; the Scale's forward line reads 0."""
+    """A BatchNorm, the in-place Scale and ReLU after it run forward as one step in training (compiled kernels):
+    ``cct time`` times that step on the BatchNorm and says so; the Scale's and the ReLU's forward lines read 0."""
     from cct import native
 
     if native.kernels() is None:
@@ -274,8 +275,8 @@ def test_time_runs_a_fused_forward_pair_as_training_does(capsys, tmp_path, monke
     paired: list[int] = []
     real = LayerRunner.forward_normalized
 
-    def spy(self, net, i, j):
-        done = real(self, net, i, j)
+    def spy(self, net, i, j, relu=None):
+        done = real(self, net, i, j, relu)
         if done:
             paired.append(i)
         return done
@@ -284,8 +285,9 @@ def test_time_runs_a_fused_forward_pair_as_training_does(capsys, tmp_path, monke
     rc, _, log_text = run_cli(capsys, "time", "-model", str(path), "-iterations", "2", *ENGINE)
     assert rc == 0
     assert paired.count(2) == 4  # bn1 (index 2) ran the pair in Net::Forward, the warm-up and both timed passes
-    assert re.search(r"scale1\tforward: 0 ms", log_text)
+    assert re.search(r"scale1\tforward: 0 ms", log_text) and re.search(r"relu1\tforward: 0 ms", log_text)
     assert re.search(r"bn1\tforward includes scale1's forward", log_text)
+    assert re.search(r"bn1\tforward includes relu1's forward", log_text)
 
 
 def test_time_runs_a_fused_pair_as_training_does(capsys, tmp_path, monkeypatch) -> None:

@@ -151,19 +151,19 @@ def body(request, monkeypatch):
 @pytest.mark.parametrize("phase", [cct.TRAIN, cct.TEST])
 def test_batchnorm_and_scale_run_as_one_step(tmp_path, monkeypatch, body, phase):
     """A per-channel Scale in place right after a BatchNorm: with the compiled kernels both forwards run as one
-    pass; otherwise the Scale keeps its input in the BatchNorm's copy.  Training passes give the bits of the
-    layers run one by one (a watched net), with batch and with global statistics; a Scale not in place is left
-    alone."""
+    pass — with the in-place ReLU after scale1 too (rectified as it is written) —; otherwise the Scale keeps its
+    input in the BatchNorm's copy.  Training passes give the bits of the layers run one by one (a watched net),
+    with batch and with global statistics; a Scale not in place is left alone."""
     from cct.exec.fusion import forward_pairs
     from cct.layers.normalization import BatchNormLayer
 
     ran: list[str] = []
     real = BatchNormLayer.forward_scaled
 
-    def spy(norm, bottom, top, scale):
-        done = real(norm, bottom, top, scale)
+    def spy(norm, bottom, top, scale, rectify=False):
+        done = real(norm, bottom, top, scale, rectify)
         if done:
-            ran.append(scale.name)
+            ran.append((scale.name, rectify))
         return done
 
     monkeypatch.setattr(BatchNormLayer, "forward_scaled", spy)
@@ -173,7 +173,8 @@ def test_batchnorm_and_scale_run_as_one_step(tmp_path, monkeypatch, body, phase)
     top_diff = np.random.default_rng(3).standard_normal((4, 3))
     fused = [_pass(net, top_diff) for _ in range(2)]
     compiled = body == "compiled"
-    assert ran == (["scale1", "scale2"] * 2 if compiled else [])
+    assert ran == ([("scale1", True), ("scale2", False)] * 2 if compiled else [])
+    assert (fused[0]["conv1.data"] == 0).any() and (fused[0]["conv1.data"] > 0).any()  # relu1 did clip
     if phase == cct.TRAIN:  # the Scales keep their inputs in the BatchNorms' copies
         assert net.layer_dict["scale1"]._x_copy is None and net.layer_dict["scale2"]._x_copy is None
         assert net.layer_dict["scale1"]._saved is net.layer_dict["bn1"].kept_output()
