@@ -27,8 +27,10 @@ from cct.engines.cost_model import DEFAULT_RATES
 from cct.errors import CctError
 from cct.runtime.partition import partitions_for, run_batch
 
-# taps per axis the kernels take (DW_MAX_K in cct/native/_kernels.c)
+# taps and stride per axis, and outputs per input channel, the kernels take (DW_MAX_K and DW_MAX_FAN in
+# cct/native/_kernels.c)
 MAX_TAPS = 64
+MAX_OUTPUTS_PER_CHANNEL = 64
 # the kernels' rate as a share of the GEMM peak (both whole-machine, with as many partitions as cores): multiply-adds
 # of a tap over a plane, measured at 3.5-4e9 a second on one core of a 2-core Intel Xeon (AVX-512) against ~115
 # GFLOP/s of sgemm — each product counted as a GEMM's two flops
@@ -55,8 +57,10 @@ class DepthwiseEngine(ConvEngine):
             return False, f"depthwise runs 2-D convolutions ({g.num_spatial_axes}-D here)"
         if g.group < 2 or g.in_channels != g.group:
             return False, "depthwise runs one input channel per group"
-        if any(k > MAX_TAPS for k in g.kernel):
-            return False, f"depthwise runs kernels of at most {MAX_TAPS} taps per axis"
+        if any(k > MAX_TAPS for k in g.kernel) or any(s > MAX_TAPS for s in g.stride):
+            return False, f"depthwise runs kernels and strides of at most {MAX_TAPS} per axis"
+        if g.out_channels // g.in_channels > MAX_OUTPUTS_PER_CHANNEL:
+            return False, f"depthwise runs at most {MAX_OUTPUTS_PER_CHANNEL} outputs per input channel"
         if native.kernels() is None:
             return False, "depthwise runs on the compiled kernels, which are off or not built"
         return True, ""

@@ -130,7 +130,9 @@ def test_a_layer_through_the_engine_passes_the_numerical_gradient_check():
     (ConvGeometry(1, 4, 4, 2, (8, 8), (3, 3), (1, 1), (1, 1), (1, 1)), "one input channel per group"),
     (ConvGeometry(1, 4, 4, 1, (8, 8), (3, 3), (1, 1), (1, 1), (1, 1)), "one input channel per group"),
     (ConvGeometry(1, 2, 2, 2, (8, 8, 8), (3, 3, 3), (1, 1, 1), (1, 1, 1), (1, 1, 1)), "2-D convolutions (3-D"),
-    (ConvGeometry(1, 2, 2, 2, (70, 70), (65, 1), (1, 1), (0, 0), (1, 1)), "at most 64 taps"),
+    (ConvGeometry(1, 2, 2, 2, (70, 70), (65, 1), (1, 1), (0, 0), (1, 1)), "kernels and strides of at most 64"),
+    (ConvGeometry(1, 2, 2, 2, (70, 70), (1, 1), (65, 1), (0, 0), (1, 1)), "kernels and strides of at most 64"),
+    (ConvGeometry(1, 2, 130, 2, (8, 8), (3, 3), (1, 1), (1, 1), (1, 1)), "at most 64 outputs per input channel"),
 ])
 def test_refuses_what_it_cannot_compute(geometry, why):
     ok, reason = DepthwiseEngine.supports(geometry)
