@@ -1,14 +1,14 @@
 """Caffe's executor: the layers one after the other (``Net::ForwardFromTo`` / ``BackwardFromTo``), each run
 by a :class:`LayerRunner`, with the net's per-layer callbacks and its ``debug_info`` lines around it.  With the
 plain runner, an in-place ReLU and the MAX pooling after it run as one step backward, and a BatchNorm and the
-in-place Scale after it as one step forward (:mod:`cct.exec.fusion`: the same numbers, one pass or one buffer
-less)."""
+in-place Scale (and ReLU) after it, or an Eltwise sum and the in-place ReLU after it, as one step forward
+(:mod:`cct.exec.fusion`: the same numbers, one pass or one buffer less)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 from cct.exec.base import Executor, zero_param_diffs
-from cct.exec.fusion import backward_pairs, forward_pairs, rectified_scales
+from cct.exec.fusion import backward_pairs, forward_pairs, rectified_scales, rectified_sums
 
 if TYPE_CHECKING:  # pragma: no cover
     from cct.net import NetCore
@@ -42,6 +42,15 @@ class LayerRunner:
             net.layers[relu].reshape(net.bottom_vecs[relu], net.top_vecs[relu])
         return norm.forward_scaled(net.bottom_vecs[i], net.top_vecs[i], scale, rectify=relu is not None)
 
+    def forward_rectified_sum(self, net: NetCore, i: int, relu: int) -> bool:
+        """Layer ``i`` (an Eltwise) and ``relu``, the plain ReLU in place on its top, as one step where the compiled
+        kernels take them (:meth:`cct.layers.eltwise.EltwiseLayer.forward_rectified`); False, nothing run,
+        otherwise."""
+        layer = net.layers[i]
+        layer.reshape(net.bottom_vecs[i], net.top_vecs[i])
+        net.layers[relu].reshape(net.bottom_vecs[relu], net.top_vecs[relu])
+        return layer.forward_rectified(net.bottom_vecs[i], net.top_vecs[i])
+
     def clear_param_diffs(self, net: NetCore) -> None:
         """Zero the learnable parameters' gradients where the layers add into them."""
         zero_param_diffs(net.learnable_params)
@@ -72,6 +81,7 @@ class SerialExecutor(Executor):
         self._forward_pairs = forward_pairs(net) if plain else {}  # Scale -> the BatchNorm below it
         self._normalized = {i: j for j, i in self._forward_pairs.items()}  # BatchNorm -> the Scale above it
         self._rectified = rectified_scales(net, self._forward_pairs) if plain else {}  # Scale -> the ReLU above it
+        self._rectified_sums = rectified_sums(net) if plain else {}  # Eltwise -> the ReLU above it
 
     def fused_backward_pairs(self) -> dict[int, int]:
         """The pairs this executor runs as one backward step (:mod:`cct.exec.fusion`): MAX Pooling index -> the
@@ -98,6 +108,9 @@ class SerialExecutor(Executor):
             relu = relu if relu is not None and relu <= end else None
             if self.runner.forward_normalized(net, i, above, relu):
                 return (above if relu is None else relu) + 1, 0.0
+        relu = self._rectified_sums.get(i) if fuse else None
+        if relu is not None and relu <= end and self.runner.forward_rectified_sum(net, i, relu):
+            return relu + 1, 0.0
         below = self._forward_pairs.get(i) if fuse else None
         if below is not None and below >= start:  # the BatchNorm before it ran in this pass: its copy is current
             net.layers[i].input_kept_in(net.layers[below].kept_output())

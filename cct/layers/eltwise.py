@@ -4,6 +4,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from cct import native
 from cct.blob import Blob
 from cct.device import get_array_module
 from cct.errors import CctError, ParamError
@@ -58,6 +59,21 @@ class EltwiseLayer(Layer):
                 raise CctError(f"Eltwise: bottom[{i}] has shape {b.shape_string()} but bottom[0] has "
                                f"{bottom[0].shape_string()}; all bottoms must have the same shape")
         top[0].reshape(bottom[0].shape)
+
+    def forward_rectified(self, bottom: list[Blob], top: list[Blob]) -> bool:
+        """This forward, then a plain ReLU's in place on the top (:mod:`cct.exec.fusion`), in one compiled pass —
+        numpy's add, then its ``maximum(·, 0)``: the bits of the two forwards — for the usual sum of two bottoms
+        (coefficients 1) where the kernels take the arrays; False, nothing computed, otherwise."""
+        if self.op != _OP.SUM or len(bottom) != 2 or self.coeffs != [1.0, 1.0]:
+            return False
+        a, b, y = bottom[0].data, bottom[1].data, top[0].data
+        compiled = native.kernels_for(a, b, y)
+        if compiled is None:
+            return False
+        xs, ys = [batch_rows(a), batch_rows(b)], batch_rows(y)
+        run_batch(len(ys), lambda _p, r0, r1: compiled.add_rectified(xs[0][r0:r1], xs[1][r0:r1], ys[r0:r1]),
+                  work=float(ys.shape[1] * 2))
+        return True
 
     def forward(self, bottom: list[Blob], top: list[Blob]) -> None:
         x0 = bottom[0].data

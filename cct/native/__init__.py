@@ -30,7 +30,7 @@ import numpy as np
 from cct.config import settings
 
 # the kernels' API version this package calls (CCT_KERNELS_API in _kernels.c)
-API_VERSION = 13
+API_VERSION = 14
 
 try:
     from cct.native import _kernels as _built
@@ -71,6 +71,6 @@ def describe() -> str:
     if kernels() is None:
         return "numpy bodies (compiled kernels off: CCT_NATIVE=0)"
     return ("compiled (MAX pooling of up to 8 spatial axes; LRN across channels, beta 0.75; 2-D lowering, images "
-            "first or last, and its layout moves; ReLU backward; BatchNorm and Scale per channel; SoftmaxWithLoss "
-            "backward; depthwise convolution; SGD update; gradients' finiteness; accumulating GEMM calls), numpy "
-            "bodies elsewhere")
+            "first or last, and its layout moves; ReLU backward, and forward after a sum; BatchNorm and Scale per "
+            "channel; SoftmaxWithLoss backward; depthwise convolution; SGD update; gradients' finiteness; "
+            "accumulating GEMM calls), numpy bodies elsewhere")

@@ -505,6 +505,21 @@ DEFINE_LRN(lrn_forward_f64, lrn_backward_f64, double)
 
 /* dx = dy · (x > 0) on n values in one pass (numpy's dy times the boolean mask: NaN and ±inf gradients at
  * cells not above 0 give NaN, negative ones -0); dx may be dy (an in-place ReLU). */
+/* numpy's maximum(w, 0) where `on`: w above 0, NaN kept, everything else (-0.0 too) +0 */
+#define RECTIFIED(T, w, on) ((on) && !((w) > 0) && (w) == (w) ? (T)0 : (w))
+
+/* Eltwise's sum of two bottoms, then (an in-place ReLU after it: cct.exec.fusion) numpy's maximum(., 0), in one
+ * pass: the bits of numpy's add, then of the ReLU's forward. */
+#define DEFINE_ADD_RECTIFIED(NAME, T)                                                                        \
+    CCT_CLONES static void NAME(const T *a, const T *b, T *out, Py_ssize_t n) {                             \
+        for (Py_ssize_t i = 0; i < n; i++) {                                                                 \
+            const T v = a[i] + b[i];                                                                         \
+            out[i] = RECTIFIED(T, v, 1);                                                                     \
+        }                                                                                                    \
+    }
+DEFINE_ADD_RECTIFIED(add_rectified_f32, float)
+DEFINE_ADD_RECTIFIED(add_rectified_f64, double)
+
 #define DEFINE_RELU_BACKWARD(NAME, T)                                                                        \
     CCT_CLONES static void NAME(const T *x, const T *dy, T *dx, Py_ssize_t n) {                             \
         for (Py_ssize_t i = 0; i < n; i++) dx[i] = dy[i] * (T)(x[i] > 0);                                   \
@@ -1031,8 +1046,6 @@ DEFINE_NORMALIZE_BACKWARD_ROWS(normalize_backward_rows_f64, double)
 /* BatchNorm then an in-place per-channel Scale as one pass (cct/exec/fusion.py): copy = (x - mean[c]) / std[c] (x /
  * std[c] without a mean), the BatchNorm's top, kept; out = copy * scale[c] (+ bias[c]), the Scale's — the bits
  * of the two layers' passes one after the other. */
-/* numpy's maximum(w, 0) where `on`: w above 0, NaN kept, everything else (-0.0 too) +0 */
-#define RECTIFIED(T, w, on) ((on) && !((w) > 0) && (w) == (w) ? (T)0 : (w))
 #define DEFINE_NORMALIZE_SCALE_ROWS(NAME, T)                                                                   \
     CCT_CLONES static void NAME(const T *x, const T *mean, const T *std, const T *scale, const T *bias, T *out, \
                                 T *copy, Py_ssize_t rows, Py_ssize_t channels, Py_ssize_t cells, int rectify) { \
@@ -1407,6 +1420,26 @@ static PyObject *lowering(PyObject *self, PyObject *args) {
         im2col_f64(in, out, n, c, h, w, k, (double *)buf, rows, cols, table);
     Py_END_ALLOW_THREADS
     free(buf);
+    release(&b);
+    Py_RETURN_NONE;
+}
+
+static PyObject *add_rectified(PyObject *self, PyObject *args) {
+    PyObject *o[3];
+    void *p[3];
+    buffers b = {.held = 0};
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOO", &o[0], &o[1], &o[2])) return NULL;
+    Py_ssize_t item = item_size(o[0]);
+    if (item < 0) return NULL;
+    Py_ssize_t n = take_values(&b, item, 3, o, (const int[]){0, 0, 1}, (const char *const[]){"a", "b", "out"}, p);
+    if (n < 0) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    if (item == 4)
+        add_rectified_f32(p[0], p[1], p[2], n);
+    else
+        add_rectified_f64(p[0], p[1], p[2], n);
+    Py_END_ALLOW_THREADS
     release(&b);
     Py_RETURN_NONE;
 }
@@ -1944,6 +1977,8 @@ static PyMethodDef methods[] = {
      "a 2-D convolution with one input channel per group: which 0 y = conv(x, w) (+ bias) on y's planes [first, "
      "last), 1 dx = its transpose of dy on dx's planes [first, last), 2 dw += correlation of x with dy for output "
      "channels [first, last)"},
+    {"add_rectified", add_rectified, METH_VARARGS,
+     "add_rectified(a, b, out): out = maximum(a + b, 0) as numpy makes it (NaN kept, -0.0 to +0); out may be a"},
     {"relu_backward", relu_backward, METH_VARARGS,
      "relu_backward(x, dy, dx): dx = dy * (x > 0); dx may be dy"},
     {"all_finite", all_finite, METH_VARARGS, "all_finite(x): whether every value of x is finite (no inf, no NaN)"},
@@ -1985,7 +2020,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels", NULL, -1,
 
 /* The version of the functions' arguments and meaning: cct.native ignores a module of another version (a copy
  * left in a checkout by an older build). */
-#define CCT_KERNELS_API 13
+#define CCT_KERNELS_API 14
 
 PyMODINIT_FUNC PyInit__kernels(void) {
     PyObject *m = PyModule_Create(&module);

@@ -212,3 +212,48 @@ def test_a_pass_starting_at_the_scale_keeps_its_own_copy(tmp_path):
         diffs.append({f"{n}.{j}": p.diff.copy() for n, ps in net.params.items() for j, p in enumerate(ps)})
     for key in diffs[0]:
         np.testing.assert_array_equal(diffs[0][key], diffs[1][key], err_msg=key)
+
+
+# ---- forward: Eltwise sum -> in-place ReLU ----------------------------------------------------------------
+RESIDUAL_TEXT = f"""
+name: "residual" force_backward: true
+input: "data" input_shape {{ dim: 3 dim: 4 dim: 6 dim: 6 }}
+layer {{ name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+        convolution_param {{ num_output: 4 kernel_size: 3 pad: 1 {FILLERS} }} }}
+layer {{ name: "sum1" type: "Eltwise" bottom: "data" bottom: "conv1" top: "sum1" }}
+layer {{ name: "relu1" type: "ReLU" bottom: "sum1" top: "sum1" }}
+layer {{ name: "sum2" type: "Eltwise" bottom: "sum1" bottom: "conv1" top: "sum2"
+        eltwise_param {{ coeff: 1 coeff: -0.5 }} }}
+layer {{ name: "relu2" type: "ReLU" bottom: "sum2" top: "sum2" }}
+layer {{ name: "ip" type: "InnerProduct" bottom: "sum2" top: "ip" inner_product_param {{ num_output: 3 {FILLERS} }} }}
+"""
+
+
+def test_an_eltwise_sum_and_the_relu_after_it_run_as_one_step(tmp_path, monkeypatch, body):
+    """A plain two-bottom sum (coefficients 1) and the in-place ReLU on its top: with the compiled kernels one pass
+    adds and rectifies; a sum with other coefficients runs its layers one by one.  Training passes give the bits of
+    the layers run one by one (a watched net)."""
+    from cct.exec.fusion import rectified_sums
+    from cct.layers.eltwise import EltwiseLayer
+
+    ran: list[tuple[str, bool]] = []
+    real = EltwiseLayer.forward_rectified
+
+    def spy(layer, bottom, top):
+        done = real(layer, bottom, top)
+        ran.append((layer.name, done))
+        return done
+
+    monkeypatch.setattr(EltwiseLayer, "forward_rectified", spy)
+    net = _net(tmp_path, RESIDUAL_TEXT)
+    names = net._layer_names
+    assert {names[i]: names[j] for i, j in rectified_sums(net).items()} == {"sum1": "relu1", "sum2": "relu2"}
+    top_diff = np.random.default_rng(4).standard_normal((3, 3))
+    fused = [_pass(net, top_diff) for _ in range(2)]
+    compiled = body == "compiled"
+    assert ran == [("sum1", compiled), ("sum2", False)] * 2
+    assert (fused[0]["sum1.data"] == 0).any() and (fused[0]["sum1.data"] > 0).any()  # relu1 did clip
+    plain = [_pass(_net(tmp_path, RESIDUAL_TEXT, watched=True), top_diff) for _ in range(2)]
+    for a, b in zip(fused, plain):
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key], err_msg=key)
