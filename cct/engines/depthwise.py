@@ -29,7 +29,7 @@ from cct.runtime.partition import partitions_for, run_batch
 
 # taps and stride per axis, and outputs per input channel, the kernels take (DW_MAX_K and DW_MAX_FAN in
 # cct/native/_kernels.c)
-MAX_TAPS = 64
+MAX_TAPS = 32
 MAX_OUTPUTS_PER_CHANNEL = 64
 # the kernels' rate as a share of the GEMM peak (both whole-machine, with as many partitions as cores): multiply-adds
 # of a tap over a plane, measured at 3.5-4e9 a second on one core of a 2-core Intel Xeon (AVX-512) against ~115

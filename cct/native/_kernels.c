@@ -637,7 +637,7 @@ DEFINE_SOFTMAX_LOSS_BACKWARD(softmax_loss_backward_f64, double)
  * thread count. */
 #define DW_BLOCK 16
 #define DW_WIDE (4 * DW_BLOCK)
-#define DW_MAX_K 64         /* taps per axis, and the largest stride */
+#define DW_MAX_K 32         /* taps per axis, and the largest stride (RepLKNet's 31x31 kernels fit) */
 #define DW_MAX_FAN 64       /* output channels per group */
 #define DW_LANE_BLOCKS 64   /* a lane's float sum: at most this many products before it goes into the double */
 #define DW_MAX_TAPS (DW_MAX_K * DW_MAX_K)
