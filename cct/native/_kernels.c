@@ -1424,44 +1424,37 @@ static PyObject *lowering(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyObject *add_rectified(PyObject *self, PyObject *args) {
+/* A pass over two inputs into an output (`names`: their names in errors), the values of one float type, the output
+ * writable and possibly one of the inputs. */
+static PyObject *two_to_one(PyObject *args, const char *const *names,
+                            void (*f32)(const float *, const float *, float *, Py_ssize_t),
+                            void (*f64)(const double *, const double *, double *, Py_ssize_t)) {
     PyObject *o[3];
     void *p[3];
     buffers b = {.held = 0};
-    (void)self;
     if (!PyArg_ParseTuple(args, "OOO", &o[0], &o[1], &o[2])) return NULL;
     Py_ssize_t item = item_size(o[0]);
     if (item < 0) return NULL;
-    Py_ssize_t n = take_values(&b, item, 3, o, (const int[]){0, 0, 1}, (const char *const[]){"a", "b", "out"}, p);
+    Py_ssize_t n = take_values(&b, item, 3, o, (const int[]){0, 0, 1}, names, p);
     if (n < 0) return NULL;
     Py_BEGIN_ALLOW_THREADS
     if (item == 4)
-        add_rectified_f32(p[0], p[1], p[2], n);
+        f32(p[0], p[1], p[2], n);
     else
-        add_rectified_f64(p[0], p[1], p[2], n);
+        f64(p[0], p[1], p[2], n);
     Py_END_ALLOW_THREADS
     release(&b);
     Py_RETURN_NONE;
 }
 
-static PyObject *relu_backward(PyObject *self, PyObject *args) {
-    PyObject *o[3];
-    void *p[3];
-    buffers b = {.held = 0};
+static PyObject *add_rectified(PyObject *self, PyObject *args) {
     (void)self;
-    if (!PyArg_ParseTuple(args, "OOO", &o[0], &o[1], &o[2])) return NULL;
-    Py_ssize_t item = item_size(o[0]);
-    if (item < 0) return NULL;
-    Py_ssize_t n = take_values(&b, item, 3, o, (const int[]){0, 0, 1}, (const char *const[]){"x", "dy", "dx"}, p);
-    if (n < 0) return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    if (item == 4)
-        relu_backward_f32(p[0], p[1], p[2], n);
-    else
-        relu_backward_f64(p[0], p[1], p[2], n);
-    Py_END_ALLOW_THREADS
-    release(&b);
-    Py_RETURN_NONE;
+    return two_to_one(args, (const char *const[]){"a", "b", "out"}, add_rectified_f32, add_rectified_f64);
+}
+
+static PyObject *relu_backward(PyObject *self, PyObject *args) {
+    (void)self;
+    return two_to_one(args, (const char *const[]){"x", "dy", "dx"}, relu_backward_f32, relu_backward_f64);
 }
 
 static PyObject *all_finite(PyObject *self, PyObject *args) {
