@@ -99,9 +99,9 @@ class SerialExecutor(Executor):
         return relu
 
     def forward_step(self, net: NetCore, i: int, start: int, end: int, fuse: bool = True) -> tuple[int, float]:
-        """Layer ``i`` of a forward pass over ``start..end`` — with the Scale above it (and the ReLU above that) as
-        one step where that pair applies and ``fuse`` (nothing looks at the blob between them) — returning the
-        index of the next layer to run and the loss."""
+        """Layer ``i`` of a forward pass over ``start..end`` — a BatchNorm with the Scale above it (and the ReLU
+        above that), or an Eltwise with the ReLU above it, as one step where that applies and ``fuse`` (nothing
+        looks at the blob between them) — returning the index of the next layer to run and the loss."""
         above = self._normalized.get(i) if fuse else None
         if above is not None and above <= end:
             relu = self._rectified.get(above)
