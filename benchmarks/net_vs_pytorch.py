@@ -18,7 +18,8 @@ without autograd.  Workers run in their own processes (each one's peak RSS is it
 by iteration; where numpy's OpenBLAS runs AVX2 kernels PyTorch is held to AVX2 too (:mod:`torch_isa`).  Prints
 the median milliseconds of each, the ratio cct/pytorch and each worker's peak RSS (cct's gradient memory shared as
 ``cct time`` shares it; ``CCT_SHARE_DIFFS=0``: one gradient per blob, as Caffe).
-The models to try: models/resnet50, googlenet, inception_v3, vgg16, alexnet (deploy nets), caffenet/train.
+The models to try: models/resnet50, googlenet, inception_v3, vgg16, mobilenet, alexnet (deploy nets),
+caffenet/train.
 """
 from __future__ import annotations
 
