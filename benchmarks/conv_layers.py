@@ -63,7 +63,7 @@ def layer_operands(batch: int, spec: tuple, rng: np.random.Generator) -> tuple:
     return g, flops, x, w, dy
 
 
-def _measure(eng: LoweringEngine | SelectedEngine, arrays: tuple, repeat: int) -> tuple[float, float]:
+def measure_steps(eng: LoweringEngine | SelectedEngine, arrays: tuple, repeat: int) -> tuple[float, float]:
     """Median forward and backward (data + weights) seconds over ``repeat`` training steps, each on operands no
     earlier step saw (one value of the input, the weights and the output gradient changed in place: an engine
     that keeps transforms between its passes — the FFT's spectra — redoes them as in training)."""
@@ -129,7 +129,7 @@ def main() -> None:
             eng.configure(g, np.float32)
             eng.forward(x, w, None, y)
             eng.backward(x, dy, w, dx, dw)
-            tf, tb = _measure(eng, (x, w, y, dy, dx, dw), args.repeat)
+            tf, tb = measure_steps(eng, (x, w, y, dy, dx, dw), args.repeat)
             label = f"lowering {strategy}" if strategy in (1, 2, 3) else eng.describe()
             if strategy == "engine":
                 label = "engine auto: " + label

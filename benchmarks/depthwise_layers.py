@@ -28,7 +28,7 @@ import cct  # noqa: E402,F401
 
 # isort: split
 import numpy as np  # noqa: E402
-from conv_layers import _measure, layer_operands  # noqa: E402
+from conv_layers import layer_operands, measure_steps  # noqa: E402
 from torch_conv import TorchConv  # noqa: E402
 from torch_isa import match_torch_isa  # noqa: E402
 
@@ -68,7 +68,7 @@ def main() -> None:
             eng.configure(g, np.float32)
             eng.forward(x, w, None, y)
             eng.backward(x, dy, w, dx, dw)
-            tf, tb = _measure(eng, (x, w, y, dy, dx, dw), args.repeat)
+            tf, tb = measure_steps(eng, (x, w, y, dy, dx, dw), args.repeat)
             times[choice] = (tf, tf + tb)
         if torch_conv.version:
             times["pytorch"] = torch_conv.time(args.batch, d, o, grp, n, k, s, p)

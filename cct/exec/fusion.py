@@ -66,12 +66,14 @@ def rectified_scales(net: NetCore, pairs: dict[int, int]) -> dict[int, int]:
 
 def rectified_sums(net: NetCore) -> dict[int, int]:
     """Eltwise layer index -> the index of the plain in-place ReLU right after it on its top (ResNet's block
-    outputs), whose forward the Eltwise's own pass does (:meth:`cct.layers.eltwise.EltwiseLayer.forward_rectified`,
-    where it takes the sum)."""
+    outputs), for the sums the Eltwise's own pass takes (:meth:`cct.layers.eltwise.EltwiseLayer.sums_two`), whose
+    forward that pass does (:meth:`~cct.layers.eltwise.EltwiseLayer.forward_rectified`, where the kernels take the
+    arrays)."""
     out = {}
     for i in range(len(net.layers) - 1):
         layer = net.layers[i]
-        if layer.type == "Eltwise" and not any(layer._loss) and _plain_relu(net, i + 1) == net._top_id_vecs[i][0]:
+        if (layer.type == "Eltwise" and layer.sums_two() and not any(layer._loss)
+                and _plain_relu(net, i + 1) == net._top_id_vecs[i][0]):
             out[i] = i + 1
     return out
 

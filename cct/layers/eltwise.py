@@ -60,11 +60,15 @@ class EltwiseLayer(Layer):
                                f"{bottom[0].shape_string()}; all bottoms must have the same shape")
         top[0].reshape(bottom[0].shape)
 
+    def sums_two(self) -> bool:
+        """Whether this is the usual sum of two bottoms, coefficients 1 (what :meth:`forward_rectified` takes)."""
+        return self.op == _OP.SUM and self.coeffs == [1.0, 1.0]
+
     def forward_rectified(self, bottom: list[Blob], top: list[Blob]) -> bool:
         """This forward, then a plain ReLU's in place on the top (:mod:`cct.exec.fusion`), in one compiled pass —
         numpy's add, then its ``maximum(·, 0)``: the bits of the two forwards — for the usual sum of two bottoms
-        (coefficients 1) where the kernels take the arrays; False, nothing computed, otherwise."""
-        if self.op != _OP.SUM or len(bottom) != 2 or self.coeffs != [1.0, 1.0]:
+        (:meth:`sums_two`) where the kernels take the arrays; False, nothing computed, otherwise."""
+        if not self.sums_two():
             return False
         a, b, y = bottom[0].data, bottom[1].data, top[0].data
         compiled = native.kernels_for(a, b, y)

@@ -1623,7 +1623,7 @@ static PyObject *depthwise(PyObject *self, PyObject *args) {
             dw_plan_forward(&l, passes, g);
         at_wide = (which == 1 ? g[2] / g[1] : phases) * l.len * item;
         at_lanes = (at_wide + (l.cells + DW_WIDE) * item + 63) / 64 * 64;
-        scratch = aligned_alloc(64, at_lanes + (which == 2 ? taps * (DW_BLOCK * item + 8) : 0) + 64);
+        scratch = aligned_alloc(64, (at_lanes + (which == 2 ? taps * (DW_BLOCK * item + 8) : 0) + 127) / 64 * 64);
         if (scratch) memset(scratch, 0, at_lanes);
     }
     if (!passes || !scratch) {
