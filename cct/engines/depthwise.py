@@ -7,11 +7,13 @@ one multiply-add per input value and tap, in thousands of tiny BLAS calls (a 32-
 forward and both gradients: 362 ms against PyTorch's 34.5 on a 2-core Xeon). Here each channel plane is one
 contiguous pass per tap: the plane — or, for a strided layer, each of its stride phases — copied into a
 zero-bordered buffer of wide rows in which every tap of every output cell lies at one shift (the data gradient one
-such pass per phase of the input over the output gradients); the forward and the data gradient split the planes
-(image, channel) over the batch partitions, the weight gradient the output channels, each thread summing its values
-in full, in a fixed order, so the values do not depend on the partitions. The kernels sum each output cell's taps in
-float32 in their order, then add the bias (as Caffe's GEMM, then its bias); the weight gradient sums in float lanes
-gathered into doubles.
+such pass per phase of the input over the output gradients); small planes (MobileNet's 14x14 and 7x7) are stacked,
+a channel's images one buffer and one pass (those layers 1.3-1.7x faster than plane by plane: the per-plane copies
+and steps dominated). The forward and the data gradient split the planes over the batch partitions — (channel,
+image) where stacked, else (image, channel) —, the weight gradient the output channels, each thread summing its
+values in full, in a fixed order, so the values do not depend on the partitions. The kernels sum each output
+cell's taps in float32 in their order, then add the bias (as Caffe's GEMM, then its bias); the weight gradient sums
+in float lanes gathered into doubles.
 
 CPU only (numpy arrays, the compiled kernels built and on); elsewhere the lowering engine runs these layers.
 """

@@ -628,10 +628,14 @@ DEFINE_SOFTMAX_LOSS_BACKWARD(softmax_loss_backward_f64, double)
  * cells (u·sh + a, v·sw + b)) copied into a zero-bordered buffer whose rows are `pitch` values apart, so that
  * every tap of every computed cell (r, q) reads, at wide index i = r·pitch + q, the value at i plus the tap's shift
  * in one buffer: each tap is one contiguous pass over the whole plane, DW_WIDE cells (four vectors of sums) at a
- * time, and the columns q past the computed ones are computed and dropped.  The forward reads the input's phases;
- * the data gradient, one pass per phase of dx, reads the group's output gradients (each dx phase gathers the taps
- * of that phase, their offsets flipped); the weight gradient multiplies each tap's pass over the input's phases by
- * the output gradient laid out as wide rows (zero in the dropped columns).  Each value is summed in a fixed order
+ * time, and the columns q past the computed ones are computed and dropped.  Small planes (DW_STACK_PLANE) are
+ * stacked: the same channel of up to `images` consecutive images, `span` rows apart (zero rows between them, so no
+ * tap reaches a neighbour), make one buffer and one pass — a 7x7 plane alone is one step of four vectors between
+ * its copies in and out; their planes are then taken channel by channel, (channel, image), other planes (image,
+ * channel), as they lie.  The forward reads the input's phases; the data gradient, one pass per phase of dx,
+ * reads the group's output gradients (each dx phase gathers the taps of that phase, their offsets flipped); the
+ * weight gradient multiplies each tap's pass over the input's phases by the output gradient laid out as wide rows
+ * (zero in the dropped columns and rows).  Each value is summed in a fixed order
  * (a cell over (output channel of the group, ky, kx) from 0, then the bias, as Caffe's GEMM then bias; a weight's
  * products in DW_BLOCK float lanes gathered into a double every DW_LANE_BLOCKS blocks), the same whatever the
  * thread count. */
@@ -641,6 +645,8 @@ DEFINE_SOFTMAX_LOSS_BACKWARD(softmax_loss_backward_f64, double)
 #define DW_MAX_FAN 64       /* output channels per group */
 #define DW_LANE_BLOCKS 64   /* a lane's float sum: at most this many products before it goes into the double */
 #define DW_MAX_TAPS (DW_MAX_K * DW_MAX_K)
+#define DW_STACK_PLANE 512  /* an image's cells in all the buffers of a pass: smaller planes are stacked, */
+#define DW_STACK_CELLS 4096 /* as many images as fit in this many (28x28 planes alone: stacks of 4 measured slower) */
 
 /* DW_BLOCK values as one vector (GCC's vector extension: the widest registers of each clone, in as many as it takes) */
 typedef float depthwise_f32x __attribute__((vector_size(DW_BLOCK * sizeof(float))));
@@ -648,8 +654,14 @@ typedef double depthwise_f64x __attribute__((vector_size(DW_BLOCK * sizeof(doubl
 
 typedef struct {
     Py_ssize_t rows, pitch, len, top, left;  /* every buffer's rows, row pitch and values; the image's corner in it */
-    Py_ssize_t out_h, out_w, cells;          /* the cells a pass computes; wide: out_h·pitch */
+    Py_ssize_t out_h, out_w, cells;          /* the cells a pass computes; wide: out_h·pitch (a full stack's) */
+    Py_ssize_t images, span;                 /* images stacked in a buffer, rows from one to the next */
 } dw_layout;
+
+/* The wide cells of a stack of k images. */
+static inline Py_ssize_t dw_cells(const dw_layout *l, Py_ssize_t k) {
+    return ((k - 1) * l->span + l->out_h) * l->pitch;
+}
 
 typedef struct {
     Py_ssize_t taps, weight[DW_MAX_TAPS], source[DW_MAX_TAPS], shift[DW_MAX_TAPS];  /* per tap: weight, buffer, shift */
@@ -661,10 +673,10 @@ static inline Py_ssize_t dw_phase_extent(Py_ssize_t n, Py_ssize_t s, Py_ssize_t 
     return n > a ? (n - a + s - 1) / s : 0;
 }
 
-/* The buffer layout for taps at phase offsets (uy, ux), reading planes of in_h x in_w (phases of at most that)
- * to compute out_h x out_w cells. */
+/* The layout of `buffers` buffers for taps at phase offsets (uy, ux), reading planes of in_h x in_w (phases of at
+ * most that) to compute out_h x out_w cells, stacking up to n images. */
 static void dw_layout_for(dw_layout *l, const Py_ssize_t *uy, const Py_ssize_t *ux, Py_ssize_t taps, Py_ssize_t in_h,
-                          Py_ssize_t in_w, Py_ssize_t out_h, Py_ssize_t out_w) {
+                          Py_ssize_t in_w, Py_ssize_t out_h, Py_ssize_t out_w, Py_ssize_t n, Py_ssize_t buffers) {
     Py_ssize_t min_y = 0, max_y = 0, min_x = 0, max_x = 0;
     for (Py_ssize_t t = 0; t < taps; t++) {
         min_y = uy[t] < min_y ? uy[t] : min_y;
@@ -675,11 +687,16 @@ static void dw_layout_for(dw_layout *l, const Py_ssize_t *uy, const Py_ssize_t *
     l->top = -min_y;
     l->left = -min_x;
     l->pitch = l->left + (in_w > out_w + max_x ? in_w : out_w + max_x);
-    l->rows = l->top + (in_h > out_h + max_y ? in_h : out_h + max_y);
+    /* image i's rows begin at row top + i·span: its last output's taps end before the next image's first row, and
+     * its first output's taps begin after the previous image's last */
+    l->span = out_h + max_y > l->top + in_h ? out_h + max_y : l->top + in_h;
+    l->images = buffers * l->span * l->pitch > DW_STACK_PLANE ? 1 : DW_STACK_CELLS / (buffers * l->span * l->pitch);
+    l->images = l->images < 1 ? 1 : l->images > n ? n : l->images;
+    l->rows = l->top + (l->images - 1) * l->span + (in_h > out_h + max_y ? in_h : out_h + max_y);
     l->len = (l->rows + 1) * l->pitch + DW_WIDE;  /* a last step's dropped lanes read past the last row */
     l->out_h = out_h;
     l->out_w = out_w;
-    l->cells = out_h * l->pitch;
+    l->cells = dw_cells(l, l->images);
 }
 
 /* The forward's (and the weight gradient's) pass over the input's sh·sw phases. */
@@ -696,7 +713,7 @@ static void dw_plan_forward(dw_layout *l, dw_pass *p, const Py_ssize_t *g) {
             p->weight[t] = t;
             p->source[t] = (oy - uy[t] * sh) * sw + (ox - ux[t] * sw);
         }
-    dw_layout_for(l, uy, ux, p->taps, dw_phase_extent(h, sh, 0), dw_phase_extent(w, sw, 0), oh, ow);
+    dw_layout_for(l, uy, ux, p->taps, dw_phase_extent(h, sh, 0), dw_phase_extent(w, sw, 0), oh, ow, g[0], sh * sw);
     for (Py_ssize_t t = 0; t < p->taps; t++)
         p->shift[t] = p->source[t] * l->len + (uy[t] + l->top) * l->pitch + ux[t] + l->left;
 }
@@ -726,7 +743,7 @@ static void dw_plan_data(dw_layout *l, dw_pass *passes, const Py_ssize_t *g) {
             ux[t] = -fx;
             p->shift[p->taps++] = t;  /* (the tap, for now) */
         }
-    dw_layout_for(l, uy, ux, kh * kw, oh, ow, dw_phase_extent(h, sh, 0), dw_phase_extent(w, sw, 0));
+    dw_layout_for(l, uy, ux, kh * kw, oh, ow, dw_phase_extent(h, sh, 0), dw_phase_extent(w, sw, 0), g[0], g[2] / g[1]);
     for (Py_ssize_t i = 0; i < sh * sw; i++)
         for (Py_ssize_t k = 0; k < passes[i].taps; k++) {
             const Py_ssize_t t = passes[i].shift[k];
@@ -735,20 +752,47 @@ static void dw_plan_data(dw_layout *l, dw_pass *passes, const Py_ssize_t *g) {
 }
 
 #define DEFINE_DEPTHWISE(NAME, T, V)                                                                                 \
+    typedef T NAME##_v4 __attribute__((vector_size(4 * sizeof(T))));                                                 \
+    typedef T NAME##_v8 __attribute__((vector_size(8 * sizeof(T))));                                                 \
+    /* rows x count values from src to dst (rows src_pitch and dst_pitch apart): a row of fewer than 16 values in    \
+     * two vector moves, the second overlapping the first (a 7-value row is two 4-value moves, where a loop of       \
+     * single values costs a load, a store and a branch each: 7x7 planes 1.5x faster); longer rows as a plain loop   \
+     * (which the compiler vectorizes, measured faster there) */                                                     \
+    static inline void NAME##_rows(T *restrict dst, Py_ssize_t dst_pitch, const T *restrict src,                     \
+                                   Py_ssize_t src_pitch, Py_ssize_t rows, Py_ssize_t count) {                        \
+        if (count >= 16 || count < 4) {                                                                              \
+            for (Py_ssize_t r = 0; r < rows; r++)                                                                    \
+                for (Py_ssize_t v = 0; v < count; v++) dst[r * dst_pitch + v] = src[r * src_pitch + v];              \
+        } else if (count >= 8)                                                                                       \
+            for (Py_ssize_t r = 0; r < rows; r++) {                                                                  \
+                NAME##_v8 a, b;                                                                                      \
+                memcpy(&a, src + r * src_pitch, sizeof a);                                                           \
+                memcpy(&b, src + r * src_pitch + count - 8, sizeof b);                                               \
+                memcpy(dst + r * dst_pitch, &a, sizeof a);                                                           \
+                memcpy(dst + r * dst_pitch + count - 8, &b, sizeof b);                                               \
+            }                                                                                                        \
+        else                                                                                                         \
+            for (Py_ssize_t r = 0; r < rows; r++) {                                                                  \
+                NAME##_v4 a, b;                                                                                      \
+                memcpy(&a, src + r * src_pitch, sizeof a);                                                           \
+                memcpy(&b, src + r * src_pitch + count - 4, sizeof b);                                               \
+                memcpy(dst + r * dst_pitch, &a, sizeof a);                                                           \
+                memcpy(dst + r * dst_pitch + count - 4, &b, sizeof b);                                               \
+            }                                                                                                        \
+    }                                                                                                                \
     /* plane (h x w) into the buffers of its sh·sw phases (each l->len values; borders left as they are: zero) */    \
     CCT_CLONES CCT_INLINE_COPIES static void NAME##_fill(const T *restrict src, T *restrict buf, const dw_layout *l, \
                                                          Py_ssize_t h, Py_ssize_t w, Py_ssize_t sh, Py_ssize_t sw) { \
         if (sh == 1 && sw == 1) {                                                                                    \
             T *restrict to = buf + l->top * l->pitch + l->left;                                                      \
-            for (Py_ssize_t y = 0; y < h; y++)                                                                       \
-                for (Py_ssize_t v = 0; v < w; v++) to[y * l->pitch + v] = src[y * w + v];                            \
+            NAME##_rows(to, l->pitch, src, w, h, w);                                                                 \
             return;                                                                                                  \
         }                                                                                                            \
         for (Py_ssize_t y = 0; y < h; y++) {  /* row y is row y / sh of the phases (y % sh, b) */                    \
             const T *restrict row = src + y * w;                                                                     \
             T *restrict to = buf + (y % sh) * sw * l->len + (y / sh + l->top) * l->pitch + l->left;                  \
             if (sw == 1)                                                                                             \
-                for (Py_ssize_t v = 0; v < w; v++) to[v] = row[v];                                                   \
+                NAME##_rows(to, 0, row, 0, 1, w);                                                                    \
             else if (sw == 2) {  /* (a constant stride: the split vectorizes) */                                     \
                 T *restrict odd = to + l->len;                                                                       \
                 for (Py_ssize_t v = 0; v < w / 2; v++) {                                                             \
@@ -764,9 +808,9 @@ static void dw_plan_data(dw_layout *l, dw_pass *passes, const Py_ssize_t *g) {
     /* wide[i] = Σ_{j < fan} Σ_{taps} k[j·stride + weight] · buf[j·fan_len + i + shift], i < cells (a tap's shift    \
      * includes its buffer's place) */                                                                               \
     CCT_CLONES static void NAME##_sum(const T *buf, const T *k, Py_ssize_t fan, Py_ssize_t fan_len,                  \
-                                      Py_ssize_t k_stride, const dw_pass *p, const dw_layout *l, T *restrict wide) { \
+                                      Py_ssize_t k_stride, const dw_pass *p, Py_ssize_t cells, T *restrict wide) {   \
         const Py_ssize_t taps = p->taps, *shift = p->shift, *weight = p->weight;                                     \
-        for (Py_ssize_t i = 0; i < l->cells; i += DW_WIDE) {                                                         \
+        for (Py_ssize_t i = 0; i < cells; i += DW_WIDE) {                                                            \
             V a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};                                                                \
             for (Py_ssize_t j = 0; j < fan; j++) {                                                                   \
                 const T *bj = buf + j * fan_len + i, *kj = k + j * k_stride;                                         \
@@ -790,75 +834,102 @@ static void dw_plan_data(dw_layout *l, dw_pass *passes, const Py_ssize_t *g) {
             memcpy(wide + i + 3 * DW_BLOCK, &a3, sizeof a3);                                                         \
         }                                                                                                            \
     }                                                                                                                \
-    /* y planes (image, output channel) [first, last) (+ bias); buf: sh·sw zeroed buffers, wide: l->cells + DW_WIDE */\
+    /* y planes (output channel, image) [first, last) (+ bias), the images of a channel in stacks; buf: sh·sw zeroed \
+     * buffers, wide: l->cells + DW_WIDE */                                                                          \
     CCT_CLONES CCT_INLINE_COPIES static void NAME##_forward(const T *x, const T *wt, const T *bias, T *y,            \
                                                             const Py_ssize_t *g, const dw_layout *l,                 \
                                                             const dw_pass *p, Py_ssize_t first, Py_ssize_t last,     \
                                                             T *buf, T *wide) {                                       \
-        const Py_ssize_t c = g[1], o = g[2], h = g[3], w = g[4], sh = g[7], sw = g[8], oh = g[13], ow = g[14];       \
-        for (Py_ssize_t plane = first; plane < last; plane++) {                                                      \
-            const Py_ssize_t img = plane / o, co = plane % o;                                                        \
-            NAME##_fill(x + (img * c + co / (o / c)) * h * w, buf, l, h, w, sh, sw);                                 \
-            NAME##_sum(buf, wt + co * p->taps, 1, 0, 0, p, l, wide);                                                 \
-            T *out = y + plane * oh * ow;                                                                            \
-            if (bias)                                                                                                \
-                for (Py_ssize_t r = 0; r < oh; r++)                                                                  \
-                    for (Py_ssize_t q = 0; q < ow; q++) out[r * ow + q] = wide[r * l->pitch + q] + bias[co];         \
-            else                                                                                                     \
-                for (Py_ssize_t r = 0; r < oh; r++)                                                                  \
-                    for (Py_ssize_t q = 0; q < ow; q++) out[r * ow + q] = wide[r * l->pitch + q];                    \
+        const Py_ssize_t n = g[0], c = g[1], o = g[2], h = g[3], w = g[4], sh = g[7], sw = g[8], oh = g[13],         \
+                         ow = g[14], step = l->span * l->pitch;                                                      \
+        for (Py_ssize_t plane = first; plane < last;) {                                                              \
+            const int stacked = l->images > 1; /* (channel, image) planes, else (image, channel) */                  \
+            const Py_ssize_t co = stacked ? plane / n : plane % o, img = stacked ? plane % n : plane / o;            \
+            Py_ssize_t k = n - img < last - plane ? n - img : last - plane;                                          \
+            k = k < l->images ? k : l->images;                                                                       \
+            for (Py_ssize_t i = 0; i < k; i++)                                                                       \
+                NAME##_fill(x + ((img + i) * c + co / (o / c)) * h * w, buf + i * step, l, h, w, sh, sw);            \
+            NAME##_sum(buf, wt + co * p->taps, 1, 0, 0, p, dw_cells(l, k), wide);                                    \
+            for (Py_ssize_t i = 0; i < k; i++) {                                                                     \
+                T *out = y + ((img + i) * o + co) * oh * ow;                                                         \
+                const T *from = wide + i * step, add = bias ? bias[co] : 0;                                          \
+                if (bias)                                                                                            \
+                    for (Py_ssize_t r = 0; r < oh; r++)                                                              \
+                        for (Py_ssize_t q = 0; q < ow; q++) out[r * ow + q] = from[r * l->pitch + q] + add;          \
+                else                                                                                                 \
+                    NAME##_rows(out, ow, from, l->pitch, oh, ow);                                                    \
+            }                                                                                                        \
+            plane += k;                                                                                              \
         }                                                                                                            \
     }                                                                                                                \
-    /* dx planes (image, input channel) [first, last), each phase of dx one pass over the group's m output           \
-     * gradients; buf: m zeroed buffers, wide: l->cells + DW_WIDE */                                                 \
+    /* dx planes (input channel, image) [first, last), the images of a channel in stacks, each phase of dx one pass  \
+     * over the group's m output gradients; buf: m zeroed buffers, wide: l->cells + DW_WIDE */                       \
     CCT_CLONES CCT_INLINE_COPIES static void NAME##_data(const T *dy, const T *wt, T *dx, const Py_ssize_t *g,       \
                                                          const dw_layout *l, const dw_pass *passes,                  \
                                                          Py_ssize_t first, Py_ssize_t last, T *buf, T *wide) {       \
-        const Py_ssize_t c = g[1], o = g[2], h = g[3], w = g[4], kh = g[5], kw = g[6], sh = g[7], sw = g[8],         \
-                         oh = g[13], ow = g[14], m = o / c;                                                          \
-        for (Py_ssize_t plane = first; plane < last; plane++) {                                                      \
-            const Py_ssize_t img = plane / c, ci = plane % c;                                                        \
+        const Py_ssize_t n = g[0], c = g[1], o = g[2], h = g[3], w = g[4], kh = g[5], kw = g[6], sh = g[7],          \
+                         sw = g[8], oh = g[13], ow = g[14], m = o / c, step = l->span * l->pitch;                    \
+        for (Py_ssize_t plane = first; plane < last;) {                                                              \
+            const int stacked = l->images > 1; /* (channel, image) planes, else (image, channel) */                  \
+            const Py_ssize_t ci = stacked ? plane / n : plane % c, img = stacked ? plane % n : plane / c;            \
+            Py_ssize_t k = n - img < last - plane ? n - img : last - plane;                                          \
+            k = k < l->images ? k : l->images;                                                                       \
             for (Py_ssize_t j = 0; j < m; j++)                                                                       \
-                NAME##_fill(dy + (img * o + ci * m + j) * oh * ow, buf + j * l->len, l, oh, ow, 1, 1);               \
-            T *out = dx + plane * h * w;                                                                             \
-            for (Py_ssize_t i = 0; i < sh * sw; i++) {                                                               \
-                const dw_pass *p = passes + i;                                                                       \
-                NAME##_sum(buf, wt + ci * m * kh * kw, m, l->len, kh * kw, p, l, wide);                              \
-                for (Py_ssize_t u = 0; u < p->phase_h; u++)                                                          \
-                    for (Py_ssize_t v = 0; v < p->phase_w; v++)                                                      \
-                        out[(u * sh + p->a) * w + v * sw + p->b] = wide[u * l->pitch + v];                           \
+                for (Py_ssize_t i = 0; i < k; i++)                                                                   \
+                    NAME##_fill(dy + ((img + i) * o + ci * m + j) * oh * ow, buf + j * l->len + i * step, l, oh, ow, \
+                                1, 1);                                                                               \
+            for (Py_ssize_t s = 0; s < sh * sw; s++) {                                                               \
+                const dw_pass *p = passes + s;                                                                       \
+                NAME##_sum(buf, wt + ci * m * kh * kw, m, l->len, kh * kw, p, dw_cells(l, k), wide);                 \
+                for (Py_ssize_t i = 0; i < k; i++) {                                                                 \
+                    T *out = dx + ((img + i) * c + ci) * h * w;                                                      \
+                    const T *from = wide + i * step;                                                                 \
+                    if (sw == 1)                                                                                     \
+                        NAME##_rows(out + p->a * w, sh * w, from, l->pitch, p->phase_h, p->phase_w);                 \
+                    else                                                                                             \
+                        for (Py_ssize_t u = 0; u < p->phase_h; u++)                                                  \
+                            for (Py_ssize_t v = 0; v < p->phase_w; v++)                                              \
+                                out[(u * sh + p->a) * w + v * sw + p->b] = from[u * l->pitch + v];                   \
+                }                                                                                                    \
             }                                                                                                        \
+            plane += k;                                                                                              \
         }                                                                                                            \
     }                                                                                                                \
     /* dw[co] += per tap the products of the output gradient's wide rows and the tap's pass over the input's phases, \
-     * output channels [first, last); buf: sh·sw zeroed buffers, grad: l->cells + DW_WIDE zeroed values, lanes:      \
-     * kh·kw vectors, acc: kh·kw doubles */                                                                          \
+     * output channels [first, last), the images in stacks; buf: sh·sw zeroed buffers, grad: l->cells + DW_WIDE      \
+     * zeroed values, lanes: kh·kw vectors, acc: kh·kw doubles */                                                    \
     CCT_CLONES CCT_INLINE_COPIES static void NAME##_weights(const T *x, const T *dy, T *dwt, const Py_ssize_t *g,    \
                                                             const dw_layout *l, const dw_pass *p, Py_ssize_t first,  \
                                                             Py_ssize_t last, T *buf, T *grad, V *lanes,              \
                                                             double *acc) {                                           \
         const Py_ssize_t n = g[0], c = g[1], o = g[2], h = g[3], w = g[4], sh = g[7], sw = g[8], oh = g[13],         \
-                         ow = g[14], m = o / c, taps = p->taps;                                                      \
+                         ow = g[14], m = o / c, taps = p->taps, step = l->span * l->pitch;                           \
+        Py_ssize_t held = 0; /* images whose values the buffers hold */                                              \
         for (Py_ssize_t co = first; co < last; co++) {                                                               \
             Py_ssize_t blocks = 0;                                                                                   \
             for (Py_ssize_t t = 0; t < taps; t++) {                                                                  \
                 acc[t] = 0;                                                                                          \
                 lanes[t] = (V){0};                                                                                   \
             }                                                                                                        \
-            for (Py_ssize_t img = 0; img < n; img++) {                                                               \
-                NAME##_fill(x + (img * c + co / m) * h * w, buf, l, h, w, sh, sw);                                   \
-                const T *from = dy + (img * o + co) * oh * ow;                                                       \
-                for (Py_ssize_t r = 0; r < oh; r++)                                                                  \
-                    for (Py_ssize_t q = 0; q < ow; q++) grad[r * l->pitch + q] = from[r * ow + q];                   \
-                for (Py_ssize_t i = 0; i < l->cells; i += DW_BLOCK) {                                                \
+            for (Py_ssize_t img = 0; img < n; img += l->images) {                                                    \
+                const Py_ssize_t k = n - img < l->images ? n - img : l->images, cells = dw_cells(l, k);              \
+                if (k < held) /* a shorter stack: the gradient past it back to zeros (its last block may read it) */ \
+                    memset(grad + k * step, 0, (size_t)((held - k) * step) * sizeof(T));                             \
+                held = k;                                                                                            \
+                for (Py_ssize_t i = 0; i < k; i++) {                                                                 \
+                    NAME##_fill(x + ((img + i) * c + co / m) * h * w, buf + i * step, l, h, w, sh, sw);              \
+                    const T *from = dy + ((img + i) * o + co) * oh * ow;                                             \
+                    NAME##_rows(grad + i * step, l->pitch, from, ow, oh, ow);                                        \
+                }                                                                                                    \
+                for (Py_ssize_t i = 0; i < cells; i += DW_BLOCK) {                                                   \
                     V d;                                                                                             \
                     memcpy(&d, grad + i, sizeof d);                                                                  \
                     for (Py_ssize_t t = 0; t < taps; t++) {                                                          \
-                        V cells;                                                                                     \
-                        memcpy(&cells, buf + i + p->shift[t], sizeof cells);                                         \
-                        lanes[t] += d * cells;                                                                       \
+                        V values;                                                                                    \
+                        memcpy(&values, buf + i + p->shift[t], sizeof values);                                       \
+                        lanes[t] += d * values;                                                                      \
                     }                                                                                                \
-                    if (++blocks == DW_LANE_BLOCKS || (img == n - 1 && i + DW_BLOCK >= l->cells)) {                  \
+                    if (++blocks == DW_LANE_BLOCKS || (img + k == n && i + DW_BLOCK >= cells)) {                     \
                         for (Py_ssize_t t = 0; t < taps; t++) {                                                      \
                             double sum = 0;                                                                          \
                             for (int b = 0; b < DW_BLOCK; b++) sum += lanes[t][b];                                   \
@@ -1565,8 +1636,9 @@ static PyObject *softmax_loss_backward(PyObject *self, PyObject *args) {
 }
 
 /* depthwise(which, src, other, dst, bias, geometry, first, last): which 0, the forward: src x, other the weights,
- * dst y, its planes (image, output channel) [first, last) overwritten, bias None or O values; 1, the data
- * gradient: src dy, other the weights, dst dx, its planes (image, input channel) [first, last) overwritten; 2, the
+ * dst y, its planes [first, last) overwritten — (output channel, image) where small planes are stacked, else
+ * (image, output channel) —, bias None or O values; 1, the data gradient: src dy, other the weights, dst dx, its
+ * planes (input channel, image), or (image, input channel), [first, last) overwritten; 2, the
  * weight gradient: src x, other dy, dst dw, output channels [first, last) accumulated.  geometry: n, c, o, h, w,
  * kh, kw, sh, sw, ph, pw, dh, dw, oh, ow (o a multiple of c, at most DW_MAX_FAN times; kernel and stride at most
  * DW_MAX_K per axis). */

@@ -33,7 +33,11 @@ GEOMETRIES = [  # N, C, multiplier, (H, W), kernel, stride, pad, dilation (each 
     (2, 3, 1, (7, 8), (1, 1), (2, 2), (0, 0), (1, 1)),       # stride over a 1x1 kernel: dx phases no tap reaches
     (1, 2, 2, (11, 13), (3, 3), (3, 2), (1, 2), (2, 1)),     # stride 3 rows, 2 columns, dilated rows
     (1, 2, 1, (33, 35), (31, 31), (1, 1), (15, 15), (1, 1)),  # RepLKNet's 31x31 kernels: the largest taken
+    (98, 2, 1, (5, 5), (3, 3), (1, 1), (1, 1), (1, 1)),      # 5x5 planes, 97 images a stack, then one (whose last
+                                                             # block of weight-gradient products reads past it)
+    (2, 3, 1, (30, 30), (3, 3), (1, 1), (1, 1), (1, 1)),     # planes too large to stack
 ]
+STACKED, ALONE = GEOMETRIES[-2], GEOMETRIES[-1]
 
 
 def _geometry(dims) -> ConvGeometry:
@@ -82,10 +86,11 @@ def test_matches_the_definition_and_the_lowering_engine(dims):
                 assert_close(ours, theirs, f"{name} {dims}", reference="lowering")
 
 
-@pytest.mark.parametrize("dims", [GEOMETRIES[0], GEOMETRIES[1], GEOMETRIES[2]])
+@pytest.mark.parametrize("dims", [GEOMETRIES[0], GEOMETRIES[1], GEOMETRIES[2], STACKED, ALONE])
 def test_the_same_bits_however_planes_and_channels_are_split(dims, monkeypatch):
-    """The forward and the data gradient split (image, channel) planes, the weight gradient output channels: each
-    value is summed in full by one thread in a fixed order, so any split gives the bits of one call."""
+    """The forward and the data gradient split the planes, the weight gradient output channels: each value is
+    summed in full by one thread in a fixed order, so any split (a stack of images cut short by it, too) gives the
+    bits of one call."""
     g = _geometry(dims)
     x, w, b, dy = _operands(g, np.float32, seed=3)
     monkeypatch.setattr(depthwise, "run_batch", run_batch_in_one_range)
@@ -99,16 +104,29 @@ def test_the_same_bits_however_planes_and_channels_are_split(dims, monkeypatch):
             np.testing.assert_array_equal(a.view(np.uint32), c.view(np.uint32))
 
 
-def test_the_kernel_writes_only_the_planes_and_channels_it_is_given():
-    g = _geometry(GEOMETRIES[0])
+@pytest.mark.parametrize("dims, stacked", [(GEOMETRIES[0], True), (ALONE, False)])
+def test_the_kernel_writes_only_the_planes_and_channels_it_is_given(dims, stacked):
+    """Plane p of the forward is (output channel, image) = divmod(p, n) where small planes are stacked (a channel's
+    images one buffer), else (image, output channel) = divmod(p, o); the data gradient's likewise over the input
+    channels."""
+    g = _geometry(dims)
     x, w, b, dy = _operands(g, np.float32, seed=4)
     args = ((g.num, g.in_channels, g.out_channels) + g.in_shape + g.kernel + g.stride + g.pad + g.dilation
             + g.out_shape)
     k = native.kernels()
+
+    def written(planes, count):
+        cells = [(p % g.num, p // g.num) if stacked else divmod(p, count) for p in planes]  # (image, channel)
+        mask = np.zeros((g.num, count), bool)
+        mask[tuple(zip(*cells))] = True
+        return mask
+
     y = np.full_like(dy, 7.0)
-    k.depthwise(0, x, w, y, b, args, 2, 5)  # planes 2..4 of n*o, in image 0
-    flat = y.reshape(-1, g.out_count)
-    assert (flat[:2] == 7).all() and (flat[5:] == 7).all() and not (flat[2:5] == 7).any()
+    k.depthwise(0, x, w, y, b, args, 2, 5)
+    np.testing.assert_array_equal((y != 7).any(axis=(2, 3)), written(range(2, 5), g.out_channels))
+    dx = np.full_like(x, 7.0)
+    k.depthwise(1, dy, w, dx, None, args, 1, 4)
+    np.testing.assert_array_equal((dx != 7).any(axis=(2, 3)), written(range(1, 4), g.in_channels))
     dw = np.zeros_like(w)
     k.depthwise(2, x, dy, dw, None, args, 1, 3)
     assert (dw[0] == 0).all() and (dw[3:] == 0).all() and (dw[1:3] != 0).all()
