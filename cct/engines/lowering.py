@@ -91,6 +91,11 @@ FLAT_COL2IM_MAX_WIDTH = 6
 FUSED_LIFT_MIN_COLS = 512
 # weight-gradient GEMMs (per group and chunk) of at least this many flops have their layout measured
 WEIGHT_LAYOUT_MIN_FLOPS = 2e8
+# pointwise layers of fewer output cells than this per image measure their GEMMs image by image against one GEMM
+# over a chunk's images (LoweringEngine._pointwise_per_image): OpenBLAS's products of 49 columns (7x7 outputs) run
+# well below its rate on wide ones — per image a 1024 x 1024 layer's backward took 1.4x the time of the batched
+# GEMMs — where 64 columns (8x8) run at full speed per image (the batched ones then 1.15-1.3x slower)
+POINTWISE_BATCH_MAX_COLS = 100
 # forward keeps its lowered matrix for backward's weight gradient when the whole batch's is at most this big
 # (small layers, where lowering costs as much as the GEMMs), no smaller than the input it keeps a copy of (a
 # strided 1x1 kernel lowers a quarter of its input: ResNet-50's res4a_branch2a, 10 images, forward 2.1 ms
@@ -341,7 +346,7 @@ class LoweringEngine(ConvEngine):
         # once a weight gradient has been asked for (never for an engine that only runs forward)
         self._kept: dict[tuple[int, int], tuple[Any, Any, Any]] = {}
         self._trains = False
-        self._layouts: dict[str, str] = {}  # weight-gradient GEMM layout per chunk shape (measured once)
+        self._layouts: dict[str, str] = {}  # measured GEMM layouts per chunk shape (weight gradient, pointwise)
 
     # ---- cost ----------------------------------------------------------------------------------
     @classmethod
@@ -902,6 +907,8 @@ class LoweringEngine(ConvEngine):
             xp.add(src, b.reshape((1, L.O) + (1,) * g.num_spatial_axes), out=y)
 
     # ---- pointwise (1x1 kernel, no padding): nothing to lower but a stride's subsample ------------------------
+    # Image by image the GEMMs read and write the arrays where they lie; ``batched`` (where measured faster:
+    # _pointwise_per_image) one GEMM covers a chunk's images, through channel-first copies.
     def _pointwise_input(self, ws: dict[str, Any], x: Any) -> Any:
         """What the pointwise GEMMs read: ``x`` itself, or with a stride its subsample (the cells the outputs read,
         (n, C, *out)) copied into the workspace — one strided copy (ResNet-50's res4a_branch2a, 10 images: 0.4 ms,
@@ -910,32 +917,65 @@ class LoweringEngine(ConvEngine):
         if not L.subsampled:
             return x
         buf = self._view(ws, "x_pad", (x.shape[0], L.C) + g.out_shape, x)
-        get_array_module(x).copyto(buf, x[(slice(None), slice(None)) + tuple(slice(None, None, s) for s in g.stride)])
+        get_array_module(x).copyto(buf, x[self._subsample()])
         return buf
 
-    def _pointwise_forward(self, ws: dict[str, Any], x: Any, wm: Any, b: Any | None, y: Any) -> None:
+    def _subsample(self) -> tuple[slice, ...]:
+        """The input cells a strided pointwise layer reads, as an index of (n, C, *in)."""
+        return (slice(None), slice(None)) + tuple(slice(None, None, s) for s in self._geom().stride)
+
+    def _channels_first(self, ws: dict[str, Any], name: str, a: Any, subsample: bool = False) -> Any:
+        """``a`` (n, G·R, *out) — or an input's subsample — copied channel-first into the ``name`` slot as
+        (G, R, n·cols)."""
+        g, L = self._geom(), self._lay()
+        n, xp = a.shape[0], get_array_module(a)
+        if subsample:
+            a = a[self._subsample()]
+        buf = self._view(ws, name, (L.G, a.shape[1] // L.G, n * L.cols), a)
+        xp.copyto(buf.reshape((a.shape[1], n) + g.out_shape), xp.moveaxis(a, 0, 1))
+        return buf
+
+    def _pointwise_forward(self, ws: dict[str, Any], x: Any, wm: Any, b: Any | None, y: Any,
+                           batched: bool = False) -> None:
         """``y`` (n, O, *out) = ``W_m[g] · x[i, g]`` for every image ``i`` and group ``g``, read and written where
         they lie (one stacked GEMM call; ``y`` C-contiguous; a stride's subsample first), then the bias: no lowered
         copy of the input and no GEMM buffer to transpose from (GoogLeNet's 37 pointwise layers, 10 images, 2
         cores: forward 1.3-4.2x, median 2.1x faster; with the gradients below, their forward + weight gradient 106
-        -> 61 ms, Caffe's 58-68 ms)."""
+        -> 61 ms, Caffe's 58-68 ms).  ``batched``: one GEMM per group over the images' channel-first copy, its
+        result moved into ``y`` with the bias."""
         L = self._lay()
         n, xp = x.shape[0], get_array_module(y)
+        if batched:
+            yt = self._view(ws, "z", (L.G, L.Og, n * L.cols), y)
+            xp.matmul(wm, self._channels_first(ws, "col", x, L.subsampled), out=yt)
+            moved = xp.moveaxis(yt.reshape(L.O, n, L.cols), 1, 0)
+            out = y.reshape(n, L.O, L.cols)
+            if b is None:
+                xp.copyto(out, moved)
+            else:
+                xp.add(moved, b.reshape(1, L.O, 1), out=out)
+            return
         x = self._pointwise_input(ws, x)
         xp.matmul(wm, x.reshape(n, L.G, L.K, L.cols), out=y.reshape(n, L.G, L.Og, L.cols))
         if b is not None:
             xp.add(y, b.reshape((1, L.O) + (1,) * (y.ndim - 2)), out=y)
 
     def _pointwise_weight_grad(self, ws: dict[str, Any], x: Any, dy: Any, acc: Any, first: bool,
-                               by_rows: bool) -> None:
+                               by_rows: bool, batched: bool = False) -> Any | None:
         """``acc`` (:meth:`_weight_grad_chunk`'s) ``+= dy[i, g] · x[i, g]ᵀ`` summed over the images, on the host
         one accumulating GEMM per image and group on the arrays where they lie (``first``: the first assigns);
-        elsewhere (one call per image would be one launch each) by the channel-first copies and one GEMM."""
+        elsewhere (one call per image would be one launch each) by the channel-first copies and one GEMM, as
+        ``batched`` does — which returns its channel-first ``dy`` (the "z" slot) for the data gradient."""
         L = self._lay()
         n = x.shape[0]
-        if get_array_module(x) is not np:
+        if get_array_module(x) is not np and not batched:
             self._weight_grad_chunk(ws, x, self._grad_z(ws, dy), acc, first, None, by_rows)
-            return
+            return None
+        if batched:
+            dyt = self._channels_first(ws, "z", dy)
+            self._weight_grad_chunk(ws, x, dyt, acc, first, self._channels_first(ws, "col", x, L.subsampled),
+                                    by_rows)
+            return dyt
         xv, dyv = self._pointwise_input(ws, x).reshape(n, L.G, L.K, L.cols), dy.reshape(n, L.G, L.Og, L.cols)
         for i in range(n):
             for gi in range(L.G):
@@ -944,18 +984,30 @@ class LoweringEngine(ConvEngine):
                     np.matmul(a, b, out=acc[gi])
                 else:
                     matmul_accumulate(acc[gi], a, b)
+        return None
 
-    def _pointwise_data_grad(self, ws: dict[str, Any], wm: Any, dy: Any, dx: Any) -> None:
+    def _pointwise_data_grad(self, ws: dict[str, Any], wm: Any, dy: Any, dx: Any, batched: bool = False,
+                             dyt: Any | None = None) -> None:
         """``dx[i, g] = W_m[g]ᵀ · dy[i, g]`` for every image and group, straight into ``dx`` (C-contiguous) — with a
         stride into a buffer whose values then go to the subsampled cells, zeros elsewhere: the adjoint of
-        :meth:`_pointwise_forward`, no col2im."""
+        :meth:`_pointwise_forward`, no col2im.  ``batched``: one GEMM per group over the channel-first ``dyt``
+        (made here when not given), its result moved into ``dx``."""
         g, L = self._geom(), self._lay()
         n, xp = dy.shape[0], get_array_module(dy)
+        if batched:
+            dyt = self._channels_first(ws, "z", dy) if dyt is None else dyt
+            dxt = self._view(ws, "col", (L.G, L.K, n * L.cols), dy)
+            xp.matmul(wm.transpose(0, 2, 1), dyt, out=dxt)
+            if L.subsampled:
+                dx.fill(0)
+            xp.copyto(dx[self._subsample()] if L.subsampled else dx,
+                      xp.moveaxis(dxt.reshape((L.C, n) + g.out_shape), 1, 0))
+            return
         out = self._view(ws, "col", (n, L.C) + g.out_shape, dy) if L.subsampled else dx
         xp.matmul(wm.transpose(0, 2, 1), dy.reshape(n, L.G, L.Og, L.cols), out=out.reshape(n, L.G, L.K, L.cols))
         if L.subsampled:
             dx.fill(0)
-            dx[(slice(None), slice(None)) + tuple(slice(None, None, s) for s in g.stride)] = out
+            dx[self._subsample()] = out
 
     # ---- type 2 with the images innermost: the lifting sums done by the GEMMs ----------------------------
     def _lifts_by_gemms(self, dtype: Any, xp: Any) -> bool:
@@ -1124,15 +1176,64 @@ class LoweringEngine(ConvEngine):
         layout = self._layouts[key] = measured_choice("gemm_orientation", key, ways)
         return layout
 
+    def _pointwise_per_image(self, chunks: list[list[tuple[int, int]]], dtype: Any, direction: str, xp: Any) -> bool:
+        """Whether a pointwise layer's ``direction`` (``"forward"``, ``"backward"``: both gradients, ``"weights"``)
+        runs its GEMMs image by image on the arrays where they lie, else ``batched`` over each chunk's images
+        through channel-first copies (a pass over the input and the output each).  Measured once per shape,
+        direction and machine (:func:`cct.engines.measured.measured_choice`: the two ways of this engine's own
+        methods on stand-in operands, in every partition at once) below ``POINTWISE_BATCH_MAX_COLS`` output cells;
+        image by image elsewhere, on other array modules and for GEMMs under ``WEIGHT_LAYOUT_MIN_FLOPS`` a
+        chunk."""
+        L = self._lay()
+        images, parts = max(n1 - n0 for c in chunks for n0, n1 in c), len(chunks)
+        if xp is not np or L.cols >= POINTWISE_BATCH_MAX_COLS or \
+                2.0 * L.K * L.M * L.cols * images < WEIGHT_LAYOUT_MIN_FLOPS:
+            return True
+        dtype = np.dtype(dtype)
+        key = (f"pointwise-{direction}-g{L.G}-k{L.K}-m{L.M}-c{L.cols}-s{int(L.subsampled)}-n{images}-{dtype.name}"
+               f"-p{parts}")
+        way = self._layouts.get(key)
+        if way is None:
+            from cct.engines.measured import _concurrent, measured_choice
+
+            self._layouts[key] = way = measured_choice("pointwise_gemms", key, {
+                "images": _concurrent(parts, lambda p: self._pointwise_way(direction, images, dtype, parts, False, p)),
+                "batched": _concurrent(parts, lambda p: self._pointwise_way(direction, images, dtype, parts, True, p))})
+        return way == "images"
+
+    def _pointwise_way(self, direction: str, n: int, dtype: Any, parts: int, batched: bool, seed: int) -> Any:
+        """A callable running one way of :meth:`_pointwise_per_image`'s ``direction`` on ``n`` stand-in images."""
+        from cct.engines.measured import stand_in
+
+        g, L = self._geom(), self._lay()
+        rng = np.random.default_rng(seed)
+        x, dy = stand_in(rng, (n, L.C) + g.in_shape, dtype), stand_in(rng, (n, L.O) + g.out_shape, dtype)
+        wm = stand_in(rng, (L.G, L.Og, L.K), dtype)
+        ws: dict[str, Any] = {}
+        if direction == "forward":
+            y = np.empty_like(dy)
+            return lambda: self._pointwise_forward(ws, x, wm, None, y, batched)
+        by_rows = self._weight_grad_layout(n if batched else 1, dtype, parts, np) == "mxk"
+        acc = np.empty((L.G, L.M, L.K) if by_rows else (L.G, L.K, L.M), dtype)
+        dx = np.empty_like(x) if direction == "backward" else None
+
+        def run() -> None:
+            dyt = self._pointwise_weight_grad(ws, x, dy, acc, True, by_rows, batched)
+            if dx is not None:
+                self._pointwise_data_grad(ws, wm, dy, dx, batched, dyt)
+        return run
+
     # ---- the engine interface -----------------------------------------------------------------
     def forward(self, x: Any, w: Any, b: Any | None, y: Any) -> Any:
         wm = self._weight_matrix(w)
         L = self._lay()
-        chunks = self._chunks(x.shape[0], x.itemsize, get_array_module(x) is np)
+        xp = get_array_module(x)
+        chunks = self._chunks(x.shape[0], x.itemsize, xp is np)
         if L.pointwise and y.flags.c_contiguous:
+            batched = not self._pointwise_per_image(chunks, x.dtype, "forward", xp)
             self._kept.clear()
             self._run(self._space(x), chunks,
-                      lambda ws, part, n0, n1: self._pointwise_forward(ws, x[n0:n1], wm, b, y[n0:n1]))
+                      lambda ws, part, n0, n1: self._pointwise_forward(ws, x[n0:n1], wm, b, y[n0:n1], batched))
             return y
         lowered = L.G * L.K * x.shape[0] * L.cols
         keep = self._trains and lowered * x.itemsize <= KEEP_LOWERED_MAX_BYTES and x.size <= lowered
@@ -1196,7 +1297,10 @@ class LoweringEngine(ConvEngine):
         space = self._space(dy)
         chunks = self._chunks(n, dy.itemsize, xp is np)
         pointwise = L.pointwise and dy.flags.c_contiguous and (dx is None or dx.flags.c_contiguous)
-        accs, by_rows = self._weight_accumulators(space, dw, chunks, 1 if pointwise and xp is np else None)
+        batched = pointwise and not self._pointwise_per_image(chunks, dy.dtype,
+                                                              "weights" if dx is None else "backward", xp)
+        accs, by_rows = self._weight_accumulators(space, dw, chunks,
+                                                  1 if pointwise and not batched and xp is np else None)
         firsts = {c[0][0] for c in chunks}
         self._trains = self._trains or dw is not None
 
@@ -1206,10 +1310,12 @@ class LoweringEngine(ConvEngine):
 
         def body(ws: dict[str, Any], part: int, n0: int, n1: int) -> None:
             if pointwise:
+                dyt = None
                 if dw is not None:
-                    self._pointwise_weight_grad(ws, x[n0:n1], dy[n0:n1], accs[part], n0 in firsts, by_rows)
+                    dyt = self._pointwise_weight_grad(ws, x[n0:n1], dy[n0:n1], accs[part], n0 in firsts, by_rows,
+                                                      batched)
                 if dx is not None:
-                    self._pointwise_data_grad(ws, wm, dy[n0:n1], dx[n0:n1])
+                    self._pointwise_data_grad(ws, wm, dy[n0:n1], dx[n0:n1], batched, dyt)
                 return
             dyt = self._grad_yt(ws, dy[n0:n1])
             if by_gemms:  # the gradient stays channel-first: its offsets' rows are column ranges of it

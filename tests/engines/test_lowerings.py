@@ -96,27 +96,33 @@ def test_lowering_matches_direct_reference(g, expected, strategy, images_last, m
     np.testing.assert_allclose(dw3, dw, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("way", ["images", "batched"])
 @pytest.mark.parametrize("layout", ["kxm", "mxk"])
 @pytest.mark.parametrize("parts,budget", [(1, 1 << 30), (2, 1 << 30), (3, 1)])
 @pytest.mark.parametrize("g", [c[0] for c in POINTWISE], ids=[f"pointwise{i}" for i in range(len(POINTWISE))])
-def test_pointwise_layers_read_and_write_the_blobs_where_they_lie(monkeypatch, g, parts, budget, layout):
-    """A 1x1 kernel of stride 1 without padding lowers nothing: the forward, both gradients (accumulating, in
-    either weight layout) and the fused Deconvolution step are the reference's, in partitions and chunks, without
-    a lowered copy of the input, a channel-first copy of the gradient or a col2im; an output that is not
-    contiguous takes the lowering, with the same values."""
+def test_pointwise_layers_read_and_write_the_blobs_where_they_lie(monkeypatch, g, parts, budget, layout, way):
+    """A 1x1 kernel without padding lowers nothing: the forward, both gradients (accumulating, in either weight
+    layout) and the fused Deconvolution step are the reference's, in partitions and chunks, without a lowered copy
+    of the input, a channel-first copy of the gradient by the lowering's moves or a col2im — image by image on the
+    arrays where they lie, or ``batched`` (as measured faster) over a chunk's images through channel-first copies;
+    an output that is not contiguous takes the lowering, with the same values."""
     from cct.engines import measured
 
     monkeypatch.setattr(lowering, "WEIGHT_LAYOUT_MIN_FLOPS", 0)
-    monkeypatch.setattr(measured, "measured_choice", lambda kind, key, ways: layout)
+    monkeypatch.setattr(lowering, "POINTWISE_BATCH_MAX_COLS", 1 << 30)
+    monkeypatch.setattr(measured, "measured_choice",
+                        lambda kind, key, ways: way if kind == "pointwise_gemms" else layout)
     x, w, b, dy = _data(g, 7)
     expected = (ref.conv_forward(g, x, w, b), ref.conv_backward_data(g, dy, w), ref.conv_backward_weights(g, x, dy))
     eng = LoweringEngine(1, max_lowered_bytes=budget, workspace=Workspace())
     eng.configure(g, np.float64)
     assert eng._lay().pointwise
-    lowered = []
+    lowered, copied = [], []
     for step in ("_lower", "_grad_yt", "_col2im"):
         real = getattr(eng, step)
         monkeypatch.setattr(eng, step, lambda *a, _real=real, _step=step, **k: lowered.append(_step) or _real(*a, **k))
+    real_copy = eng._channels_first
+    monkeypatch.setattr(eng, "_channels_first", lambda *a, **k: copied.append(a[1]) or real_copy(*a, **k))
     with settings.override(partitions=parts):
         assert len(eng._chunks(g.num, 8)) == min(parts, g.num)
         for got, want in zip(_run_engine(eng, x, w, b, dy), expected):
@@ -126,10 +132,52 @@ def test_pointwise_layers_read_and_write_the_blobs_where_they_lie(monkeypatch, g
         np.testing.assert_allclose(y, ref.conv_forward(g, x, w), rtol=1e-10, atol=1e-10)
         np.testing.assert_allclose(dw, expected[2], rtol=1e-10, atol=1e-10)
         assert lowered == []
+        assert sorted(set(copied)) == (["col", "z"] if way == "batched" else [])
         strided = np.full((g.num, 2 * g.out_channels) + g.out_shape, np.nan)[:, ::2]
         eng.forward(x, w, b, strided)
         np.testing.assert_allclose(strided, expected[0], rtol=1e-10, atol=1e-10)
         assert "_lower" in lowered
+
+
+def test_pointwise_layers_measure_image_by_image_against_batched_gemms(monkeypatch, tmp_path):
+    """Below POINTWISE_BATCH_MAX_COLS output cells a pointwise layer measures, per direction, its GEMMs image by
+    image against one GEMM over a chunk's images — the two ways being the engine's own methods run on stand-ins
+    in every partition — and runs the faster; each choice is measured once; wider outputs, small GEMMs and other
+    array modules run image by image without measuring."""
+    from cct.engines import measured
+
+    monkeypatch.setenv("CCT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(lowering, "WEIGHT_LAYOUT_MIN_FLOPS", 0)
+    asked = []
+
+    def choice(kind, key, ways):
+        asked.append((kind, key))
+        if kind != "pointwise_gemms":
+            return next(iter(ways))
+        for run in ways.values():  # both ways run on their stand-ins
+            run()
+        return "batched"
+    monkeypatch.setattr(measured, "measured_choice", choice)
+    g = ConvGeometry(4, 6, 5, 1, (9, 9), (1, 1), (2, 2), (0, 0), (1, 1))  # strided: 5x5 outputs of a subsample
+    x, w, b, dy = _data(g, 9)
+    eng = LoweringEngine(1, workspace=Workspace())
+    eng.configure(g, np.float64)
+    with settings.override(partitions=2):
+        for _ in range(2):
+            for got, want in zip(_run_engine(eng, x, w, b, dy), (ref.conv_forward(g, x, w, b),
+                                                                 ref.conv_backward_data(g, dy, w),
+                                                                 ref.conv_backward_weights(g, x, dy))):
+                np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
+        eng.backward(x, dy, w, None, np.zeros_like(w))
+    pointwise = [key for kind, key in asked if kind == "pointwise_gemms"]
+    assert [k.split("-")[1] for k in pointwise] == ["forward", "backward", "weights"]  # once each
+    assert all(k.endswith("-float64-p2") and "-c25-s1-n2-" in k for k in pointwise)
+    asked.clear()
+    monkeypatch.setattr(lowering, "POINTWISE_BATCH_MAX_COLS", 25)
+    wide = LoweringEngine(1, workspace=Workspace())
+    wide.configure(g, np.float64)
+    _run_engine(wide, x, w, b, dy)
+    assert not any(kind == "pointwise_gemms" for kind, _ in asked)
 
 
 @pytest.mark.parametrize("g", [c[0] for c in POINTWISE], ids=[f"pointwise{i}" for i in range(len(POINTWISE))])
@@ -500,7 +548,7 @@ def test_weight_gradient_in_either_gemm_layout(monkeypatch, g, expected, strateg
 
     monkeypatch.setattr(lowering, "WEIGHT_LAYOUT_MIN_FLOPS", 0)
     asked = []
-    monkeypatch.setattr(measured, "measured_choice", lambda kind, key, ways: asked.append(key) or layout)
+    monkeypatch.setattr(measured, "measured_choice", lambda kind, key, ways: asked.append((kind, key)) or layout)
     x, w, b, dy = _data(g, 5)
     expected_dw = ref.conv_backward_weights(g, x, dy)
     for budget in (None, 1):
@@ -512,7 +560,9 @@ def test_weight_gradient_in_either_gemm_layout(monkeypatch, g, expected, strateg
         y, dw2 = np.empty_like(dy), np.zeros_like(w)
         eng.forward_and_backward_weights(x, w, y, dy, dw2)
         np.testing.assert_allclose(dw2, expected_dw, rtol=1e-10, atol=1e-10)
-    assert asked and all(k.startswith("wgrad-") for k in asked)
+    assert any(kind == "gemm_orientation" for kind, _ in asked)
+    assert all(key.startswith("wgrad-") if kind == "gemm_orientation" else
+               kind == "pointwise_gemms" and all(k == 1 for k in g.kernel) for kind, key in asked)
 
 
 @pytest.mark.parametrize("layout", ["kxm", "mxk"])
