@@ -28,7 +28,8 @@ class NetTiming:
     iteration_ms: list[float] = field(default_factory=list)  # forward + backward of each pass
     forward_ms: list[float] = field(default_factory=list)    # the forward of each pass
     total_ms: int = 0
-    fused: dict[str, str] = field(default_factory=dict)  # pooling -> the ReLU whose backward its line includes
+    # the layer of a fused backward step (a pooling, a BatchNorm) -> the layers whose backwards its line includes
+    fused_backward: dict[str, list[str]] = field(default_factory=dict)
     # BatchNorm -> the Scale (and ReLU) whose forwards it includes
     fused_forward: dict[str, list[str]] = field(default_factory=dict)
 
@@ -59,7 +60,7 @@ def time_layers(net, iterations: int, synchronize: Callable[[], None] = lambda: 
     if runner is None:
         raise CctError(f"per-layer times need the layer-by-layer executor; this net runs under "
                        f"{net.executor.describe()}")
-    fused_below = getattr(net.executor, "fused_below", lambda _net, _i: None)
+    backward_fused = getattr(net.executor, "backward_fused", lambda _net, _i: None)
     forward_step = getattr(net.executor, "forward_step",
                            lambda _net, i, _start, _end: (i + 1, runner.forward_layer(net, i)))
 
@@ -81,15 +82,16 @@ def time_layers(net, iterations: int, synchronize: Callable[[], None] = lambda: 
         i = n_layers - 1
         while i >= 0:
             t0 = time.perf_counter()
-            relu = fused_below(net, i)
-            if relu is None:
+            fused = backward_fused(net, i)
+            if fused is None:
+                following, owner = i - 1, i
                 runner.backward_layer(net, i)
-            else:  # the pair a training pass runs as one step: timed on the pooling, the ReLU's backward 0
-                runner.backward_rectified(net, i)
-                into.fused[net._layer_names[i]] = net._layer_names[relu]
+            else:  # the layers a training pass runs as one step: timed on the step's layer, the others' 0
+                following, owner, others = fused
+                into.fused_backward[net._layer_names[owner]] = [net._layer_names[k] for k in others]
             synchronize()
-            into.backward_us[i] += _us(t0)
-            i = i - 1 if relu is None else relu - 1
+            into.backward_us[owner] += _us(t0)
+            i = following
         into.backward_total_us += _us(backward_start)
         ms = (time.perf_counter() - iter_start) * 1e3
         into.iteration_ms.append(ms)

@@ -55,8 +55,8 @@ def main(flags: Flags) -> int:
     for name in t.layer_names:  # after the per-layer lines, which keep Caffe's format
         for other in t.fused_forward.get(name, ()):
             log.info("%10s\tforward includes %s's forward (one step in training)", name, other)
-        if name in t.fused:
-            log.info("%10s\tbackward includes %s's backward (one step in training)", name, t.fused[name])
+        for other in t.fused_backward.get(name, ()):
+            log.info("%10s\tbackward includes %s's backward (one step in training)", name, other)
     log.info("Average Forward pass: %s ms.", log.fmt(t.forward_total_us / 1000 / n))
     log.info("Average Backward pass: %s ms.", log.fmt(t.backward_total_us / 1000 / n))
     log.info("Average Forward-Backward: %s ms.", log.fmt(np.float32(t.total_ms) / np.float32(n)))

@@ -1,8 +1,8 @@
 """Caffe's executor: the layers one after the other (``Net::ForwardFromTo`` / ``BackwardFromTo``), each run
 by a :class:`LayerRunner`, with the net's per-layer callbacks and its ``debug_info`` lines around it.  With the
-plain runner, an in-place ReLU and the MAX pooling after it run as one step backward, and a BatchNorm and the
-in-place Scale (and ReLU) after it, or an Eltwise sum and the in-place ReLU after it, as one step forward
-(:mod:`cct.exec.fusion`: the same numbers, one pass or one buffer less)."""
+plain runner, an in-place ReLU and the MAX pooling after it run as one step backward, a BatchNorm and the
+in-place Scale (and ReLU) after it as one step each way, and an Eltwise sum and the in-place ReLU after it as one
+step forward (:mod:`cct.exec.fusion`: the same numbers, one pass or one buffer less)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -30,6 +30,13 @@ class LayerRunner:
     def backward_rectified(self, net: NetCore, i: int) -> None:
         """Layer ``i`` (a MAX Pooling) and the in-place ReLU below it, as one step."""
         net.layers[i].backward_rectified(net.top_vecs[i], net.bottom_need_backward[i], net.bottom_vecs[i])
+
+    def backward_normalized(self, net: NetCore, i: int, j: int, relu: int | None = None) -> bool:
+        """The backwards of ``relu`` (a plain ReLU in place on the top of layer ``j``, or None), of ``j`` (the Scale
+        in place on the top of layer ``i``) and of ``i`` (a BatchNorm) as one step where the kernels take them
+        (:meth:`cct.layers.normalization.BatchNormLayer.backward_scaled`); False, nothing run, otherwise."""
+        return net.layers[i].backward_scaled(net.top_vecs[i], net.bottom_vecs[i], net.layers[j],
+                                             rectify=relu is not None)
 
     def forward_normalized(self, net: NetCore, i: int, j: int, relu: int | None = None) -> bool:
         """Layer ``i`` (a BatchNorm) and ``j``, the Scale in place on its top — and ``relu``, a plain ReLU in
@@ -82,6 +89,9 @@ class SerialExecutor(Executor):
         self._normalized = {i: j for j, i in self._forward_pairs.items()}  # BatchNorm -> the Scale above it
         self._rectified = rectified_scales(net, self._forward_pairs) if plain else {}  # Scale -> the ReLU above it
         self._rectified_sums = rectified_sums(net) if plain else {}  # Eltwise -> the ReLU above it
+        # the top layer of each BatchNorm -> Scale (-> ReLU) run: (BatchNorm, Scale, ReLU or None)
+        self._scaled_runs = {relu if relu is not None else j: (i, j, relu) for j, i in self._forward_pairs.items()
+                             for relu in (self._rectified.get(j),)}
 
     def fused_backward_pairs(self) -> dict[int, int]:
         """The pairs this executor runs as one backward step (:mod:`cct.exec.fusion`): MAX Pooling index -> the
@@ -97,6 +107,27 @@ class SerialExecutor(Executor):
                                               and net.bottom_need_backward[relu][0]):
             return None
         return relu
+
+    def backward_fused(self, net: NetCore, i: int, end: int = 0) -> tuple[int, int, list[int]] | None:
+        """Runs the fused backward step layer ``i`` heads in a backward pass down to ``end`` — a MAX pooling with the
+        in-place ReLU below it, or a ReLU (or Scale) with the Scale and BatchNorm below it — where every layer of
+        it needs its backward and passes its gradient down, returning (the next layer to run, the layer whose
+        step it is, the other layers it ran); None, nothing run, where ``i`` heads none (or its kernels do not
+        take the arrays)."""
+        relu = self.fused_below(net, i, end)
+        if relu is not None:
+            self.runner.backward_rectified(net, i)
+            return relu - 1, i, [relu]
+        run = self._scaled_runs.get(i)
+        if run is None or run[0] < end:
+            return None
+        norm, scale, relu = run
+        layers = [k for k in (relu, scale, norm) if k is not None]
+        if not all(net.layer_need_backward[k] and net.bottom_need_backward[k][0] for k in layers):
+            return None
+        if not self.runner.backward_normalized(net, norm, scale, relu):
+            return None
+        return norm - 1, norm, [k for k in layers if k != norm]
 
     def forward_step(self, net: NetCore, i: int, start: int, end: int, fuse: bool = True) -> tuple[int, float]:
         """Layer ``i`` of a forward pass over ``start..end`` — a BatchNorm with the Scale above it (and the ReLU
@@ -139,10 +170,9 @@ class SerialExecutor(Executor):
         fuse = not (before or after or net.debug_info)
         i = start
         while i >= end:
-            relu = self.fused_below(net, i, end) if fuse else None
-            if relu is not None:
-                runner.backward_rectified(net, i)
-                i = relu - 1
+            fused = self.backward_fused(net, i, end) if fuse else None
+            if fused is not None:
+                i = fused[0]
                 continue
             for cb in before:
                 cb(i)

@@ -187,6 +187,15 @@ class BatchNormLayer(Layer):
     def backward(self, top: list[Blob], propagate_down: Sequence[bool], bottom: list[Blob]) -> None:
         if not propagate_down[0]:
             return
+        body, finish = self.backward_steps(top, bottom)
+        run_channel_blocks(self._view(top[0].diff), body)
+        finish()
+
+    def backward_steps(self, top: list[Blob], bottom: list[Blob]) -> tuple[Any, Any]:
+        """This backward as ``(body, finish)``: ``body(part, images, channels)`` on one block of the ``(N, C, S)``
+        view — with global statistics the block's gradient ``bd = td / σ``, with batch statistics its ``Σ td``
+        and ``Σ td·y`` per image and channel —, ``finish()`` what follows every block (batch statistics: the
+        means, combined in image order, then the pass ``bd = (td - mean(td) - y·mean(td·y)) / σ``)."""
         xp = get_array_module(top[0].diff)
         td = self._view(top[0].diff)
         bd = self._view(bottom[0].diff)  # may be td itself (in place): each step below is elementwise
@@ -202,8 +211,7 @@ class BatchNormLayer(Layer):
                 else:
                     xp.divide(td[i, ch], std_c[ch], out=bd[i, ch])
 
-            run_channel_blocks(td, scale)
-            return
+            return scale, lambda: None
         y = self._view(self._x_norm)
         sums, dots = xp.empty((n, c), dtype=td.dtype), xp.empty((n, c), dtype=td.dtype)
         ones = xp.ones(s, dtype=td.dtype)
@@ -218,23 +226,55 @@ class BatchNormLayer(Layer):
             sums[i, ch] = xp.matmul(rows_td, ones).reshape(shape)
             dots[i, ch] = xp.einsum("rs,rs->r", rows_td, rows_y).reshape(shape)
 
-        run_channel_blocks(td, per_image)
-        m = n * s
-        mean_td = (sums.sum(axis=0, dtype=xp.float64) / m).astype(td.dtype)
-        mean_tdy = (dots.sum(axis=0, dtype=xp.float64) / m).astype(td.dtype)
-        scratch: dict[int, Any] = {}
+        def finish() -> None:
+            m = n * s
+            mean_td = (sums.sum(axis=0, dtype=xp.float64) / m).astype(td.dtype)
+            mean_tdy = (dots.sum(axis=0, dtype=xp.float64) / m).astype(td.dtype)
+            scratch: dict[int, Any] = {}
 
-        def apply(part: int, i: slice, ch: slice) -> None:  # bd = (td - mean(td) - y·mean(td·y)) / σ
-            if compiled is not None:
-                compiled.normalize_backward_rows(td[i, ch], y[i, ch], mean_tdy[ch], mean_td[ch], std[ch], bd[i, ch], s)
-                return
-            tmp = _scratch(scratch, part, y[i, ch])
-            xp.multiply(y[i, ch], mean_tdy[ch, None], out=tmp)
-            tmp += mean_td[ch, None]
-            xp.subtract(td[i, ch], tmp, out=bd[i, ch])
-            bd[i, ch] /= std_c[ch]
+            def apply(part: int, i: slice, ch: slice) -> None:  # bd = (td - mean(td) - y·mean(td·y)) / σ
+                if compiled is not None:
+                    compiled.normalize_backward_rows(td[i, ch], y[i, ch], mean_tdy[ch], mean_td[ch], std[ch],
+                                                     bd[i, ch], s)
+                    return
+                tmp = _scratch(scratch, part, y[i, ch])
+                xp.multiply(y[i, ch], mean_tdy[ch, None], out=tmp)
+                tmp += mean_td[ch, None]
+                xp.subtract(td[i, ch], tmp, out=bd[i, ch])
+                bd[i, ch] /= std_c[ch]
 
-        run_channel_blocks(td, apply)
+            run_channel_blocks(td, apply)
+
+        return per_image, finish
+
+    def backward_scaled(self, top: list[Blob], bottom: list[Blob], scale: Any, rectify: bool = False) -> bool:
+        """The backwards of a plain ReLU in place on the top (``rectify``), of ``scale`` (a per-channel Scale in
+        place on it: :mod:`cct.exec.fusion`) and of this layer, run block by block through all three (the ReLU's
+        mask, the Scale's sums and product, this layer's sums — or, with global statistics, its whole gradient — on
+        each block while it is in the core's cache), then this layer's last pass: the bits of the three backwards
+        one after the other (the same steps on every value, each row's sums alone and combined in image order).
+        False, nothing computed, where the Scale is not per channel on this ``(N, C, S)`` view or the ReLU's
+        kernel does not take the arrays."""
+        td, y = self._view(top[0].diff), self._view(top[0].data)
+        if scale.channel_operands(top[0]) is None or tuple(scale.geometry) != td.shape:
+            return False
+        compiled = native.kernels_for(td, y)
+        if rectify and compiled is None:
+            return False
+        scale_body, scale_finish = scale.backward_rows_steps(top[0], [True], top[0])
+        norm_body, norm_finish = self.backward_steps(top, bottom)
+
+        def body(part: int, i: slice, c: slice) -> None:
+            if rectify:  # the ReLU's dy·(y > 0) in place, one image's channel rows (contiguous) at a time
+                for image in range(i.start, i.stop):
+                    compiled.relu_backward(y[image, c], td[image, c], td[image, c])
+            scale_body(part, i, c)
+            norm_body(part, i, c)
+
+        run_channel_blocks(td, body)
+        scale_finish()
+        norm_finish()
+        return True
 
 
 @register("MVN")

@@ -245,6 +245,15 @@ class ScaleLayer(Layer):
         """The gradients block by block in the batch partitions, each block read once: per (outer, channel) row
         ``Σ td`` and ``Σ td·x`` (summed over the rows in order afterwards, as Caffe's reductions: the scale's
         diff overwritten when ``outer == 1``, else accumulated) and ``bd = td · s``."""
+        body, finish = self.backward_rows_steps(top, propagate_down, bottom)
+        run_channel_blocks(top.diff.reshape(self.geometry), body)
+        finish()
+
+    def backward_rows_steps(self, top: Blob, propagate_down: Sequence[bool], bottom: Blob) -> tuple[Any, Any]:
+        """:meth:`_backward_rows` as ``(body, finish)``: ``body(part, images, channels)`` the gradients of one
+        block of the ``(outer, dim, inner)`` view, ``finish()`` the learned diffs once every block has run — for
+        a caller running the block steps of several layers together (:meth:`cct.layers.normalization.
+        BatchNormLayer.backward_scaled`)."""
         outer, dim, inner = self.geometry
         td = top.diff.reshape(outer, dim, inner)
         x = (self._saved if top is bottom else bottom.data).reshape(outer, dim, inner)
@@ -275,8 +284,7 @@ class ScaleLayer(Layer):
             if bd is not None:
                 xp.multiply(td[i, c], s[c, None], out=bd[i, c])
 
-        run_channel_blocks(td, body)
-        self._add_gradients(sums if want_bias else None, dots if want_scale else None)
+        return body, lambda: self._add_gradients(sums if want_bias else None, dots if want_scale else None)
 
     def _add_gradients(self, sums: Any | None, dots: Any | None) -> None:
         """The learned diffs from per (outer, channel) row sums of ``td`` (the bias's) and of ``td·x`` (the

@@ -264,8 +264,8 @@ layer { name: "relu1" type: "ReLU" bottom: "conv1" top: "conv1" }""", "conv1")
 
 
 def test_time_runs_a_fused_forward_pair_as_training_does(capsys, tmp_path, monkeypatch) -> None:
-    """A BatchNorm, the in-place Scale and ReLU after it run forward as one step in training (compiled kernels):
-    ``cct time`` times that step on the BatchNorm and says so; the Scale's and the ReLU's forward lines read 0."""
+    """A BatchNorm, the in-place Scale and ReLU after it run as one step each way in training (compiled kernels):
+    ``cct time`` times those steps on the BatchNorm and says so; the Scale's and the ReLU's lines read 0."""
     from cct import native
 
     if native.kernels() is None:
@@ -288,6 +288,10 @@ def test_time_runs_a_fused_forward_pair_as_training_does(capsys, tmp_path, monke
     assert re.search(r"scale1\tforward: 0 ms", log_text) and re.search(r"relu1\tforward: 0 ms", log_text)
     assert re.search(r"bn1\tforward includes scale1's forward", log_text)
     assert re.search(r"bn1\tforward includes relu1's forward", log_text)
+    # backward too, the three layers' steps block by block: timed on the BatchNorm
+    assert re.search(r"scale1\tbackward: 0 ms", log_text) and re.search(r"relu1\tbackward: 0 ms", log_text)
+    assert re.search(r"bn1\tbackward includes relu1's backward", log_text)
+    assert re.search(r"bn1\tbackward includes scale1's backward", log_text)
 
 
 def test_time_runs_a_fused_pair_as_training_does(capsys, tmp_path, monkeypatch) -> None:

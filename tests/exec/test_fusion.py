@@ -152,13 +152,14 @@ def body(request, monkeypatch):
 def test_batchnorm_and_scale_run_as_one_step(tmp_path, monkeypatch, body, phase):
     """A per-channel Scale in place right after a BatchNorm: with the compiled kernels both forwards run as one
     pass — with the in-place ReLU after scale1 too (rectified as it is written) —; otherwise the Scale keeps its
-    input in the BatchNorm's copy.  Training passes give the bits of the layers run one by one (a watched net),
-    with batch and with global statistics; a Scale not in place is left alone."""
+    input in the BatchNorm's copy.  Backward, the ReLU's, the Scale's and the BatchNorm's steps run block by block
+    together (the ReLU's with the compiled kernels).  Training passes give the bits of the layers run one by one
+    (a watched net), with batch and with global statistics; a Scale not in place is left alone."""
     from cct.exec.fusion import forward_pairs
     from cct.layers.normalization import BatchNormLayer
 
     ran: list[str] = []
-    real = BatchNormLayer.forward_scaled
+    real, real_backward = BatchNormLayer.forward_scaled, BatchNormLayer.backward_scaled
 
     def spy(norm, bottom, top, scale, rectify=False):
         done = real(norm, bottom, top, scale, rectify)
@@ -166,14 +167,22 @@ def test_batchnorm_and_scale_run_as_one_step(tmp_path, monkeypatch, body, phase)
             ran.append((scale.name, rectify))
         return done
 
+    def spy_backward(norm, top, bottom, scale, rectify=False):
+        done = real_backward(norm, top, bottom, scale, rectify)
+        if done:
+            ran.append(("backward", scale.name, rectify))
+        return done
+
     monkeypatch.setattr(BatchNormLayer, "forward_scaled", spy)
+    monkeypatch.setattr(BatchNormLayer, "backward_scaled", spy_backward)
     net = _net(tmp_path, BN_TEXT, phase=phase)
     names = net._layer_names
     assert {names[j]: names[i] for j, i in forward_pairs(net).items()} == {"scale1": "bn1", "scale2": "bn2"}
     top_diff = np.random.default_rng(3).standard_normal((4, 3))
     fused = [_pass(net, top_diff) for _ in range(2)]
     compiled = body == "compiled"
-    assert ran == ([("scale1", True), ("scale2", False)] * 2 if compiled else [])
+    backward = [("backward", "scale2", False)] + ([("backward", "scale1", True)] if compiled else [])
+    assert ran == ([("scale1", True), ("scale2", False)] + backward) * 2 if compiled else backward * 2
     assert (fused[0]["conv1.data"] == 0).any() and (fused[0]["conv1.data"] > 0).any()  # relu1 did clip
     if phase == cct.TRAIN:  # the Scales keep their inputs in the BatchNorms' copies
         assert net.layer_dict["scale1"]._x_copy is None and net.layer_dict["scale2"]._x_copy is None
