@@ -1,8 +1,8 @@
 """``cct time``: benchmark model execution time (Caffe's ``caffe time``): per-layer forward and backward times
 averaged over ``-iterations`` (whole microseconds per layer, whole milliseconds per iteration and in total),
 the engine every convolution runs, and which max pooling's backward line includes the in-place ReLU's below it
-and which BatchNorm's forward line the in-place Scale's (and the in-place ReLU's) above it (one step in training:
-the other lines read 0)."""
+and which BatchNorm's forward and backward lines the in-place Scale's (and the in-place ReLU's) above it (one step
+in training: the other lines read 0)."""
 from __future__ import annotations
 
 import numpy as np
