@@ -1190,8 +1190,8 @@ class LoweringEngine(ConvEngine):
                 2.0 * L.K * L.M * L.cols * images < WEIGHT_LAYOUT_MIN_FLOPS:
             return True
         dtype = np.dtype(dtype)
-        key = (f"pointwise-{direction}-g{L.G}-k{L.K}-m{L.M}-c{L.cols}-s{int(L.subsampled)}-n{images}-{dtype.name}"
-               f"-p{parts}")
+        key = (f"pointwise-{direction}-g{L.G}-k{L.K}-m{L.M}-c{L.cols}-i{math.prod(self._geom().in_shape)}-n{images}"
+               f"-{dtype.name}-p{parts}")
         way = self._layouts.get(key)
         if way is None:
             from cct.engines.measured import _concurrent, measured_choice

@@ -171,7 +171,7 @@ def test_pointwise_layers_measure_image_by_image_against_batched_gemms(monkeypat
         eng.backward(x, dy, w, None, np.zeros_like(w))
     pointwise = [key for kind, key in asked if kind == "pointwise_gemms"]
     assert [k.split("-")[1] for k in pointwise] == ["forward", "backward", "weights"]  # once each
-    assert all(k.endswith("-float64-p2") and "-c25-s1-n2-" in k for k in pointwise)
+    assert all(k.endswith("-float64-p2") and "-c25-i81-n2-" in k for k in pointwise)
     asked.clear()
     monkeypatch.setattr(lowering, "POINTWISE_BATCH_MAX_COLS", 25)
     wide = LoweringEngine(1, workspace=Workspace())
