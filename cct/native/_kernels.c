@@ -658,6 +658,18 @@ typedef struct {
     Py_ssize_t images, span;                 /* images stacked in a buffer, rows from one to the next */
 } dw_layout;
 
+/* Plane `plane` of a pass over the planes of n images and `channels` channels, up to `last`: its channel and image
+ * — planes taken (channel, image) where images are stacked, else (image, channel) — and the images of that channel
+ * from it that one stack takes. */
+static inline Py_ssize_t dw_stack_at(const dw_layout *l, Py_ssize_t plane, Py_ssize_t last, Py_ssize_t n,
+                                     Py_ssize_t channels, Py_ssize_t *channel, Py_ssize_t *image) {
+    const int stacked = l->images > 1;
+    *channel = stacked ? plane / n : plane % channels;
+    *image = stacked ? plane % n : plane / channels;
+    Py_ssize_t k = n - *image < last - plane ? n - *image : last - plane;
+    return k < l->images ? k : l->images;
+}
+
 /* The wide cells of a stack of k images. */
 static inline Py_ssize_t dw_cells(const dw_layout *l, Py_ssize_t k) {
     return ((k - 1) * l->span + l->out_h) * l->pitch;
@@ -751,6 +763,19 @@ static void dw_plan_data(dw_layout *l, dw_pass *passes, const Py_ssize_t *g) {
         }
 }
 
+/* rows x count values (width <= count < 2·width) from src to dst, rows src_pitch and dst_pitch apart, each row in
+ * two moves of a VT of `width` values, the second overlapping the first */
+#define DW_ROWS_IN_TWO_MOVES(VT, width, dst, dst_pitch, src, src_pitch, rows, count)                                 \
+    do {                                                                                                             \
+        for (Py_ssize_t r_ = 0; r_ < (rows); r_++) {                                                                 \
+            VT a_, b_;                                                                                               \
+            memcpy(&a_, (src) + r_ * (src_pitch), sizeof a_);                                                        \
+            memcpy(&b_, (src) + r_ * (src_pitch) + (count) - (width), sizeof b_);                                    \
+            memcpy((dst) + r_ * (dst_pitch), &a_, sizeof a_);                                                        \
+            memcpy((dst) + r_ * (dst_pitch) + (count) - (width), &b_, sizeof b_);                                    \
+        }                                                                                                            \
+    } while (0)
+
 #define DEFINE_DEPTHWISE(NAME, T, V)                                                                                 \
     typedef T NAME##_v4 __attribute__((vector_size(4 * sizeof(T))));                                                 \
     typedef T NAME##_v8 __attribute__((vector_size(8 * sizeof(T))));                                                 \
@@ -764,21 +789,9 @@ static void dw_plan_data(dw_layout *l, dw_pass *passes, const Py_ssize_t *g) {
             for (Py_ssize_t r = 0; r < rows; r++)                                                                    \
                 for (Py_ssize_t v = 0; v < count; v++) dst[r * dst_pitch + v] = src[r * src_pitch + v];              \
         } else if (count >= 8)                                                                                       \
-            for (Py_ssize_t r = 0; r < rows; r++) {                                                                  \
-                NAME##_v8 a, b;                                                                                      \
-                memcpy(&a, src + r * src_pitch, sizeof a);                                                           \
-                memcpy(&b, src + r * src_pitch + count - 8, sizeof b);                                               \
-                memcpy(dst + r * dst_pitch, &a, sizeof a);                                                           \
-                memcpy(dst + r * dst_pitch + count - 8, &b, sizeof b);                                               \
-            }                                                                                                        \
+            DW_ROWS_IN_TWO_MOVES(NAME##_v8, 8, dst, dst_pitch, src, src_pitch, rows, count);                         \
         else                                                                                                         \
-            for (Py_ssize_t r = 0; r < rows; r++) {                                                                  \
-                NAME##_v4 a, b;                                                                                      \
-                memcpy(&a, src + r * src_pitch, sizeof a);                                                           \
-                memcpy(&b, src + r * src_pitch + count - 4, sizeof b);                                               \
-                memcpy(dst + r * dst_pitch, &a, sizeof a);                                                           \
-                memcpy(dst + r * dst_pitch + count - 4, &b, sizeof b);                                               \
-            }                                                                                                        \
+            DW_ROWS_IN_TWO_MOVES(NAME##_v4, 4, dst, dst_pitch, src, src_pitch, rows, count);                         \
     }                                                                                                                \
     /* plane (h x w) into the buffers of its sh·sw phases (each l->len values; borders left as they are: zero) */    \
     CCT_CLONES CCT_INLINE_COPIES static void NAME##_fill(const T *restrict src, T *restrict buf, const dw_layout *l, \
@@ -843,10 +856,8 @@ static void dw_plan_data(dw_layout *l, dw_pass *passes, const Py_ssize_t *g) {
         const Py_ssize_t n = g[0], c = g[1], o = g[2], h = g[3], w = g[4], sh = g[7], sw = g[8], oh = g[13],         \
                          ow = g[14], step = l->span * l->pitch;                                                      \
         for (Py_ssize_t plane = first; plane < last;) {                                                              \
-            const int stacked = l->images > 1; /* (channel, image) planes, else (image, channel) */                  \
-            const Py_ssize_t co = stacked ? plane / n : plane % o, img = stacked ? plane % n : plane / o;            \
-            Py_ssize_t k = n - img < last - plane ? n - img : last - plane;                                          \
-            k = k < l->images ? k : l->images;                                                                       \
+            Py_ssize_t co, img;                                                                                      \
+            const Py_ssize_t k = dw_stack_at(l, plane, last, n, o, &co, &img);                                       \
             for (Py_ssize_t i = 0; i < k; i++)                                                                       \
                 NAME##_fill(x + ((img + i) * c + co / (o / c)) * h * w, buf + i * step, l, h, w, sh, sw);            \
             NAME##_sum(buf, wt + co * p->taps, 1, 0, 0, p, dw_cells(l, k), wide);                                    \
@@ -870,10 +881,8 @@ static void dw_plan_data(dw_layout *l, dw_pass *passes, const Py_ssize_t *g) {
         const Py_ssize_t n = g[0], c = g[1], o = g[2], h = g[3], w = g[4], kh = g[5], kw = g[6], sh = g[7],          \
                          sw = g[8], oh = g[13], ow = g[14], m = o / c, step = l->span * l->pitch;                    \
         for (Py_ssize_t plane = first; plane < last;) {                                                              \
-            const int stacked = l->images > 1; /* (channel, image) planes, else (image, channel) */                  \
-            const Py_ssize_t ci = stacked ? plane / n : plane % c, img = stacked ? plane % n : plane / c;            \
-            Py_ssize_t k = n - img < last - plane ? n - img : last - plane;                                          \
-            k = k < l->images ? k : l->images;                                                                       \
+            Py_ssize_t ci, img;                                                                                      \
+            const Py_ssize_t k = dw_stack_at(l, plane, last, n, c, &ci, &img);                                       \
             for (Py_ssize_t j = 0; j < m; j++)                                                                       \
                 for (Py_ssize_t i = 0; i < k; i++)                                                                   \
                     NAME##_fill(dy + ((img + i) * o + ci * m + j) * oh * ow, buf + j * l->len + i * step, l, oh, ow, \
@@ -979,7 +988,8 @@ DEFINE_SGD(sgd_f64, double)
  * the numpy bodies' operations in their order, one rounding each (cct/layers/normalization.py, scale.py); a row's
  * sums are accumulated in double precision in ROW_LANES lanes (the numpy bodies' float sums, in their BLAS's
  * order, agree to rounding): 32, four vectors of independent sums (with 8, one vector, each step waited for the
- * last: BatchNorm's backward sums 1.7x slower).  An output may be its input (in place); the other outputs never overlap. */
+ * last: BatchNorm's backward sums 1.7x slower).  An output may be its input (in place); the other outputs never
+ * overlap. */
 #define ROW_LANES 32
 
 /* Σ TERM(i) over a row of `cells`, in ROW_LANES double lanes (a, b: the row's operands; shift: a row value). */
