@@ -138,6 +138,37 @@ def test_the_kernel_writes_only_the_planes_and_channels_it_is_given(dims, stacke
         k.depthwise(1, dy[:1], w, np.empty_like(x), None, args, 0, 1)
 
 
+@pytest.mark.parametrize("dims, applies", [(ALONE, True), (GEOMETRIES[4], True), (GEOMETRIES[3], False),
+                                           (STACKED, False), (GEOMETRIES[1], False), (GEOMETRIES[2], False)])
+def test_both_gradients_in_one_pass_give_the_bits_of_the_two(dims, applies):
+    """Stride 1, one output per channel, planes too large to stack: ``depthwise_backward`` computes dx and dw in
+    one pass over each channel's planes (the output gradient laid out once for both), with the bits of the data
+    and weight passes apart, however the channels are split; elsewhere (stacked planes, a stride, several outputs
+    per channel) it says so and computes nothing."""
+    g = _geometry(dims)
+    args = ((g.num, g.in_channels, g.out_channels) + g.in_shape + g.kernel + g.stride + g.pad + g.dilation
+            + g.out_shape)
+    k = native.kernels()
+    for dtype in (np.float32, np.float64):
+        x, w, _, dy = _operands(g, dtype, seed=6)
+        dx, dw = np.full_like(x, np.nan), np.ones_like(w)
+        assert k.depthwise_backward(x, dy, w, dx, dw, args, 0, 0) is applies
+        if not applies:
+            assert k.depthwise_backward(x, dy, w, dx, dw, args, 0, g.in_channels) is False
+            assert np.isnan(dx).all() and (dw == 1).all()
+            continue
+        apart_dx, apart_dw = np.full_like(x, np.nan), np.ones_like(w)
+        k.depthwise(1, dy, w, apart_dx, None, args, 0, g.num * g.in_channels)
+        k.depthwise(2, x, dy, apart_dw, None, args, 0, g.out_channels)
+        for cuts in ([], [1], [1, 2]):
+            dx, dw = np.full_like(x, np.nan), np.ones_like(w)
+            points = [0] + [c for c in cuts if c < g.in_channels] + [g.in_channels]
+            for c0, c1 in zip(points[:-1], points[1:]):
+                assert k.depthwise_backward(x, dy, w, dx, dw, args, c0, c1) is True
+            np.testing.assert_array_equal(dx, apart_dx)
+            np.testing.assert_array_equal(dw, apart_dw)
+
+
 def test_a_layer_through_the_engine_passes_the_numerical_gradient_check():
     x = np.random.default_rng(5).standard_normal((2, 3, 7, 6))
     check_gradient_through_engine("depthwise", 'type: "Convolution" convolution_param { num_output: 6 kernel_size: 3 '
