@@ -912,6 +912,18 @@ static void dw_plan_data(dw_layout *l, dw_pass *passes, const Py_ssize_t *g) {
             plane += k;                                                                                              \
         }                                                                                                            \
     }                                                                                                                \
+    /* A channel's weight gradient begun: its lanes and sums at zero (returns the block count, 0) */                 \
+    static inline Py_ssize_t NAME##_clear(V *lanes, double *acc, Py_ssize_t taps) {                                  \
+        for (Py_ssize_t t = 0; t < taps; t++) {                                                                      \
+            acc[t] = 0;                                                                                              \
+            lanes[t] = (V){0};                                                                                       \
+        }                                                                                                            \
+        return 0;                                                                                                    \
+    }                                                                                                                \
+    /* ... and ended: its sums added to dw[co] */                                                                    \
+    static inline void NAME##_store(T *dwt, Py_ssize_t co, const dw_pass *p, const double *acc) {                    \
+        for (Py_ssize_t t = 0; t < p->taps; t++) dwt[co * p->taps + p->weight[t]] += (T)acc[t];                      \
+    }                                                                                                                \
     /* The weight gradient's products over a stack's `cells` wide cells: per tap, grad times the tap's shifted       \
      * values of buf, DW_BLOCK float lanes each, gathered into acc's doubles every DW_LANE_BLOCKS blocks (*blocks    \
      * counts them across stacks) and after the last block of the `last` stack */                                    \
@@ -948,11 +960,7 @@ static void dw_plan_data(dw_layout *l, dw_pass *passes, const Py_ssize_t *g) {
                          ow = g[14], m = o / c, taps = p->taps, step = l->span * l->pitch;                           \
         Py_ssize_t held = 0; /* images whose values the buffers hold */                                              \
         for (Py_ssize_t co = first; co < last; co++) {                                                               \
-            Py_ssize_t blocks = 0;                                                                                   \
-            for (Py_ssize_t t = 0; t < taps; t++) {                                                                  \
-                acc[t] = 0;                                                                                          \
-                lanes[t] = (V){0};                                                                                   \
-            }                                                                                                        \
+            Py_ssize_t blocks = NAME##_clear(lanes, acc, taps);                                                      \
             for (Py_ssize_t img = 0; img < n; img += l->images) {                                                    \
                 const Py_ssize_t k = n - img < l->images ? n - img : l->images, cells = dw_cells(l, k);              \
                 if (k < held) /* a shorter stack: the gradient past it back to zeros (its last block may read it) */ \
@@ -965,7 +973,7 @@ static void dw_plan_data(dw_layout *l, dw_pass *passes, const Py_ssize_t *g) {
                 }                                                                                                    \
                 NAME##_products(grad, buf, p, cells, img + k == n, lanes, acc, &blocks);                             \
             }                                                                                                        \
-            for (Py_ssize_t t = 0; t < taps; t++) dwt[co * taps + p->weight[t]] += (T)acc[t];                        \
+            NAME##_store(dwt, co, p, acc);                                                                           \
         }                                                                                                            \
     }                                                                                                                \
     /* Both gradients of channels [first, last) of a layer of one output per channel, stride 1, whose forward and    \
@@ -981,18 +989,14 @@ static void dw_plan_data(dw_layout *l, dw_pass *passes, const Py_ssize_t *g) {
         const Py_ssize_t n = g[0], c = g[1], h = g[3], w = g[4], oh = g[13], ow = g[14], taps = pf->taps,            \
                          offset = ld->top * ld->pitch + ld->left;                                                    \
         for (Py_ssize_t co = first; co < last; co++) {                                                               \
-            Py_ssize_t blocks = 0;                                                                                   \
-            for (Py_ssize_t t = 0; t < taps; t++) {                                                                  \
-                acc[t] = 0;                                                                                          \
-                lanes[t] = (V){0};                                                                                   \
-            }                                                                                                        \
+            Py_ssize_t blocks = NAME##_clear(lanes, acc, taps);                                                      \
             for (Py_ssize_t img = 0; img < n; img++) {                                                               \
                 NAME##_fill(x + (img * c + co) * h * w, buf, lf, h, w, 1, 1);                                        \
                 NAME##_fill(dy + (img * c + co) * oh * ow, dbuf, ld, oh, ow, 1, 1);                                  \
                 NAME##_data_stack(dbuf, wt, dx, g, ld, passes, co, img, 1, wide);                                    \
                 NAME##_products(dbuf + offset, buf, pf, dw_cells(lf, 1), img + 1 == n, lanes, acc, &blocks);         \
             }                                                                                                        \
-            for (Py_ssize_t t = 0; t < taps; t++) dwt[co * taps + pf->weight[t]] += (T)acc[t];                       \
+            NAME##_store(dwt, co, pf, acc);                                                                          \
         }                                                                                                            \
     }
 DEFINE_DEPTHWISE(depthwise_f32, float, depthwise_f32x)
