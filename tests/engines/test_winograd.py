@@ -182,6 +182,11 @@ BIG_3 = ConvGeometry(64, 256, 384, 1, (13, 13), (3, 3), (1, 1), (1, 1), (1, 1))
 
 
 def test_auto_measures_winograd_on_big_layers_and_takes_the_fastest(monkeypatch):
+    """The machine's rates pinned to the defaults: calibrated in a noisy minute, the models could leave Winograd
+    no chance on this layer and it would not be measured (the outcome would be the machine's)."""
+    from cct.engines.cost_model import DEFAULT_RATES
+
+    monkeypatch.setattr(choice, "machine_rates", lambda *a, **k: DEFAULT_RATES)
     calls = []
 
     def measured(g, dtype, strategy, predicted, fft=True, winograd=False):
