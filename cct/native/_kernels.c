@@ -635,10 +635,11 @@ DEFINE_SOFTMAX_LOSS_BACKWARD(softmax_loss_backward_f64, double)
  * channel), as they lie.  The forward reads the input's phases; the data gradient, one pass per phase of dx,
  * reads the group's output gradients (each dx phase gathers the taps of that phase, their offsets flipped); the
  * weight gradient multiplies each tap's pass over the input's phases by the output gradient laid out as wide rows
- * (zero in the dropped columns and rows).  Each value is summed in a fixed order
- * (a cell over (output channel of the group, ky, kx) from 0, then the bias, as Caffe's GEMM then bias; a weight's
- * products in DW_BLOCK float lanes gathered into a double every DW_LANE_BLOCKS blocks), the same whatever the
- * thread count. */
+ * (zero in the dropped columns and rows); where that layout and the data gradient's coincide (stride 1, one output
+ * per channel, planes not stacked) both gradients run in one pass, dy laid out once (depthwise_backward()).  Each
+ * value is summed in a fixed order (a cell over (output channel of the group, ky, kx) from 0, then the bias, as
+ * Caffe's GEMM then bias; a weight's products in DW_BLOCK float lanes gathered into a double every DW_LANE_BLOCKS
+ * blocks), the same whatever the thread count. */
 #define DW_BLOCK 16
 #define DW_WIDE (4 * DW_BLOCK)
 #define DW_MAX_K 32         /* taps per axis, and the largest stride (RepLKNet's 31x31 kernels fit) */
