@@ -50,6 +50,7 @@ class DepthwiseEngine(ConvEngine):
     def __init__(self) -> None:
         super().__init__()
         self.dtype: Any = np.dtype(np.float32)
+        self._one_pass: dict[tuple[int, ...], bool] = {}  # geometry -> whether depthwise_backward takes it
 
     # ---- applicability and cost ---------------------------------------------------------------
     @staticmethod
@@ -138,7 +139,10 @@ class DepthwiseEngine(ConvEngine):
         geometry = self._arguments(n)
         if dx is not None and dw is not None:  # both in one pass over each channel's planes where the kernels can
             compiled = self._kernels(x, dy, w, dx, dw)
-            if compiled.depthwise_backward(x, dy, w, dx, dw, geometry, 0, 0):
+            one_pass = self._one_pass.get(geometry)
+            if one_pass is None:  # (asked once per geometry: first == last computes nothing)
+                one_pass = self._one_pass[geometry] = compiled.depthwise_backward(x, dy, w, dx, dw, geometry, 0, 0)
+            if one_pass:
                 run_batch(g.in_channels,
                           lambda _p, c0, c1: compiled.depthwise_backward(x, dy, w, dx, dw, geometry, c0, c1),
                           work=2 * self._plane_work() * n)

@@ -924,15 +924,15 @@ class LoweringEngine(ConvEngine):
         """The input cells a strided pointwise layer reads, as an index of (n, C, *in)."""
         return (slice(None), slice(None)) + tuple(slice(None, None, s) for s in self._geom().stride)
 
-    def _channels_first(self, ws: dict[str, Any], name: str, a: Any, subsample: bool = False) -> Any:
-        """``a`` (n, G·R, *out) — or an input's subsample — copied channel-first into the ``name`` slot as
-        (G, R, n·cols)."""
+    def _input_channels_first(self, ws: dict[str, Any], x: Any) -> Any:
+        """The cells ``x`` (n, C, *in) gives the pointwise GEMMs (its stride's subsample) copied channel-first into
+        the "col" slot as (G, K, n·cols) — what :meth:`_lower` makes of a 1x1 kernel, by one plain strided copy
+        (the compiled lowering's setup cost more on these small layers).  The output gradient's counterpart is
+        :meth:`_grad_yt`."""
         g, L = self._geom(), self._lay()
-        n, xp = a.shape[0], get_array_module(a)
-        if subsample:
-            a = a[self._subsample()]
-        buf = self._view(ws, name, (L.G, a.shape[1] // L.G, n * L.cols), a)
-        xp.copyto(buf.reshape((a.shape[1], n) + g.out_shape), xp.moveaxis(a, 0, 1))
+        n, xp = x.shape[0], get_array_module(x)
+        buf = self._view(ws, "col", (L.G, L.K, n * L.cols), x)
+        xp.copyto(buf.reshape((L.C, n) + g.out_shape), xp.moveaxis(x[self._subsample()] if L.subsampled else x, 0, 1))
         return buf
 
     def _pointwise_forward(self, ws: dict[str, Any], x: Any, wm: Any, b: Any | None, y: Any,
@@ -947,7 +947,7 @@ class LoweringEngine(ConvEngine):
         n, xp = x.shape[0], get_array_module(y)
         if batched:
             yt = self._view(ws, "z", (L.G, L.Og, n * L.cols), y)
-            xp.matmul(wm, self._channels_first(ws, "col", x, L.subsampled), out=yt)
+            xp.matmul(wm, self._input_channels_first(ws, x), out=yt)
             moved = xp.moveaxis(yt.reshape(L.O, n, L.cols), 1, 0)
             out = y.reshape(n, L.O, L.cols)
             if b is None:
@@ -965,16 +965,15 @@ class LoweringEngine(ConvEngine):
         """``acc`` (:meth:`_weight_grad_chunk`'s) ``+= dy[i, g] · x[i, g]ᵀ`` summed over the images, on the host
         one accumulating GEMM per image and group on the arrays where they lie (``first``: the first assigns);
         elsewhere (one call per image would be one launch each) by the channel-first copies and one GEMM, as
-        ``batched`` does — which returns its channel-first ``dy`` (the "z" slot) for the data gradient."""
+        ``batched`` does — which returns its channel-first ``dy`` (:meth:`_grad_yt`) for the data gradient."""
         L = self._lay()
         n = x.shape[0]
         if get_array_module(x) is not np and not batched:
             self._weight_grad_chunk(ws, x, self._grad_z(ws, dy), acc, first, None, by_rows)
             return None
         if batched:
-            dyt = self._channels_first(ws, "z", dy)
-            self._weight_grad_chunk(ws, x, dyt, acc, first, self._channels_first(ws, "col", x, L.subsampled),
-                                    by_rows)
+            dyt = self._grad_yt(ws, dy).reshape(L.G, L.Og, n * L.cols)
+            self._weight_grad_chunk(ws, x, dyt, acc, first, self._input_channels_first(ws, x), by_rows)
             return dyt
         xv, dyv = self._pointwise_input(ws, x).reshape(n, L.G, L.K, L.cols), dy.reshape(n, L.G, L.Og, L.cols)
         for i in range(n):
@@ -995,7 +994,7 @@ class LoweringEngine(ConvEngine):
         g, L = self._geom(), self._lay()
         n, xp = dy.shape[0], get_array_module(dy)
         if batched:
-            dyt = self._channels_first(ws, "z", dy) if dyt is None else dyt
+            dyt = self._grad_yt(ws, dy).reshape(L.G, L.Og, n * L.cols) if dyt is None else dyt
             dxt = self._view(ws, "col", (L.G, L.K, n * L.cols), dy)
             xp.matmul(wm.transpose(0, 2, 1), dyt, out=dxt)
             if L.subsampled:
