@@ -26,6 +26,13 @@ lowering is then an output row times the images, not one short output row.  2-D 
 at a time in a padded plane of every image's cells (CaffeNet's conv4 at 32 images, type 2: col2im 20.9 -> 5.6
 ms, lowering 8.1 -> 6.7 ms; the digits LeNet's conv2 at 64: 280 -> 75 and 94 -> 55 us).
 
+Type 1 on images first with big outputs runs one GEMM per image straight into the output; on float32 and AVX-512F
+those products may run on the compiled panel GEMM of :mod:`cct.native`, and the weight gradient (one group, 2-D) on
+its kernel that lowers each image span by span straight into that GEMM's panels — each where measured faster for
+the shape (:meth:`LoweringEngine._panel_forward`, :meth:`LoweringEngine._panel_weight_grad`): CaffeNet's conv1,
+whose 96-row products OpenBLAS runs at 62-70% of its peak, forward 0.79x and weight gradient 0.78x BLAS's time in
+the net.
+
 Generalisations: groups (one GEMM per group), dilation (offsets ``k·dil``), N-D (balanced lifts the first
 spatial axis and lowers the rest).  A lifted axis needs stride 1 (otherwise the GEMM would compute ``s``
 times the rows it uses), so a strategy whose lifted axes have a stride > 1, type 2 with one spatial axis
@@ -96,6 +103,12 @@ WEIGHT_LAYOUT_MIN_FLOPS = 2e8
 # well below its rate on wide ones — per image a 1024 x 1024 layer's backward took 1.4x the time of the batched
 # GEMMs — where 64 columns (8x8) run at full speed per image (the batched ones then 1.15-1.3x slower)
 POINTWISE_BATCH_MAX_COLS = 100
+# products (per image, or per chunk for the weight gradient) of fewer flops keep BLAS without measuring the compiled
+# panel GEMMs: their measurement would cost more than they could save
+PANEL_MIN_FLOPS = 5e7
+# a measured choice between BLAS and the compiled panel GEMM times this many products a run: one (a few ms) is
+# within the shared machine's noise of a 10% difference
+PANEL_MEASURE_PRODUCTS = 8
 # forward keeps its lowered matrix for backward's weight gradient when the whole batch's is at most this big
 # (small layers, where lowering costs as much as the GEMMs), no smaller than the input it keeps a copy of (a
 # strided 1x1 kernel lowers a quarter of its input: ResNet-50's res4a_branch2a, 10 images, forward 2.1 ms
@@ -833,10 +846,10 @@ class LoweringEngine(ConvEngine):
 
     # ---- per chunk bodies ----------------------------------------------------------------------
     def _forward_chunk(self, ws: dict[str, Any], x: Any, wm: Any, b: Any | None, y: Any,
-                       keep: tuple[int, int] | None = None) -> None:
+                       keep: tuple[int, int] | None = None, panels: bool = False) -> None:
         """One chunk's forward; ``keep``: the chunk's image range, under which its lowered matrix — lowered
         straight into the kept buffer, not copied there — and a copy of its input are kept for
-        :meth:`_kept_lowered`."""
+        :meth:`_kept_lowered`; ``panels``: per-image products by the compiled panel GEMM (:meth:`_panel_forward`)."""
         L = self._lay()
         out = None
         if keep is not None:
@@ -848,7 +861,103 @@ class LoweringEngine(ConvEngine):
             xp.copyto(kept[1], x)
             out = kept[2]
         col = self._lower(ws, x, out).reshape(L.G, L.K, x.shape[0] * L.cols)
-        self._forward_lowered(ws, col, wm, b, y)
+        self._forward_lowered(ws, col, wm, b, y, panels)
+
+    def _direct_forward(self, y: Any) -> bool:
+        """Whether forward runs one GEMM per image (and group) straight into ``y``: type 1 with big images."""
+        L = self._lay()
+        return (L.f == 0 and not L.images_last and isinstance(y, np.ndarray) and L.cols >= DIRECT_MIN_COLS
+                and y.flags.c_contiguous)
+
+    def _panel_forward(self, y: Any, keep: bool) -> bool:
+        """Whether the per-image products of :meth:`_forward_lowered` (``(Og, K)`` by ``(K, cols)``) run on the
+        compiled panel GEMM (:mod:`cct.native`'s ``panel_gemm``: float32, AVX-512F) rather than BLAS: measured
+        once per product shape and machine (:func:`cct.engines.measured.measured_choice`, stand-ins in every
+        batch partition at once, as the layer runs them), since it wins on few rows, a moderate inner dimension
+        and many columns — CaffeNet's conv1, 96 x 363 by 363 x 3025, one core: 0.83-0.89x BLAS's time; ResNet's
+        conv1, 64 x 147 by 147 x 12544, 0.82-0.86x — and loses elsewhere (256 x 1152 by 1152 x 169: 1.3x).  Not
+        where forward keeps its lowered matrix (small layers)."""
+        L = self._lay()
+        compiled = native.kernels()
+        if keep or compiled is None or y.dtype != np.float32 or not self._direct_forward(y) \
+                or 2.0 * L.Og * L.K * L.cols < PANEL_MIN_FLOPS:
+            return False
+        key = f"panel-m{L.Og}-k{L.K}-n{L.cols}"
+        choice = self._layouts.get(key)
+        if choice is None:
+            probe = np.zeros((1, 1), np.float32)
+            if not compiled.panel_gemm(probe, probe, probe, None):  # no AVX-512F here
+                choice = "blas"
+            else:
+                from cct.engines.measured import _concurrent, measured_choice, stand_in
+
+                parts = self.batch_partitions()
+                rng = np.random.default_rng(0)
+                w = stand_in(rng, (L.Og, L.K), np.float32)
+                x = [stand_in(rng, (L.K, L.cols), np.float32) for _ in range(parts)]
+                out = [np.empty((L.Og, L.cols), np.float32) for _ in range(parts)]
+                reps = range(PANEL_MEASURE_PRODUCTS)
+
+                def blas(p: int) -> Any:
+                    return lambda: [np.matmul(w, x[p], out=out[p]) for _ in reps]
+
+                def panel(p: int) -> Any:
+                    return lambda: [compiled.panel_gemm(out[p], w, x[p], None) for _ in reps]
+                ways = {"blas": _concurrent(parts, blas), "panels": _concurrent(parts, panel)}
+                choice = measured_choice("panel_gemm", key, ways)
+            self._layouts[key] = choice
+        return choice == "panels"
+
+    def _panel_weight_grad(self, dy: Any, chunks: list[list[tuple[int, int]]]) -> bool:
+        """Whether backward's weight gradient runs on the compiled kernel that lowers each image span by span
+        straight into the panel GEMM's panels and adds the tiles' sums into the accumulator (``panel_weight_grad``:
+        float32, AVX-512F; type 1, images first, one group, 2-D, no column dilation) rather than lowering each chunk
+        for BLAS: measured once per geometry and machine (both ways, lowering included, on stand-in chunks in every
+        batch partition at once: :func:`cct.engines.measured.measured_choice`).  It wins where OpenBLAS's GEMM with
+        a short dimension runs well below its rate — CaffeNet's conv1, 96 outputs by 363 lowered rows — and the
+        lowered matrix would leave the caches."""
+        g, L = self._geom(), self._lay()
+        compiled = native.kernels()
+        if compiled is None or not isinstance(dy, np.ndarray) or dy.dtype != np.float32 or L.f != 0 \
+                or L.images_last or L.pointwise or L.G != 1 or g.num_spatial_axes != 2 or g.dilation[1] != 1 \
+                or not dy.flags.c_contiguous:
+            return False
+        images = max(n1 - n0 for c in chunks for n0, n1 in c)
+        if 2.0 * L.M * L.K * L.cols * images < PANEL_MIN_FLOPS:
+            return False
+        key = (f"panel-wgrad-c{g.in_channels}-i{'x'.join(map(str, g.in_shape))}-o{g.out_channels}"
+               f"-k{'x'.join(map(str, g.kernel))}-s{'x'.join(map(str, g.stride))}-p{'x'.join(map(str, g.pad))}"
+               f"-d{'x'.join(map(str, g.dilation))}-n{images}")
+        choice = self._layouts.get(key)
+        if choice is None:
+            probe = np.zeros((1, 1), np.float32)
+            if not compiled.panel_gemm(probe, probe, probe, None):  # no AVX-512F here
+                choice = "blas"
+            else:
+                from cct.engines.measured import _concurrent, measured_choice, stand_in
+
+                parts = len(chunks)
+                rng = np.random.default_rng(0)
+                xs = [stand_in(rng, (images, L.C) + g.in_shape, np.float32) for _ in range(parts)]
+                dys = [stand_in(rng, (images, L.O) + g.out_shape, np.float32) for _ in range(parts)]
+                spaces: list[dict[str, Any]] = [{} for _ in range(parts)]
+                by_rows = self._weight_grad_layout(images, np.float32, parts, np) == "mxk"
+                accs = [np.zeros((L.G, L.M, L.K) if by_rows else (L.G, L.K, L.M), np.float32) for _ in range(parts)]
+                into = [np.zeros((L.M, L.K), np.float32) for _ in range(parts)]
+                geometry = self._lowering_geometry(images)
+
+                def blas(p: int) -> Any:
+                    ws = spaces[p]
+                    return lambda: self._weight_grad_chunk(ws, xs[p], self._unlifted(ws, self._grad_yt(ws, dys[p]),
+                                                                                      images), accs[p], True, None,
+                                                           by_rows)
+
+                def panel(p: int) -> Any:
+                    return lambda: compiled.panel_weight_grad(xs[p], dys[p], into[p], geometry)
+                choice = measured_choice("panel_gemm", key, {"blas": _concurrent(parts, blas),
+                                                              "panels": _concurrent(parts, panel)})
+            self._layouts[key] = choice
+        return choice == "panels"
 
     def _kept_lowered(self, key: tuple[int, int], x: Any) -> Any | None:
         """The lowered matrix forward kept for images ``key`` if ``x`` is bitwise what it lowered, else None."""
@@ -864,16 +973,24 @@ class LoweringEngine(ConvEngine):
         L = kept[0]
         return kept[2].reshape(L.G, L.K, x.shape[0] * L.cols)
 
-    def _forward_lowered(self, ws: dict[str, Any], col: Any, wm: Any, b: Any | None, y: Any) -> None:
-        """``y`` (n, O, *out) from the lowered ``col`` (G, K, n·cols): GEMM, lift, transpose (+ bias)."""
+    def _forward_lowered(self, ws: dict[str, Any], col: Any, wm: Any, b: Any | None, y: Any,
+                         panels: bool = False) -> None:
+        """``y`` (n, O, *out) from the lowered ``col`` (G, K, n·cols): GEMM, lift, transpose (+ bias);
+        ``panels``: the per-image products of big type-1 images by the compiled panel GEMM."""
         g, L = self._geom(), self._lay()
         xp = get_array_module(y)
         n = y.shape[0]
-        if L.f == 0 and not L.images_last and xp is np and L.cols >= DIRECT_MIN_COLS and y.flags.c_contiguous:
+        if self._direct_forward(y):
             # type 1 with big images: one GEMM per image straight into y (no GEMM buffer, no transposition), its
             # bias added while the image's output is in the cache (CaffeNet's conv1 forward 63.7 -> 56.4 ms)
             col4 = col.reshape(L.G, L.K, n, L.cols)
             yv = y.reshape(n, L.G, L.Og, L.cols)
+            compiled = native.kernels() if panels else None
+            if compiled is not None:  # the bias added as each tile is stored
+                gb = [None if b is None else b[gi * L.Og:(gi + 1) * L.Og] for gi in range(L.G)]
+                if all(compiled.panel_gemm(yv[i, gi], wm[gi], col4[gi, :, i], gb[gi])
+                       for i in range(n) for gi in range(L.G)):
+                    return
             bias = None if b is None else b.reshape((L.O,) + (1,) * g.num_spatial_axes)
             for i in range(n):
                 for gi in range(L.G):
@@ -1238,22 +1355,24 @@ class LoweringEngine(ConvEngine):
         keep = self._trains and lowered * x.itemsize <= KEEP_LOWERED_MAX_BYTES and x.size <= lowered
         if not keep:
             self._kept.clear()
+        panels = self._panel_forward(y, keep)
         self._run(self._space(x), chunks,
                   lambda ws, part, n0, n1: self._forward_chunk(ws, x[n0:n1], wm, b, y[n0:n1],
-                                                               (n0, n1) if keep else None))
+                                                               (n0, n1) if keep else None, panels))
         return y
 
     def _weight_accumulators(self, space: Workspace, dw: Any | None, chunks: list[list[tuple[int, int]]],
-                             images: int | None = None) -> tuple[list[Any], bool]:
+                             images: int | None = None, by_rows: bool | None = None) -> tuple[list[Any], bool]:
         """Per partition, where it accumulates dW_m — a workspace buffer, (G, K, M) or (G, M, K) as
-        :meth:`_weight_grad_layout` has it for GEMMs over ``images`` images (default: a chunk's) — and whether it
-        is the latter."""
+        :meth:`_weight_grad_layout` has it for GEMMs over ``images`` images (default: a chunk's; ``by_rows``
+        decides instead where given) — and whether it is the latter."""
         L = self._lay()
         if dw is None:
             return [], False
         if images is None:
             images = max(n1 - n0 for c in chunks for n0, n1 in c)
-        by_rows = self._weight_grad_layout(images, dw.dtype, len(chunks), get_array_module(dw)) == "mxk"
+        if by_rows is None:
+            by_rows = self._weight_grad_layout(images, dw.dtype, len(chunks), get_array_module(dw)) == "mxk"
         shape = (L.G, L.M, L.K) if by_rows else (L.G, L.K, L.M)
         return [self._view(space.part(p), "dw_acc", shape, dw) for p in range(len(chunks))], by_rows
 
@@ -1298,16 +1417,26 @@ class LoweringEngine(ConvEngine):
         pointwise = L.pointwise and dy.flags.c_contiguous and (dx is None or dx.flags.c_contiguous)
         batched = pointwise and not self._pointwise_per_image(chunks, dy.dtype,
                                                               "weights" if dx is None else "backward", xp)
+        panels = dw is not None and self._panel_weight_grad(dy, chunks)
         accs, by_rows = self._weight_accumulators(space, dw, chunks,
-                                                  1 if pointwise and not batched and xp is np else None)
+                                                  1 if pointwise and not batched and xp is np else None,
+                                                  True if panels else None)
         firsts = {c[0][0] for c in chunks}
         self._trains = self._trains or dw is not None
+        compiled = native.kernels() if panels else None
 
         by_gemms = self._lifts_by_gemms(dy.dtype, xp)
         # type 2 on wide outputs (as its forward): the data gradient by one GEMM per image, group and offset too
         rows_per_image = _lifts_per_image(L, self._geom(), dy.dtype, xp)
 
         def body(ws: dict[str, Any], part: int, n0: int, n1: int) -> None:
+            if compiled is not None:  # the weight gradient lowered span by span into the compiled tiles' panels
+                if n0 in firsts:
+                    accs[part].fill(0)
+                compiled.panel_weight_grad(x[n0:n1], dy[n0:n1], accs[part][0], self._lowering_geometry(n1 - n0))
+                if dx is not None:
+                    data_grad(ws, n0, n1)
+                return
             if pointwise:
                 dyt = None
                 if dw is not None:
@@ -1331,13 +1460,20 @@ class LoweringEngine(ConvEngine):
                 self._weight_grad_chunk(ws, x[n0:n1], dz, accs[part], n0 in firsts,
                                         self._kept_lowered((n0, n1), x[n0:n1]), by_rows)
             if dx is not None:
-                dcol = self._view(ws, "col", (L.G, L.K, (n1 - n0) * L.cols), dy)
-                if rows_per_image:
-                    self._data_grad_by_rows(wm, dyt, dcol, n1 - n0)
-                else:
-                    for gi in range(L.G):
-                        xp.matmul(wm[gi].T, dz[gi], out=dcol[gi])
-                self._col2im(ws, dcol.reshape(L.col_shape(n1 - n0)), dx[n0:n1])
+                data_grad(ws, n0, n1, dyt, dz)
+
+        def data_grad(ws: dict[str, Any], n0: int, n1: int, dyt: Any = None, dz: Any = None) -> None:
+            if dyt is None:
+                dyt = self._grad_yt(ws, dy[n0:n1])
+            dcol = self._view(ws, "col", (L.G, L.K, (n1 - n0) * L.cols), dy)
+            if rows_per_image:
+                self._data_grad_by_rows(wm, dyt, dcol, n1 - n0)
+            else:
+                if dz is None:
+                    dz = self._unlifted(ws, dyt, n1 - n0)
+                for gi in range(L.G):
+                    xp.matmul(wm[gi].T, dz[gi], out=dcol[gi])
+            self._col2im(ws, dcol.reshape(L.col_shape(n1 - n0)), dx[n0:n1])
 
         self._run(space, chunks, body)
         self._finish_weight_grad(dw, accs, by_rows)

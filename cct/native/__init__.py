@@ -15,7 +15,11 @@ keep their array-module bodies for everything else (cupy, other dtypes, N-D lowe
 within a channel or with other powers, leaky ReLUs, the other update rules).
 
 They also make :func:`cct.engines.gemm.matmul_accumulate`'s call into numpy's BLAS (``out += a @ b``, beta 1)
-in one C call with the GIL released, where a ctypes call checked its operands in Python.
+in one C call with the GIL released, where a ctypes call checked its operands in Python; and, on CPUs with AVX-512F,
+a float32 GEMM of their own for the products OpenBLAS runs well below its peak — few rows, a moderate inner
+dimension, many columns: a type-1 lowering's per-image forward (``panel_gemm``) and, lowering each image span by
+span straight into its panels, the weight gradient (``panel_weight_grad``) — which the lowering engine runs where
+measured faster (CaffeNet's conv1).
 
 Without a compiler the package installs without them and every layer runs its numpy body;
 ``cct device_query`` says which.  ``CCT_NATIVE=0`` in the environment turns them off (for A/B timing).
@@ -30,7 +34,7 @@ import numpy as np
 from cct.config import settings
 
 # the kernels' API version this package calls (CCT_KERNELS_API in _kernels.c)
-API_VERSION = 15
+API_VERSION = 16
 
 try:
     from cct.native import _kernels as _built
@@ -73,4 +77,4 @@ def describe() -> str:
     return ("compiled (MAX pooling of up to 8 spatial axes; LRN across channels, beta 0.75; 2-D lowering, images "
             "first or last, and its layout moves; ReLU backward, and forward after a sum; BatchNorm and Scale per "
             "channel; SoftmaxWithLoss backward; depthwise convolution; SGD update; gradients' finiteness; "
-            "accumulating GEMM calls), numpy bodies elsewhere")
+            "accumulating GEMM calls; float32 panel GEMMs on AVX-512F), numpy bodies elsewhere")

@@ -2,8 +2,8 @@
  * cct/native/__init__.py): MAX pooling (forward and backward, 1 to 8 spatial axes), LRN across channels with
  * beta = 3/4 (forward and backward), the 2-D lowering of CcT's types 1 and 2 (im2col) and its adjoint
  * (col2im), ReLU's backward, BatchNorm's and Scale's passes over channel rows (each alone, and the two
- * forward as one), depthwise convolution (one input channel per group), the SGD solver's update step (and a
- * beta = 1 GEMM call into numpy's BLAS, at the end).  Each kernel works on C-contiguous buffers (float32 or
+ * forward as one), depthwise convolution (one input channel per group), the SGD solver's update step (and, at the
+ * end, a beta = 1 GEMM call into numpy's BLAS and a float32 GEMM of their own for AVX-512F CPUs).  Each kernel works on C-contiguous buffers (float32 or
  * float64, chosen by the buffer's item size), walks one channel plane (or image, or tile of channels, or value)
  * at a time while it sits in the core's cache, and releases the GIL, so the batch partitions' threads run it
  * side by side.  Arguments are checked before any memory is touched: a geometry that does not fit its buffers is
@@ -2170,6 +2170,325 @@ out:
     return PyBool_FromLong(done);
 }
 
+/* A float32 GEMM of its own for the products OpenBLAS runs well below its peak: y = w @ x (+ bias per row) with
+ * few rows (the output channels), a moderate inner dimension and many columns — a type-1 lowering's per-image
+ * product (CaffeNet's conv1: 96 x 363 by 363 x 3025, at 62-70% of OpenBLAS's 2048³ rate on this product with
+ * AVX-512 kernels; OpenBLAS packs both operands of every call in its general blocking).  Here w is packed once
+ * per call into blocks of 12 rows, [block][k][12]; x, a block of up to 8 panels of 32 columns at a time, into
+ * [panel][k][32] (one aligned 32-value move per row and panel, its last panel's missing columns zero); each 12 x 32
+ * tile of y is then 24 vector accumulators over the whole inner dimension (no partial sums written back), a row of
+ * x's panel two vector loads and each of w's 12 values one broadcast for 24 fused multiply-adds.  Every value is
+ * a sum over k in order, one fused multiply-add at a time, wherever its tile lies: the same bits for any split of
+ * the columns.  AVX-512F only (a run-time check; elsewhere the caller keeps its BLAS call). */
+#if defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>
+#define PANEL_ROWS 12
+#define PANEL_COLS 32
+#define PANEL_BLOCK_BYTES (512 << 10) /* the packed panels of one block of columns: in the core's L2 cache */
+
+__attribute__((target("avx512f"))) static void panel_tile(const float *a, const float *p, Py_ssize_t k, float *y,
+                                                          Py_ssize_t ldy, int rows, __mmask16 m0, __mmask16 m1,
+                                                          const float *bias, int load) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, a8 = a0,
+           a9 = a0, a10 = a0, a11 = a0;
+    __m512 b0 = a0, b1 = a0, b2 = a0, b3 = a0, b4 = a0, b5 = a0, b6 = a0, b7 = a0, b8 = a0, b9 = a0, b10 = a0,
+           b11 = a0;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        const __m512 x0 = _mm512_load_ps(p), x1 = _mm512_load_ps(p + 16);
+        __m512 v;
+#define PANEL_ROW(r)                                                                                          \
+    v = _mm512_set1_ps(a[r]);                                                                                 \
+    a##r = _mm512_fmadd_ps(v, x0, a##r);                                                                      \
+    b##r = _mm512_fmadd_ps(v, x1, b##r);
+        PANEL_ROW(0) PANEL_ROW(1) PANEL_ROW(2) PANEL_ROW(3) PANEL_ROW(4) PANEL_ROW(5)
+        PANEL_ROW(6) PANEL_ROW(7) PANEL_ROW(8) PANEL_ROW(9) PANEL_ROW(10) PANEL_ROW(11)
+#undef PANEL_ROW
+        p += PANEL_COLS;
+        a += PANEL_ROWS;
+    }
+    if (rows == PANEL_ROWS) {  /* the common full tile: stores straight from the accumulators */
+#define PANEL_STORE(r)                                                                                        \
+    if (load) {                                                                                               \
+        a##r = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, y + r * ldy), a##r);                                   \
+        b##r = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, y + r * ldy + 16), b##r);                              \
+    }                                                                                                         \
+    if (bias) {                                                                                               \
+        a##r = _mm512_add_ps(a##r, _mm512_set1_ps(bias[r]));                                                  \
+        b##r = _mm512_add_ps(b##r, _mm512_set1_ps(bias[r]));                                                  \
+    }                                                                                                         \
+    _mm512_mask_storeu_ps(y + r * ldy, m0, a##r);                                                             \
+    _mm512_mask_storeu_ps(y + r * ldy + 16, m1, b##r);
+        PANEL_STORE(0) PANEL_STORE(1) PANEL_STORE(2) PANEL_STORE(3) PANEL_STORE(4) PANEL_STORE(5)
+        PANEL_STORE(6) PANEL_STORE(7) PANEL_STORE(8) PANEL_STORE(9) PANEL_STORE(10) PANEL_STORE(11)
+#undef PANEL_STORE
+        return;
+    }
+    const __m512 lo[PANEL_ROWS] = {a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11};
+    const __m512 hi[PANEL_ROWS] = {b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11};
+    for (int r = 0; r < rows; r++) {
+        __m512 u = lo[r], w = hi[r];
+        if (load) {
+            u = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, y + r * ldy), u);
+            w = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, y + r * ldy + 16), w);
+        }
+        if (bias) {
+            const __m512 c = _mm512_set1_ps(bias[r]);
+            u = _mm512_add_ps(u, c);
+            w = _mm512_add_ps(w, c);
+        }
+        _mm512_mask_storeu_ps(y + r * ldy, m0, u);
+        _mm512_mask_storeu_ps(y + r * ldy + 16, m1, w);
+    }
+}
+
+/* y (m x n, rows ldy apart) = w (m x k, rows ldw apart) @ x (k x n, rows ldx apart) (+ bias[r] on row r);
+ * wp: m rounded up to 12 times k values, xp: a block's packed panels (64-byte aligned). */
+__attribute__((target("avx512f"))) static void panel_gemm_f32(float *y, Py_ssize_t ldy, const float *w,
+                                                              Py_ssize_t ldw, const float *x, Py_ssize_t ldx,
+                                                              const float *bias, Py_ssize_t m, Py_ssize_t n,
+                                                              Py_ssize_t k, float *wp, float *xp,
+                                                              Py_ssize_t block) {
+    const Py_ssize_t blocks = (m + PANEL_ROWS - 1) / PANEL_ROWS;
+    for (Py_ssize_t rb = 0; rb < blocks; rb++)  /* rows past m are zeros: computed, never stored */
+        for (int r = 0; r < PANEL_ROWS; r++) {
+            const Py_ssize_t row = rb * PANEL_ROWS + r;
+            float *to = wp + rb * k * PANEL_ROWS + r;
+            for (Py_ssize_t i = 0; i < k; i++) to[i * PANEL_ROWS] = row < m ? w[row * ldw + i] : 0.0f;
+        }
+    for (Py_ssize_t j0 = 0; j0 < n; j0 += block * PANEL_COLS) {
+        const Py_ssize_t cols = n - j0 < block * PANEL_COLS ? n - j0 : block * PANEL_COLS;
+        const Py_ssize_t panels = (cols + PANEL_COLS - 1) / PANEL_COLS;
+        for (Py_ssize_t q = 0; q < panels; q++) {
+            const Py_ssize_t left = cols - q * PANEL_COLS;
+            const __mmask16 m0 = left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1);
+            const __mmask16 m1 = left >= 32 ? 0xFFFF : left <= 16 ? 0 : (__mmask16)((1u << (left - 16)) - 1);
+            const float *from = x + j0 + q * PANEL_COLS;
+            float *to = xp + q * k * PANEL_COLS;
+            for (Py_ssize_t i = 0; i < k; i++) {  /* masked loads read nothing past the row */
+                _mm512_store_ps(to + i * PANEL_COLS, _mm512_maskz_loadu_ps(m0, from + i * ldx));
+                _mm512_store_ps(to + i * PANEL_COLS + 16, _mm512_maskz_loadu_ps(m1, from + i * ldx + 16));
+            }
+        }
+        for (Py_ssize_t rb = 0; rb < blocks; rb++) {
+            const int rows = m - rb * PANEL_ROWS < PANEL_ROWS ? (int)(m - rb * PANEL_ROWS) : PANEL_ROWS;
+            for (Py_ssize_t q = 0; q < panels; q++) {
+                const Py_ssize_t left = cols - q * PANEL_COLS;
+                const __mmask16 m0 = left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1);
+                const __mmask16 m1 = left >= 32 ? 0xFFFF : left <= 16 ? 0 : (__mmask16)((1u << (left - 16)) - 1);
+                panel_tile(wp + rb * k * PANEL_ROWS, xp + q * k * PANEL_COLS, k,
+                           y + rb * PANEL_ROWS * ldy + j0 + q * PANEL_COLS, ldy, rows, m0, m1,
+                           bias ? bias + rb * PANEL_ROWS : NULL, 0);
+            }
+        }
+    }
+}
+
+/* The weight gradient of a 2-D convolution (one group, dilation 1) by the same tiles: dw (o x K, rows ldw apart)
+ * += Σ over the images of dy (o x cols) @ colᵀ, col the type-1 lowering (K = c·kh·kw rows, cols = oh·ow output
+ * positions).  colᵀ is never formed whole: per span of PANEL_SPAN output positions, the image's windows are copied
+ * straight into panels of 32 lowered rows, panel[q][position][lane] = col[32q + lane][position] (each window row's
+ * kw cells one or two masked moves from the zero-bordered image), and dy's rows into blocks of 12,
+ * [position][12]; both stay in the core's L2 cache while the tiles add their sums into dw. */
+#define PANEL_SPAN 256
+
+__attribute__((target("avx512f"))) static void panel_weight_grad_f32(const float *x, const float *dy, float *dw,
+                                                                     Py_ssize_t ldw, Py_ssize_t o,
+                                                                     const Py_ssize_t *g, float *padded, float *q,
+                                                                     float *ap, Py_ssize_t *at) {
+    const Py_ssize_t n = g[0], c = g[1], h = g[2], w = g[3], kh = g[4], kw = g[5], sh = g[6], sw = g[7];
+    const Py_ssize_t ph = g[8], pw = g[9], dh = g[10], oh = g[12], ow = g[13];
+    const Py_ssize_t hp = h + 2 * ph, wp = w + 2 * pw, k = c * kh * kw, cols = oh * ow;
+    const Py_ssize_t panels = (k + PANEL_COLS - 1) / PANEL_COLS, blocks = (o + PANEL_ROWS - 1) / PANEL_ROWS;
+    const Py_ssize_t tail = k % PANEL_COLS;
+    memset(padded, 0, c * hp * wp * sizeof(float));
+    for (Py_ssize_t img = 0; img < n; img++) {
+        for (Py_ssize_t ch = 0; ch < c; ch++)
+            for (Py_ssize_t row = 0; row < h; row++)
+                memcpy(padded + (ch * hp + row + ph) * wp + pw, x + ((img * c + ch) * h + row) * w, w * sizeof(float));
+        const float *dyi = dy + img * o * cols;
+        for (Py_ssize_t p0 = 0; p0 < cols; p0 += PANEL_SPAN) {
+            const Py_ssize_t span = cols - p0 < PANEL_SPAN ? cols - p0 : PANEL_SPAN;
+            Py_ssize_t r = p0 / ow, v = p0 % ow;
+            for (Py_ssize_t t = 0; t < span; t++) {  /* each position's window corner in the padded image */
+                at[t] = r * sh * wp + v * sw;
+                if (++v == ow) {
+                    v = 0;
+                    r++;
+                }
+            }
+            if (tail)  /* the last panel's lanes past k: zeros */
+                for (Py_ssize_t t = 0; t < span; t++) {
+                    float *lanes = q + (panels - 1) * PANEL_SPAN * PANEL_COLS + t * PANEL_COLS;
+                    _mm512_mask_storeu_ps(lanes + 16 * (tail >= 16), (__mmask16)~((1u << (tail % 16)) - 1),
+                                          _mm512_setzero_ps());
+                    if (tail < 16) _mm512_storeu_ps(lanes + 16, _mm512_setzero_ps());
+                }
+            /* every window row's kw cells, one piece (at most 16 cells within a panel) at a time for every position */
+            for (Py_ssize_t ch = 0; ch < c; ch++)
+                for (Py_ssize_t i = 0; i < kh; i++) {
+                    const float *corner = padded + (ch * hp + i * dh) * wp;
+                    const Py_ssize_t k0 = (ch * kh + i) * kw;
+                    for (Py_ssize_t j = 0; j < kw;) {
+                        const Py_ssize_t kk = k0 + j, lane = kk % PANEL_COLS;
+                        Py_ssize_t piece = kw - j;
+                        if (piece > PANEL_COLS - lane) piece = PANEL_COLS - lane;
+                        if (piece > 16) piece = 16;
+                        const __mmask16 mask = (__mmask16)((1u << piece) - 1);
+                        const float *src = corner + j;
+                        float *dst = q + kk / PANEL_COLS * PANEL_SPAN * PANEL_COLS + lane;
+                        for (Py_ssize_t t = 0; t < span; t++)
+                            _mm512_mask_storeu_ps(dst + t * PANEL_COLS, mask, _mm512_maskz_loadu_ps(mask, src + at[t]));
+                        j += piece;
+                    }
+                }
+            /* dy's rows in blocks of 12, [position][12]: each position's 12 values one gather */
+            for (Py_ssize_t rb = 0; rb < blocks; rb++) {
+                const Py_ssize_t rows = o - rb * PANEL_ROWS < PANEL_ROWS ? o - rb * PANEL_ROWS : PANEL_ROWS;
+                const __mmask16 mask = (__mmask16)((1u << rows) - 1);
+                const __m512i index = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3,
+                                                                           2, 1, 0),
+                                                         _mm512_set1_epi32((int)cols));
+                const float *from = dyi + rb * PANEL_ROWS * cols + p0;
+                float *to = ap + rb * PANEL_SPAN * PANEL_ROWS;
+                for (Py_ssize_t t = 0; t < span; t++)  /* rows past o: zeros */
+                    _mm512_mask_storeu_ps(to + t * PANEL_ROWS, 0x0FFF,
+                                          _mm512_mask_i32gather_ps(_mm512_setzero_ps(), mask, index, from + t, 4));
+            }
+            for (Py_ssize_t qq = 0; qq < panels; qq++) {
+                const Py_ssize_t left = k - qq * PANEL_COLS;
+                const __mmask16 m0 = left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1);
+                const __mmask16 m1 = left >= 32 ? 0xFFFF : left <= 16 ? 0 : (__mmask16)((1u << (left - 16)) - 1);
+                for (Py_ssize_t rb = 0; rb < blocks; rb++) {
+                    const int rows = o - rb * PANEL_ROWS < PANEL_ROWS ? (int)(o - rb * PANEL_ROWS) : PANEL_ROWS;
+                    panel_tile(ap + rb * PANEL_SPAN * PANEL_ROWS, q + qq * PANEL_SPAN * PANEL_COLS, span,
+                               dw + rb * PANEL_ROWS * ldw + qq * PANEL_COLS, ldw, rows, m0, m1, NULL, 1);
+                }
+            }
+        }
+    }
+}
+#define HAVE_PANEL_GEMM 1
+#endif
+
+/* The panel kernels' packed operands: a buffer each thread keeps for its next call (a layer's partitions call once
+ * per image: fresh pages every time would be faulted in again); NULL when out of memory. */
+static float *panel_scratch(Py_ssize_t bytes) {
+    static __thread float *buffer = NULL;
+    static __thread Py_ssize_t held = 0;
+    if (bytes > held) {
+        free(buffer);
+        buffer = aligned_alloc(64, (bytes + 63) / 64 * 64);
+        held = buffer ? bytes : 0;
+    }
+    return buffer;
+}
+
+/* A 2-D float32 view unit-strided along its rows; its row stride in values into *ld (0: not such a view). */
+static int panel_operand(const Py_buffer *v, Py_ssize_t *ld) {
+    if (v->ndim != 2 || v->itemsize != 4 || !v->format || strcmp(v->format, "f") != 0) return 0;
+    if (v->shape[0] == 0 || v->shape[1] == 0) {  /* empty: nothing read or written, whatever its strides */
+        *ld = v->shape[1];
+        return 1;
+    }
+    if (v->shape[1] > 1 && v->strides[1] != 4) return 0;
+    if (v->shape[0] > 1 && (v->strides[0] <= 0 || v->strides[0] % 4 || v->strides[0] / 4 < v->shape[1])) return 0;
+    *ld = v->shape[0] > 1 ? v->strides[0] / 4 : v->shape[1];
+    return 1;
+}
+
+static PyObject *panel_gemm(PyObject *self, PyObject *args) {
+    PyObject *o[4];
+    Py_buffer v[4];
+    int held = 0, done = 0;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOOO", &o[0], &o[1], &o[2], &o[3])) return NULL;  /* y, w, x, bias */
+    const int count = o[3] == Py_None ? 3 : 4;
+    for (; held < count; held++)
+        if (PyObject_GetBuffer(o[held], &v[held], PyBUF_STRIDES | PyBUF_FORMAT | (held ? 0 : PyBUF_WRITABLE)) < 0)
+            goto out;
+#ifdef HAVE_PANEL_GEMM
+    Py_ssize_t ld[3];
+    int fits = __builtin_cpu_supports("avx512f");
+    for (int i = 0; i < 3 && fits; i++) fits = panel_operand(&v[i], &ld[i]);
+    if (fits && count == 4)
+        fits = v[3].ndim == 1 && v[3].itemsize == 4 && v[3].format && strcmp(v[3].format, "f") == 0 &&
+               v[3].shape[0] == v[0].shape[0] && (v[3].shape[0] < 2 || v[3].strides[0] == 4);
+    if (!fits || v[1].shape[1] != v[2].shape[0] || v[0].shape[0] != v[1].shape[0] || v[0].shape[1] != v[2].shape[1])
+        goto out;
+    const Py_ssize_t m = v[1].shape[0], k = v[1].shape[1], n = v[2].shape[1];
+    done = 1;
+    if (m == 0 || n == 0) goto out;
+    if (k == 0) {  /* an empty sum: the bias, or zeros */
+        for (Py_ssize_t r = 0; r < m; r++)
+            for (Py_ssize_t j = 0; j < n; j++)
+                ((float *)v[0].buf)[r * ld[0] + j] = count == 4 ? ((const float *)v[3].buf)[r] : 0.0f;
+        goto out;
+    }
+    Py_ssize_t block = PANEL_BLOCK_BYTES / (k * PANEL_COLS * 4);
+    block = block < 1 ? 1 : block > 8 ? 8 : block;
+    const Py_ssize_t wbytes = ((m + PANEL_ROWS - 1) / PANEL_ROWS * PANEL_ROWS * k * 4 + 63) / 64 * 64;
+    float *packed = panel_scratch(wbytes + block * k * PANEL_COLS * 4);
+    if (!packed) {
+        for (int i = 0; i < held; i++) PyBuffer_Release(&v[i]);
+        return PyErr_NoMemory();
+    }
+    Py_BEGIN_ALLOW_THREADS
+    panel_gemm_f32(v[0].buf, ld[0], v[1].buf, ld[1], v[2].buf, ld[2], count == 4 ? v[3].buf : NULL, m, n, k, packed,
+                   packed + wbytes / 4, block);
+    Py_END_ALLOW_THREADS
+#endif
+out:
+    for (int i = 0; i < held; i++) PyBuffer_Release(&v[i]);
+    if (held < count) return NULL;
+    return PyBool_FromLong(done);
+}
+
+static PyObject *panel_weight_grad(PyObject *self, PyObject *args) {
+    PyObject *ox, *ody, *odw, *geometry;
+    Py_ssize_t g[14], pad_h, pad_w;
+    buffers b = {.held = 0};
+    void *x, *dy;
+    Py_buffer v;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOOO", &ox, &ody, &odw, &geometry) || lowering_geometry(geometry, g, &pad_h, &pad_w) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(odw, &v, PyBUF_STRIDES | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) return NULL;
+    int done = 0;
+#ifdef HAVE_PANEL_GEMM
+    Py_ssize_t ldw;
+    const Py_ssize_t n = g[0], c = g[1], h = g[2], w = g[3], kh = g[4], kw = g[5], oh = g[12], ow = g[13];
+    const Py_ssize_t hp = h + 2 * g[8], wp = w + 2 * g[9];
+    if (!__builtin_cpu_supports("avx512f") || !panel_operand(&v, &ldw) || v.shape[1] != c * kh * kw || g[11] != 1 ||
+        pad_h != hp || pad_w != wp || item_size(ox) != 4)
+        goto out;
+    const Py_ssize_t o = v.shape[0], k = v.shape[1];
+    if (take(&b, ox, 0, 4, n * c * h * w, "x", &x, 0) < 0 || take(&b, ody, 0, 4, n * o * oh * ow, "dy", &dy, 0) < 0) {
+        release(&b);
+        PyBuffer_Release(&v);
+        return NULL;
+    }
+    done = 1;
+    if (n == 0 || o == 0 || k == 0 || oh * ow == 0) goto out;
+    const Py_ssize_t pbytes = (c * hp * wp * 4 + 63) / 64 * 64;
+    const Py_ssize_t qbytes = (k + PANEL_COLS - 1) / PANEL_COLS * PANEL_SPAN * PANEL_COLS * 4;
+    const Py_ssize_t abytes = (o + PANEL_ROWS - 1) / PANEL_ROWS * PANEL_SPAN * PANEL_ROWS * 4;
+    float *scratch = panel_scratch(pbytes + qbytes + abytes + PANEL_SPAN * (Py_ssize_t)sizeof(Py_ssize_t));
+    if (!scratch) {
+        release(&b);
+        PyBuffer_Release(&v);
+        return PyErr_NoMemory();
+    }
+    Py_BEGIN_ALLOW_THREADS
+    panel_weight_grad_f32(x, dy, v.buf, ldw, o, g, scratch, scratch + pbytes / 4, scratch + (pbytes + qbytes) / 4,
+                          (Py_ssize_t *)(scratch + (pbytes + qbytes + abytes) / 4));
+    Py_END_ALLOW_THREADS
+#endif
+out:
+    release(&b);
+    PyBuffer_Release(&v);
+    return PyBool_FromLong(done);
+}
+
 static PyMethodDef methods[] = {
     {"max_pool_forward", max_pool_forward, METH_VARARGS,
      "max_pool_forward(geometry, x, ymax, y, winners, codes): N-D MAX pooling of C-contiguous planes; y and "
@@ -2213,6 +2532,13 @@ static PyMethodDef methods[] = {
     {"gemm_accumulate", gemm_accumulate, METH_VARARGS,
      "gemm_accumulate(out, a, b): out += a @ b by one BLAS call (beta = 1) on 2-D views as they lie; False "
      "(nothing done) where the BLAS cannot take them or set_gemm was not called for their type"},
+    {"panel_gemm", panel_gemm, METH_VARARGS,
+     "panel_gemm(y, w, x, bias): y = w @ x (+ bias per row) on float32 2-D views unit-strided along their rows, by "
+     "12 x 32 tiles over packed panels; False (nothing done) where the CPU lacks AVX-512F or the arrays do not fit"},
+    {"panel_weight_grad", panel_weight_grad, METH_VARARGS,
+     "panel_weight_grad(x, dy, dw, geometry): dw (o, c*kh*kw) += the weight gradient of a 2-D convolution of one "
+     "group (lowering() geometry, dilation 1 along the rows) over the images, by the panel GEMM's tiles on lowered "
+     "panels made span by span; False (nothing done) where the CPU lacks AVX-512F or the arguments do not fit"},
     {"sgd_update", sgd_update, METH_VARARGS,
      "sgd_update(w, g, h, normalize, norm, decay, l1, rate, momentum): Caffe's SGD step on w, g (the update "
      "left in it) and history h, in place"},
@@ -2237,7 +2563,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels", NULL, -1,
 
 /* The version of the functions' arguments and meaning: cct.native ignores a module of another version (a copy
  * left in a checkout by an older build). */
-#define CCT_KERNELS_API 15
+#define CCT_KERNELS_API 16
 
 PyMODINIT_FUNC PyInit__kernels(void) {
     PyObject *m = PyModule_Create(&module);

@@ -178,6 +178,149 @@ def test_pointwise_layers_measure_image_by_image_against_batched_gemms(monkeypat
     assert not any(kind == "pointwise_gemms" for kind, _ in asked)
 
 
+@pytest.mark.parametrize("g", [ConvGeometry(3, 3, 14, 1, (47, 49), (5, 5), (2, 2), (1, 1), (1, 1)),
+                               ConvGeometry(2, 4, 6, 2, (24, 23), (3, 3), (1, 1), (1, 1), (1, 1))],
+                         ids=["strided", "groups"])
+def test_type1_images_by_the_compiled_panel_gemm(monkeypatch, tmp_path, g):
+    """Type 1 on images of >= IMAGES_LAST_MAX_COLS output cells (one GEMM per image) measures, once per product
+    shape, BLAS's per-image GEMM against the compiled panel GEMM — both run on stand-ins — and where the panels
+    win forward runs them, the bias added as each tile is stored: the reference's values (float32, the library's
+    comparison rule), the same bits in any partitions and chunks (each value a sum over the lowered rows in
+    order).  Not measured where forward keeps its lowered matrix for backward, nor for float64, nor (unlike here)
+    for products under ``PANEL_MIN_FLOPS``."""
+    from cct import native
+    from cct.compare.tolerance import assert_close
+    from cct.engines import measured
+
+    compiled = native.kernels()
+    probe = np.zeros((1, 1), np.float32)
+    if compiled is None or not compiled.panel_gemm(probe, probe, probe, None):
+        pytest.skip("the panel GEMM runs on AVX-512F with the compiled kernels")
+    monkeypatch.setenv("CCT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(lowering, "PANEL_MIN_FLOPS", 0)
+    asked = []
+
+    def choice(kind, key, ways):
+        asked.append((kind, key))
+        if kind != "panel_gemm":
+            return next(iter(ways))
+        for run in ways.values():
+            run()
+        return "panels"
+    monkeypatch.setattr(measured, "measured_choice", choice)
+    calls = []
+    monkeypatch.setattr(native, "kernels", lambda: _Spy(compiled, calls))
+    x, w, b, dy = (a.astype(np.float32) for a in _data(g, 3))
+    want = ref.conv_forward(g, x.astype(np.float64), w.astype(np.float64), b.astype(np.float64))
+    outs = []
+    for parts, budget in ((1, None), (2, None), (3, 1)):
+        eng = LoweringEngine(1, max_lowered_bytes=budget, workspace=Workspace())
+        eng.configure(g, np.float32)
+        with settings.override(partitions=parts):
+            y = np.full(dy.shape, np.nan, np.float32)
+            assert eng._direct_forward(y)
+            eng.forward(x, w, b, y)
+        assert_close(y, want, "forward by panels", reference="float64 definition")
+        outs.append(y)
+    for y in outs[1:]:
+        np.testing.assert_array_equal(y, outs[0])
+    assert calls.count("panel_gemm") >= g.num * g.group * 3
+    panels = [key for kind, key in asked if kind == "panel_gemm"]
+    assert len(panels) == 3 and len(set(panels)) == 1  # each engine asks once (the cache answers later calls)
+    og, k = g.out_channels // g.group, g.in_channels // g.group * int(np.prod(g.kernel))
+    assert panels[0] == f"panel-m{og}-k{k}-n{int(np.prod(g.out_shape))}"
+    asked.clear()
+    kept = LoweringEngine(1, workspace=Workspace())  # a training engine keeps a small layer's lowered matrix
+    kept.configure(g, np.float32)
+    kept.backward(x, dy, w, None, np.zeros_like(w))
+    kept.forward(x, w, b, np.empty_like(dy))
+    doubles = LoweringEngine(1, workspace=Workspace())
+    doubles.configure(g, np.float64)
+    doubles.forward(*(a.astype(np.float64) for a in (x, w, b)), np.empty(dy.shape))
+    assert not any(kind == "panel_gemm" and not key.startswith("panel-wgrad-") for kind, key in asked)
+
+
+@pytest.mark.parametrize("g", [ConvGeometry(3, 3, 14, 1, (47, 49), (5, 5), (2, 2), (1, 1), (1, 1)),
+                               ConvGeometry(2, 5, 13, 1, (30, 31), (3, 3), (1, 1), (2, 1), (2, 1)),
+                               ConvGeometry(2, 4, 25, 1, (28, 26), (4, 4), (1, 1), (1, 2), (1, 1))],
+                         ids=["strided", "row-dilation", "k-of-two-panels"])
+@pytest.mark.parametrize("with_dx", [False, True])
+def test_type1_weight_gradient_by_the_compiled_panels(monkeypatch, tmp_path, g, with_dx):
+    """Where measured faster (both ways run on stand-ins, once per geometry), type 1's weight gradient of images
+    first, one group, runs on the compiled kernel that lowers each image span by span into the panel GEMM's panels:
+    the reference's gradient (accumulated onto what dw held), in any partitions and chunks, with the data gradient
+    beside it computed as before; not asked for groups, float64 or a dilation along the columns, nor (unlike here)
+    below ``PANEL_MIN_FLOPS`` a chunk."""
+    from cct import native
+    from cct.compare.tolerance import assert_close
+    from cct.engines import measured
+
+    compiled = native.kernels()
+    probe = np.zeros((1, 1), np.float32)
+    if compiled is None or not compiled.panel_gemm(probe, probe, probe, None):
+        pytest.skip("the panel GEMM runs on AVX-512F with the compiled kernels")
+    monkeypatch.setenv("CCT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(lowering, "PANEL_MIN_FLOPS", 0)
+    asked = []
+
+    def choice(kind, key, ways):
+        asked.append((kind, key))
+        if kind != "panel_gemm":
+            return next(iter(ways))
+        for run in ways.values():
+            run()
+        return "panels"
+    monkeypatch.setattr(measured, "measured_choice", choice)
+    calls = []
+    monkeypatch.setattr(native, "kernels", lambda: _Spy(compiled, calls))
+    x, w, b, dy = (a.astype(np.float32) for a in _data(g, 4))
+    want_dw = ref.conv_backward_weights(g, x.astype(np.float64), dy.astype(np.float64))
+    want_dx = ref.conv_backward_data(g, dy.astype(np.float64), w.astype(np.float64))
+    for parts, budget in ((1, None), (2, None), (3, 1)):
+        eng = LoweringEngine(1, max_lowered_bytes=budget, workspace=Workspace())
+        eng.configure(g, np.float32)
+        with settings.override(partitions=parts):
+            eng.backward(x, dy, w, None, np.zeros_like(w))  # measures (on stand-ins) the first time
+            dw = np.ones_like(w)
+            dx = np.full(x.shape, np.nan, np.float32) if with_dx else None
+            calls.clear()
+            eng.backward(x, dy, w, dx, dw)
+            assert calls.count("panel_weight_grad") == len([r for part in eng._chunks(g.num, 4) for r in part])
+        assert_close(dw - 1, want_dw, "weight gradient by panels", reference="float64 definition")
+        if with_dx:
+            assert_close(dx, want_dx, "data gradient beside it", reference="float64 definition")
+    wgrad = [key for kind, key in asked if kind == "panel_gemm" and key.startswith("panel-wgrad-")]
+    assert len(wgrad) == 3 and wgrad[0].startswith(f"panel-wgrad-c{g.in_channels}-i{g.in_shape[0]}x{g.in_shape[1]}-")
+    asked.clear()
+    for other in (ConvGeometry(2, 4, 6, 2, (24, 23), (3, 3), (1, 1), (1, 1), (1, 1)),
+                  ConvGeometry(2, 3, 6, 1, (24, 23), (3, 3), (1, 1), (1, 1), (1, 2))):
+        eng = LoweringEngine(1, workspace=Workspace())
+        eng.configure(other, np.float32)
+        xo, wo, _, dyo = (a.astype(np.float32) for a in _data(other, 5))
+        eng.backward(xo, dyo, wo, None, np.zeros_like(wo))
+    doubles = LoweringEngine(1, workspace=Workspace())
+    doubles.configure(g, np.float64)
+    doubles.backward(x.astype(np.float64), dy.astype(np.float64), None, None, np.zeros(w.shape))
+    assert not any(key.startswith("panel-wgrad-") for _, key in asked)
+
+
+class _Spy:
+    """The compiled kernels, counting the calls made through them."""
+
+    def __init__(self, kernels, calls):
+        self._kernels, self._calls = kernels, calls
+
+    def __getattr__(self, name):
+        fn = getattr(self._kernels, name)
+        if not callable(fn):
+            return fn
+
+        def call(*args, **kwargs):
+            self._calls.append(name)
+            return fn(*args, **kwargs)
+        return call
+
+
 @pytest.mark.parametrize("g", [c[0] for c in POINTWISE], ids=[f"pointwise{i}" for i in range(len(POINTWISE))])
 def test_pointwise_layers_on_another_array_module(monkeypatch, g):
     """The pointwise bodies on an array module other than numpy (a stand-in delegating to numpy, as cupy would

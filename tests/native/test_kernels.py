@@ -294,3 +294,71 @@ def test_all_finite_tests_every_value(kernels, dtype):
             x = fine.copy()
             x[at] = bad
             assert not kernels.all_finite(x), (bad, at)
+
+
+def _avx512(kernels) -> bool:
+    probe = np.zeros((1, 1), np.float32)
+    return bool(kernels.panel_gemm(probe, probe, probe, None))
+
+
+@pytest.mark.parametrize("m,k,n", [(96, 363, 300), (12, 40, 32), (13, 7, 33), (5, 1, 3), (25, 600, 95), (30, 0, 4)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_panel_gemm_is_the_product(kernels, m, k, n, with_bias):
+    """y = w @ x (+ bias per row) on float32 views unit-strided along their rows wherever they lie (rows of y, w and
+    x apart by more than their width): every tile shape at the edges (rows not a multiple of 12, columns not of 32,
+    a column block of several panels), an empty sum; the values outside y's view untouched; each value a sum over
+    k whatever columns a call covers (the same bits computed on a split of the columns)."""
+    if not _avx512(kernels):
+        pytest.skip("the panel GEMM runs on AVX-512F")
+    from cct.compare.tolerance import assert_close
+
+    rng = np.random.default_rng(m * 7 + k)
+    w = rng.standard_normal((m, k + 3), dtype=np.float32)[:, :k]
+    x = rng.standard_normal((k, n + 5), dtype=np.float32)[:, :n]
+    bias = rng.standard_normal(m, dtype=np.float32) if with_bias else None
+    full = np.full((m, n + 2), 7.0, np.float32)
+    y = full[:, :n]
+    assert kernels.panel_gemm(y, w, x, bias)
+    exact = w.astype(np.float64) @ x.astype(np.float64) + (0 if bias is None else bias.astype(np.float64)[:, None])
+    assert_close(y, exact, "panel_gemm", reference="float64 product")
+    assert (full[:, n:] == 7.0).all()
+    split = np.empty_like(y)
+    for j0, j1 in ((0, n // 3), (n // 3, n)):
+        assert kernels.panel_gemm(split[:, j0:j1], w, x[:, j0:j1], bias)
+    np.testing.assert_array_equal(split, y)
+
+
+def test_panel_gemm_declines_what_it_does_not_take(kernels):
+    """False, nothing written, for float64, a view strided along its rows and shapes that do not chain; a
+    non-array argument is an error."""
+    if not _avx512(kernels):
+        pytest.skip("the panel GEMM runs on AVX-512F")
+    w, x = np.ones((4, 3), np.float32), np.ones((3, 5), np.float32)
+    y = np.zeros((4, 5), np.float32)
+    assert not kernels.panel_gemm(y.astype(np.float64), w.astype(np.float64), x.astype(np.float64), None)
+    assert not kernels.panel_gemm(y, w, np.ones((3, 10), np.float32)[:, ::2], None)
+    assert not kernels.panel_gemm(y, w, np.ones((4, 5), np.float32), None)
+    assert not kernels.panel_gemm(y, w, x, np.ones(3, np.float32))
+    assert (y == 0).all()
+    with pytest.raises(TypeError):
+        kernels.panel_gemm(y, w, [[1.0]], None)
+
+
+def test_panel_weight_grad_declines_what_it_does_not_take(kernels):
+    """The panels' weight gradient: False, dw untouched, for a dilation along the columns, a dw whose columns are not
+    the lowered rows, and float64; buffers smaller than the geometry says are an error."""
+    if not _avx512(kernels):
+        pytest.skip("the panel GEMM runs on AVX-512F")
+    x, dy = np.ones((1, 2, 6, 6), np.float32), np.ones((1, 3, 4, 4), np.float32)
+    dw = np.zeros((3, 18), np.float32)
+    geometry = (1, 2, 6, 6, 3, 3, 1, 1, 0, 0, 1, 1, 4, 4)
+    assert kernels.panel_weight_grad(x, dy, dw, geometry)
+    np.testing.assert_array_equal(dw, np.full((3, 18), 16.0, np.float32))
+    dw[...] = 0
+    assert not kernels.panel_weight_grad(x, np.ones((1, 3, 4, 2), np.float32), dw,
+                                         (1, 2, 6, 6, 3, 3, 1, 1, 0, 0, 1, 2, 4, 2))
+    assert not kernels.panel_weight_grad(x, dy, np.zeros((3, 17), np.float32), geometry)
+    assert not kernels.panel_weight_grad(x.astype(np.float64), dy.astype(np.float64), dw.astype(np.float64), geometry)
+    assert (dw == 0).all()
+    with pytest.raises(ValueError):
+        kernels.panel_weight_grad(x[:, :1].copy(), dy, dw, geometry)
