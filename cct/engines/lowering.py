@@ -27,11 +27,12 @@ at a time in a padded plane of every image's cells (CaffeNet's conv4 at 32 image
 ms, lowering 8.1 -> 6.7 ms; the digits LeNet's conv2 at 64: 280 -> 75 and 94 -> 55 us).
 
 Type 1 on images first with big outputs runs one GEMM per image straight into the output; on float32 and AVX-512F
-those products may run on the compiled panel GEMM of :mod:`cct.native`, and the weight gradient (one group, 2-D) on
-its kernel that lowers each image span by span straight into that GEMM's panels — each where measured faster for
-the shape (:meth:`LoweringEngine._panel_forward`, :meth:`LoweringEngine._panel_weight_grad`): CaffeNet's conv1,
-whose 96-row products OpenBLAS runs at 62-70% of its peak, forward 0.79x and weight gradient 0.78x BLAS's time in
-the net.
+the forward may run on the compiled panel GEMM of :mod:`cct.native` instead (one group of 2-D images: each image
+lowered span by span straight into its panels, no lowered matrix), and the weight gradient (one group, 2-D) on its
+kernel that does the same with the lowered matrix's transpose — each where measured faster for the geometry
+(:meth:`LoweringEngine._panel_forward`, :meth:`LoweringEngine._panel_weight_grad`): CaffeNet's conv1, whose 96-row
+products OpenBLAS runs at 62-70% of its peak, forward 0.69-0.74x and weight gradient 0.78-0.84x BLAS's time in the
+net.
 
 Generalisations: groups (one GEMM per group), dilation (offsets ``k·dil``), N-D (balanced lifts the first
 spatial axis and lowers the rest).  A lifted axis needs stride 1 (otherwise the GEMM would compute ``s``
@@ -232,6 +233,14 @@ def shared_workspace(dtype: Any = np.float32, xp: Any = np) -> Workspace:
 def shared_workspace_bytes() -> int:
     """Bytes held by every live shared workspace (all threads)."""
     return sum(ws.nbytes() for ws in list(_all_shared))
+
+
+def _geometry_key(g: ConvGeometry) -> str:
+    """A convolution's geometry but its batch, for the keys of measured choices."""
+    def dims(t: tuple[int, ...]) -> str:
+        return "x".join(map(str, t))
+    return (f"c{g.in_channels}-i{dims(g.in_shape)}-o{g.out_channels}-g{g.group}-k{dims(g.kernel)}-s{dims(g.stride)}"
+            f"-p{dims(g.pad)}-d{dims(g.dilation)}")
 
 
 def images_last_order(lay: _Layout) -> bool:
@@ -849,8 +858,14 @@ class LoweringEngine(ConvEngine):
                        keep: tuple[int, int] | None = None, panels: bool = False) -> None:
         """One chunk's forward; ``keep``: the chunk's image range, under which its lowered matrix — lowered
         straight into the kept buffer, not copied there — and a copy of its input are kept for
-        :meth:`_kept_lowered`; ``panels``: per-image products by the compiled panel GEMM (:meth:`_panel_forward`)."""
+        :meth:`_kept_lowered`; ``panels``: the products by the compiled panel GEMMs (:meth:`_panel_forward`; one
+        group of 2-D images lowered span by span into their panels, no lowered matrix)."""
         L = self._lay()
+        if panels and keep is None and L.G == 1 and self._geom().num_spatial_axes == 2:
+            compiled = native.kernels()
+            geometry = self._lowering_geometry(x.shape[0])
+            if compiled is not None and compiled.panel_conv_forward(x, wm[0], b, y, geometry):
+                return
         out = None
         if keep is not None:
             xp = get_array_module(x)
@@ -869,20 +884,23 @@ class LoweringEngine(ConvEngine):
         return (L.f == 0 and not L.images_last and isinstance(y, np.ndarray) and L.cols >= DIRECT_MIN_COLS
                 and y.flags.c_contiguous)
 
-    def _panel_forward(self, y: Any, keep: bool) -> bool:
-        """Whether the per-image products of :meth:`_forward_lowered` (``(Og, K)`` by ``(K, cols)``) run on the
-        compiled panel GEMM (:mod:`cct.native`'s ``panel_gemm``: float32, AVX-512F) rather than BLAS: measured
-        once per product shape and machine (:func:`cct.engines.measured.measured_choice`, stand-ins in every
-        batch partition at once, as the layer runs them), since it wins on few rows, a moderate inner dimension
-        and many columns — CaffeNet's conv1, 96 x 363 by 363 x 3025, one core: 0.83-0.89x BLAS's time; ResNet's
-        conv1, 64 x 147 by 147 x 12544, 0.82-0.86x — and loses elsewhere (256 x 1152 by 1152 x 169: 1.3x).  Not
-        where forward keeps its lowered matrix (small layers)."""
-        L = self._lay()
+    def _panel_forward(self, y: Any, keep: bool, chunks: list[list[tuple[int, int]]]) -> bool:
+        """Whether forward's type-1 products of big images run on the compiled panel GEMMs (:mod:`cct.native`,
+        float32, AVX-512F) rather than BLAS's per-image GEMM: on one group of 2-D images ``panel_conv_forward``,
+        which lowers each image span by span straight into the panels (no lowered matrix written out and read
+        back), elsewhere ``panel_gemm`` on each image's lowered matrix.  Measured once per geometry and machine
+        (both ways, the engine's own chunk forward on stand-ins in every batch partition at once:
+        :func:`cct.engines.measured.measured_choice`), since the tiles win on few output channels, a moderate
+        lowered height and many output cells — CaffeNet's conv1, 96 x 363 by 363 x 3025 — and lose elsewhere (a
+        256 x 1152 by 1152 x 169 product: 1.3x BLAS's time).  Not where forward keeps its lowered matrix (small
+        layers), nor for products under ``PANEL_MIN_FLOPS``."""
+        g, L = self._geom(), self._lay()
         compiled = native.kernels()
         if keep or compiled is None or y.dtype != np.float32 or not self._direct_forward(y) \
                 or 2.0 * L.Og * L.K * L.cols < PANEL_MIN_FLOPS:
             return False
-        key = f"panel-m{L.Og}-k{L.K}-n{L.cols}"
+        images = max(n1 - n0 for c in chunks for n0, n1 in c)
+        key = f"panel-fwd-{_geometry_key(g)}-n{images}"
         choice = self._layouts.get(key)
         if choice is None:
             probe = np.zeros((1, 1), np.float32)
@@ -891,20 +909,18 @@ class LoweringEngine(ConvEngine):
             else:
                 from cct.engines.measured import _concurrent, measured_choice, stand_in
 
-                parts = self.batch_partitions()
+                parts = len(chunks)
                 rng = np.random.default_rng(0)
-                w = stand_in(rng, (L.Og, L.K), np.float32)
-                x = [stand_in(rng, (L.K, L.cols), np.float32) for _ in range(parts)]
-                out = [np.empty((L.Og, L.cols), np.float32) for _ in range(parts)]
+                wm = self._weight_matrix(stand_in(rng, (L.O, L.Cg) + g.kernel, np.float32))
+                xs = [stand_in(rng, (images, L.C) + g.in_shape, np.float32) for _ in range(parts)]
+                ys = [np.empty((images, L.O) + g.out_shape, np.float32) for _ in range(parts)]
+                spaces: list[dict[str, Any]] = [{} for _ in range(parts)]
                 reps = range(PANEL_MEASURE_PRODUCTS)
 
-                def blas(p: int) -> Any:
-                    return lambda: [np.matmul(w, x[p], out=out[p]) for _ in reps]
-
-                def panel(p: int) -> Any:
-                    return lambda: [compiled.panel_gemm(out[p], w, x[p], None) for _ in reps]
-                ways = {"blas": _concurrent(parts, blas), "panels": _concurrent(parts, panel)}
-                choice = measured_choice("panel_gemm", key, ways)
+                def way(panels: bool) -> Any:
+                    return _concurrent(parts, lambda p: lambda: [
+                        self._forward_chunk(spaces[p], xs[p], wm, None, ys[p], None, panels) for _ in reps])
+                choice = measured_choice("panel_gemm", key, {"blas": way(False), "panels": way(True)})
             self._layouts[key] = choice
         return choice == "panels"
 
@@ -925,9 +941,7 @@ class LoweringEngine(ConvEngine):
         images = max(n1 - n0 for c in chunks for n0, n1 in c)
         if 2.0 * L.M * L.K * L.cols * images < PANEL_MIN_FLOPS:
             return False
-        key = (f"panel-wgrad-c{g.in_channels}-i{'x'.join(map(str, g.in_shape))}-o{g.out_channels}"
-               f"-k{'x'.join(map(str, g.kernel))}-s{'x'.join(map(str, g.stride))}-p{'x'.join(map(str, g.pad))}"
-               f"-d{'x'.join(map(str, g.dilation))}-n{images}")
+        key = f"panel-wgrad-{_geometry_key(g)}-n{images}"
         choice = self._layouts.get(key)
         if choice is None:
             probe = np.zeros((1, 1), np.float32)
@@ -1355,7 +1369,7 @@ class LoweringEngine(ConvEngine):
         keep = self._trains and lowered * x.itemsize <= KEEP_LOWERED_MAX_BYTES and x.size <= lowered
         if not keep:
             self._kept.clear()
-        panels = self._panel_forward(y, keep)
+        panels = self._panel_forward(y, keep, chunks)
         self._run(self._space(x), chunks,
                   lambda ws, part, n0, n1: self._forward_chunk(ws, x[n0:n1], wm, b, y[n0:n1],
                                                                (n0, n1) if keep else None, panels))

@@ -17,8 +17,9 @@ within a channel or with other powers, leaky ReLUs, the other update rules).
 They also make :func:`cct.engines.gemm.matmul_accumulate`'s call into numpy's BLAS (``out += a @ b``, beta 1)
 in one C call with the GIL released, where a ctypes call checked its operands in Python; and, on CPUs with AVX-512F,
 a float32 GEMM of their own for the products OpenBLAS runs well below its peak — few rows, a moderate inner
-dimension, many columns: a type-1 lowering's per-image forward (``panel_gemm``) and, lowering each image span by
-span straight into its panels, the weight gradient (``panel_weight_grad``) — which the lowering engine runs where
+dimension, many columns: a type-1 lowering's per-image forward (``panel_gemm`` on a lowered matrix;
+``panel_conv_forward`` lowering each image span by span straight into its panels) and its weight gradient
+(``panel_weight_grad``, the same with the lowered matrix's transpose) — which the lowering engine runs where
 measured faster (CaffeNet's conv1).
 
 Without a compiler the package installs without them and every layer runs its numpy body;

@@ -297,12 +297,12 @@ DEFINE_MAX_BACKWARD(max_backward_f64, double)
  * (u·sh + a, v·sw + b) at phase (a, b), position (u, v)), so every output row of every kernel offset is one
  * contiguous run of a phase row: ow cells copied at a time instead of gathered sw apart. */
 #define DEFINE_IM2COL(NAME, T)                                                                               \
-    static void NAME(const T *x, T *col, Py_ssize_t n, Py_ssize_t c, Py_ssize_t h, Py_ssize_t w,            \
-                     const Py_ssize_t *k, T *buf, Py_ssize_t pe_h, Py_ssize_t pe_w, Py_ssize_t *table) {     \
+    /* the divisions once per call (tens of cycles each on some cores): per image row its phase row, per     \
+     * column phase b its first and last position, per kernel offset its run's start in a channel */         \
+    static void NAME##_tables(Py_ssize_t h, Py_ssize_t w, const Py_ssize_t *k, Py_ssize_t pe_h,              \
+                              Py_ssize_t pe_w, Py_ssize_t *table) {                                          \
         const Py_ssize_t kh = k[0], kw = k[1], sh = k[2], sw = k[3], ph = k[4], pw = k[5], dh = k[6], dw = k[7]; \
-        const Py_ssize_t oh = k[8], ow = k[9], phase = pe_h * pe_w, chan = sh * sw * phase;                  \
-        /* the divisions once per call (tens of cycles each on some cores): per image row its phase row, per  \
-         * column phase b its first and last position, per kernel offset its run's start in a channel */     \
+        const Py_ssize_t phase = pe_h * pe_w;                                                                \
         Py_ssize_t *row_at = table, *v0 = table + h, *v1 = v0 + sw, *offset = v1 + sw;                       \
         for (Py_ssize_t row = 0; row < h; row++)                                                             \
             row_at[row] = ((row + ph) % sh) * sw * phase + ((row + ph) / sh) * pe_w;                         \
@@ -315,18 +315,33 @@ DEFINE_MAX_BACKWARD(max_backward_f64, double)
                 const Py_ssize_t ci = i * dh, cj = j * dw;                                                   \
                 offset[i * kw + j] = ((ci % sh) * sw + cj % sw) * phase + (ci / sh) * pe_w + cj / sw;        \
             }                                                                                                \
+    }                                                                                                        \
+    /* image img's channels split by stride phase into buf (zeroed once per call: the cells written are the   \
+     * same for every image) */                                                                              \
+    static void NAME##_split(const T *x, Py_ssize_t img, Py_ssize_t c, Py_ssize_t h, Py_ssize_t w,          \
+                             const Py_ssize_t *k, T *buf, Py_ssize_t phase, const Py_ssize_t *table) {       \
+        const Py_ssize_t sh = k[2], sw = k[3], pw = k[5], chan = sh * sw * phase;                            \
+        const Py_ssize_t *row_at = table, *v0 = table + h, *v1 = v0 + sw;                                    \
+        for (Py_ssize_t ch = 0; ch < c; ch++)                                                                \
+            for (Py_ssize_t row = 0; row < h; row++) {                                                       \
+                const T *src = x + ((img * c + ch) * h + row) * w;                                           \
+                T *base = buf + ch * chan + row_at[row];                                                     \
+                for (Py_ssize_t b = 0; b < sw; b++) {                                                        \
+                    const T *restrict from = src + b - pw;                                                   \
+                    T *restrict to = base + b * phase;                                                       \
+                    for (Py_ssize_t v = v0[b]; v <= v1[b]; v++) to[v] = from[v * sw];                        \
+                }                                                                                            \
+            }                                                                                                \
+    }                                                                                                        \
+    static void NAME(const T *x, T *col, Py_ssize_t n, Py_ssize_t c, Py_ssize_t h, Py_ssize_t w,            \
+                     const Py_ssize_t *k, T *buf, Py_ssize_t pe_h, Py_ssize_t pe_w, Py_ssize_t *table) {     \
+        const Py_ssize_t kh = k[0], kw = k[1], sh = k[2], sw = k[3];                                         \
+        const Py_ssize_t oh = k[8], ow = k[9], phase = pe_h * pe_w, chan = sh * sw * phase;                  \
+        const Py_ssize_t *offset = table + h + 2 * sw;                                                       \
+        NAME##_tables(h, w, k, pe_h, pe_w, table);                                                           \
         memset(buf, 0, c * chan * sizeof(T));                                                                \
         for (Py_ssize_t img = 0; img < n; img++) {                                                           \
-            for (Py_ssize_t ch = 0; ch < c; ch++)                                                            \
-                for (Py_ssize_t row = 0; row < h; row++) {                                                   \
-                    const T *src = x + ((img * c + ch) * h + row) * w;                                       \
-                    T *base = buf + ch * chan + row_at[row];                                                 \
-                    for (Py_ssize_t b = 0; b < sw; b++) {                                                    \
-                        const T *restrict from = src + b - pw;                                               \
-                        T *restrict to = base + b * phase;                                                   \
-                        for (Py_ssize_t v = v0[b]; v <= v1[b]; v++) to[v] = from[v * sw];                    \
-                    }                                                                                        \
-                }                                                                                            \
+            NAME##_split(x, img, c, h, w, k, buf, phase, table);                                             \
             for (Py_ssize_t ch = 0; ch < c; ch++)                                                            \
                 for (Py_ssize_t t = 0; t < kh * kw; t++) {                                                   \
                     const T *src = buf + ch * chan + offset[t];                                              \
@@ -2367,6 +2382,81 @@ __attribute__((target("avx512f"))) static void panel_weight_grad_f32(const float
         }
     }
 }
+
+/* w (m x k, rows ldw apart) packed for the tiles: blocks of 12 rows, [block][k][12], the rows past m zeros. */
+__attribute__((target("avx512f"))) static void panel_pack_rows(const float *w, Py_ssize_t ldw, Py_ssize_t m,
+                                                               Py_ssize_t k, float *wp) {
+    for (Py_ssize_t rb = 0; rb < (m + PANEL_ROWS - 1) / PANEL_ROWS; rb++)
+        for (int r = 0; r < PANEL_ROWS; r++) {
+            const Py_ssize_t row = rb * PANEL_ROWS + r;
+            float *to = wp + rb * k * PANEL_ROWS + r;
+            for (Py_ssize_t i = 0; i < k; i++) to[i * PANEL_ROWS] = row < m ? w[row * ldw + i] : 0.0f;
+        }
+}
+
+/* The forward of a 2-D convolution (one group) by the same tiles, its lowering never formed whole: each image is
+ * split by stride phase as the lowering does (im2col_f32's tables and split), then, span by span of
+ * PANEL_FORWARD_PANELS panels of 32 output positions, panel[q][r][lane] = col[r][p0 + 32q + lane] is copied from the
+ * phase rows (an output row's run of one kernel offset is one run of a phase row, cut at the panels' edges into
+ * masked moves of up to 16 values) and the tiles write y (+ bias) from the panels while they sit in the core's L2
+ * cache: no lowered matrix written out and read back. */
+#define PANEL_FORWARD_PANELS 8
+
+__attribute__((target("avx512f"))) static void panel_conv_forward_f32(const float *x, const float *wp,
+                                                                      const float *bias, float *y, Py_ssize_t o,
+                                                                      const Py_ssize_t *g, float *buf,
+                                                                      Py_ssize_t pe_h, Py_ssize_t pe_w,
+                                                                      Py_ssize_t *table, float *panels) {
+    const Py_ssize_t n = g[0], c = g[1], h = g[2], w = g[3], *k = g + 4;
+    const Py_ssize_t kh = k[0], kw = k[1], sh = k[2], sw = k[3], oh = k[8], ow = k[9];
+    const Py_ssize_t phase = pe_h * pe_w, chan = sh * sw * phase, rows = c * kh * kw, cols = oh * ow;
+    const Py_ssize_t blocks = (o + PANEL_ROWS - 1) / PANEL_ROWS, span_max = PANEL_FORWARD_PANELS * PANEL_COLS;
+    const Py_ssize_t *offset = table + h + 2 * sw;
+    im2col_f32_tables(h, w, k, pe_h, pe_w, table);
+    memset(buf, 0, c * chan * sizeof(float));
+    for (Py_ssize_t img = 0; img < n; img++) {
+        im2col_f32_split(x, img, c, h, w, k, buf, phase, table);
+        float *yi = y + img * o * cols;
+        for (Py_ssize_t p0 = 0; p0 < cols; p0 += span_max) {
+            const Py_ssize_t span = cols - p0 < span_max ? cols - p0 : span_max;
+            const Py_ssize_t count = (span + PANEL_COLS - 1) / PANEL_COLS, r0 = p0 / ow, v0 = p0 % ow;
+            for (Py_ssize_t ch = 0; ch < c; ch++)
+                for (Py_ssize_t t = 0; t < kh * kw; t++) {
+                    const float *src = buf + ch * chan + offset[t];
+                    float *dst = panels + (ch * kh * kw + t) * PANEL_COLS;
+                    Py_ssize_t at = 0, r = r0, v = v0;  /* at: the span's position; (r, v): its output cell */
+                    while (at < span) {
+                        const Py_ssize_t run = ow - v < span - at ? ow - v : span - at;
+                        const float *from = src + r * pe_w + v;
+                        for (Py_ssize_t done = 0; done < run;) {
+                            const Py_ssize_t pos = at + done, lane = pos % PANEL_COLS;
+                            Py_ssize_t piece = run - done;
+                            if (piece > PANEL_COLS - lane) piece = PANEL_COLS - lane;
+                            if (piece > 16) piece = 16;
+                            const __mmask16 mask = (__mmask16)((1u << piece) - 1);
+                            _mm512_mask_storeu_ps(dst + pos / PANEL_COLS * rows * PANEL_COLS + lane, mask,
+                                                  _mm512_maskz_loadu_ps(mask, from + done));
+                            done += piece;
+                        }
+                        at += run;
+                        v = 0;
+                        r++;
+                    }
+                }
+            for (Py_ssize_t rb = 0; rb < blocks; rb++) {
+                const int live = o - rb * PANEL_ROWS < PANEL_ROWS ? (int)(o - rb * PANEL_ROWS) : PANEL_ROWS;
+                for (Py_ssize_t qq = 0; qq < count; qq++) {  /* a short last panel's lanes: computed, not stored */
+                    const Py_ssize_t left = span - qq * PANEL_COLS;
+                    const __mmask16 m0 = left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1);
+                    const __mmask16 m1 = left >= 32 ? 0xFFFF : left <= 16 ? 0 : (__mmask16)((1u << (left - 16)) - 1);
+                    panel_tile(wp + rb * rows * PANEL_ROWS, panels + qq * rows * PANEL_COLS, rows,
+                               yi + rb * PANEL_ROWS * cols + p0 + qq * PANEL_COLS, cols, live, m0, m1,
+                               bias ? bias + rb * PANEL_ROWS : NULL, 0);
+                }
+            }
+        }
+    }
+}
 #define HAVE_PANEL_GEMM 1
 #endif
 
@@ -2489,6 +2579,62 @@ out:
     return PyBool_FromLong(done);
 }
 
+static PyObject *panel_conv_forward(PyObject *self, PyObject *args) {
+    PyObject *ox, *ow_, *obias, *oy, *geometry;
+    Py_ssize_t g[14], pad_h, pad_w;
+    buffers b = {.held = 0};
+    void *x, *y, *bias = NULL;
+    Py_buffer v;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOOOO", &ox, &ow_, &obias, &oy, &geometry) ||
+        lowering_geometry(geometry, g, &pad_h, &pad_w) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(ow_, &v, PyBUF_STRIDES | PyBUF_FORMAT) < 0) return NULL;
+    int done = 0;
+#ifdef HAVE_PANEL_GEMM
+    Py_ssize_t ldw;
+    const Py_ssize_t n = g[0], c = g[1], h = g[2], w = g[3], *k = g + 4;
+    if (!__builtin_cpu_supports("avx512f") || !panel_operand(&v, &ldw) || v.shape[1] != c * k[0] * k[1] ||
+        item_size(ox) != 4)
+        goto out;
+    const Py_ssize_t o = v.shape[0], rows = v.shape[1], cols = k[8] * k[9];
+    if (take(&b, ox, 0, 4, n * c * h * w, "x", &x, 0) < 0 || take(&b, oy, 1, 4, n * o * cols, "y", &y, 0) < 0 ||
+        (obias != Py_None && take(&b, obias, 0, 4, o, "bias", &bias, 0) < 0)) {
+        release(&b);
+        PyBuffer_Release(&v);
+        return NULL;
+    }
+    done = 1;
+    if (n == 0 || o == 0 || cols == 0) goto out;
+    if (rows == 0) {  /* an empty sum: the bias, or zeros */
+        for (Py_ssize_t i = 0; i < n * o * cols; i++) ((float *)y)[i] = bias ? ((const float *)bias)[i / cols % o] : 0;
+        goto out;
+    }
+    /* the scratch: the image by stride phase (as lowering()), the tables, w packed, the span's panels (64-byte
+     * aligned: the tiles' aligned loads) */
+    const Py_ssize_t pe_h = (pad_h + k[2] - 1) / k[2], pe_w = (pad_w + k[3] - 1) / k[3];
+    const Py_ssize_t bbytes = (c * k[2] * k[3] * pe_h * pe_w * 4 + 63) / 64 * 64;
+    const Py_ssize_t tbytes = ((h + 2 * k[3] + k[0] * k[1]) * (Py_ssize_t)sizeof(Py_ssize_t) + 63) / 64 * 64;
+    const Py_ssize_t wbytes = ((o + PANEL_ROWS - 1) / PANEL_ROWS * PANEL_ROWS * rows * 4 + 63) / 64 * 64;
+    float *scratch = panel_scratch(bbytes + tbytes + wbytes + PANEL_FORWARD_PANELS * rows * PANEL_COLS * 4);
+    if (!scratch) {
+        release(&b);
+        PyBuffer_Release(&v);
+        return PyErr_NoMemory();
+    }
+    float *wp = scratch + (bbytes + tbytes) / 4;
+    Py_BEGIN_ALLOW_THREADS
+    panel_pack_rows(v.buf, ldw, o, rows, wp);
+    panel_conv_forward_f32(x, wp, bias, y, o, g, scratch, pe_h, pe_w, (Py_ssize_t *)(scratch + bbytes / 4),
+                           wp + wbytes / 4);
+    Py_END_ALLOW_THREADS
+#endif
+out:
+    release(&b);
+    PyBuffer_Release(&v);
+    return PyBool_FromLong(done);
+}
+
 static PyMethodDef methods[] = {
     {"max_pool_forward", max_pool_forward, METH_VARARGS,
      "max_pool_forward(geometry, x, ymax, y, winners, codes): N-D MAX pooling of C-contiguous planes; y and "
@@ -2535,6 +2681,10 @@ static PyMethodDef methods[] = {
     {"panel_gemm", panel_gemm, METH_VARARGS,
      "panel_gemm(y, w, x, bias): y = w @ x (+ bias per row) on float32 2-D views unit-strided along their rows, by "
      "12 x 32 tiles over packed panels; False (nothing done) where the CPU lacks AVX-512F or the arrays do not fit"},
+    {"panel_conv_forward", panel_conv_forward, METH_VARARGS,
+     "panel_conv_forward(x, w, bias, y, geometry): y = the 2-D convolution of x with w (o, c*kh*kw) (+ bias) for one "
+     "group (lowering() geometry), lowered span by span into the panel GEMM's panels; False (nothing done) where the "
+     "CPU lacks AVX-512F or the arguments do not fit"},
     {"panel_weight_grad", panel_weight_grad, METH_VARARGS,
      "panel_weight_grad(x, dy, dw, geometry): dw (o, c*kh*kw) += the weight gradient of a 2-D convolution of one "
      "group (lowering() geometry, dilation 1 along the rows) over the images, by the panel GEMM's tiles on lowered "

@@ -182,12 +182,13 @@ def test_pointwise_layers_measure_image_by_image_against_batched_gemms(monkeypat
                                ConvGeometry(2, 4, 6, 2, (24, 23), (3, 3), (1, 1), (1, 1), (1, 1))],
                          ids=["strided", "groups"])
 def test_type1_images_by_the_compiled_panel_gemm(monkeypatch, tmp_path, g):
-    """Type 1 on images of >= IMAGES_LAST_MAX_COLS output cells (one GEMM per image) measures, once per product
-    shape, BLAS's per-image GEMM against the compiled panel GEMM — both run on stand-ins — and where the panels
-    win forward runs them, the bias added as each tile is stored: the reference's values (float32, the library's
-    comparison rule), the same bits in any partitions and chunks (each value a sum over the lowered rows in
-    order).  Not measured where forward keeps its lowered matrix for backward, nor for float64, nor (unlike here)
-    for products under ``PANEL_MIN_FLOPS``."""
+    """Type 1 on images of >= IMAGES_LAST_MAX_COLS output cells (one GEMM per image) measures, once per geometry,
+    BLAS's per-image GEMM against the compiled panel GEMMs — both ways the engine's chunk forward on stand-ins —
+    and where the panels win forward runs them (one group: each image lowered span by span into the panels;
+    groups: ``panel_gemm`` on each image's lowered matrix), the bias added as each tile is stored: the reference's
+    values (float32, the library's comparison rule), the same bits in any partitions and chunks (each value a sum
+    over the lowered rows in order).  Not measured where forward keeps its lowered matrix for backward, nor for
+    float64, nor (unlike here) for products under ``PANEL_MIN_FLOPS``."""
     from cct import native
     from cct.compare.tolerance import assert_close
     from cct.engines import measured
@@ -219,16 +220,21 @@ def test_type1_images_by_the_compiled_panel_gemm(monkeypatch, tmp_path, g):
         with settings.override(partitions=parts):
             y = np.full(dy.shape, np.nan, np.float32)
             assert eng._direct_forward(y)
+            eng.forward(x, w, b, np.empty_like(y))  # measures (on stand-ins) the first time
+            calls.clear()
             eng.forward(x, w, b, y)
+            chunks = len([r for part in eng._chunks(g.num, 4) for r in part])
+        # one group: each chunk lowered span by span into the panels; groups: each image's lowered matrix
+        assert (calls.count("panel_conv_forward"), calls.count("panel_gemm")) == \
+            ((chunks, 0) if g.group == 1 else (0, g.num * g.group))
         assert_close(y, want, "forward by panels", reference="float64 definition")
         outs.append(y)
     for y in outs[1:]:
         np.testing.assert_array_equal(y, outs[0])
-    assert calls.count("panel_gemm") >= g.num * g.group * 3
     panels = [key for kind, key in asked if kind == "panel_gemm"]
-    assert len(panels) == 3 and len(set(panels)) == 1  # each engine asks once (the cache answers later calls)
-    og, k = g.out_channels // g.group, g.in_channels // g.group * int(np.prod(g.kernel))
-    assert panels[0] == f"panel-m{og}-k{k}-n{int(np.prod(g.out_shape))}"
+    assert len(panels) == 3  # each engine asks once (the cache answers later calls)
+    assert all(key.startswith(f"panel-fwd-c{g.in_channels}-i{g.in_shape[0]}x{g.in_shape[1]}-o{g.out_channels}-"
+                              f"g{g.group}-") for key in panels)
     asked.clear()
     kept = LoweringEngine(1, workspace=Workspace())  # a training engine keeps a small layer's lowered matrix
     kept.configure(g, np.float32)

@@ -362,3 +362,36 @@ def test_panel_weight_grad_declines_what_it_does_not_take(kernels):
     assert (dw == 0).all()
     with pytest.raises(ValueError):
         kernels.panel_weight_grad(x[:, :1].copy(), dy, dw, geometry)
+
+
+@pytest.mark.parametrize("geometry", [
+    # n, c, o, (h, w), kernel, stride, pad, dilation: spans cut inside output rows, rows past o, wide kernels
+    (2, 3, 96, (35, 37), (11, 11), (4, 4), (0, 0), (1, 1)),
+    (2, 3, 14, (47, 49), (5, 5), (2, 2), (1, 1), (1, 1)),
+    (1, 5, 13, (30, 31), (3, 3), (1, 1), (1, 1), (2, 1)),
+    (1, 40, 20, (20, 20), (3, 3), (1, 1), (2, 2), (1, 3)),
+    (1, 3, 25, (70, 71), (7, 7), (2, 3), (3, 1), (1, 1)),
+])
+def test_panel_conv_forward_is_the_convolution(kernels, geometry):
+    """The forward lowered span by span into the panels: the float64 definition's values (bias added) for strides,
+    padding and dilation along either axis."""
+    if not _avx512(kernels):
+        pytest.skip("the panel GEMM runs on AVX-512F")
+    from cct.compare.tolerance import assert_close
+    from cct.engines import ConvGeometry
+    from tests.engines import reference as ref
+
+    n, c, o, size, kernel, stride, pad, dilation = geometry
+    g = ConvGeometry(n, c, o, 1, size, kernel, stride, pad, dilation)
+    rng = np.random.default_rng(o)
+    x = rng.standard_normal((n, c) + size, dtype=np.float32)
+    w = rng.standard_normal((o, c) + kernel, dtype=np.float32)
+    bias = rng.standard_normal(o, dtype=np.float32)
+    y = np.full((n, o) + g.out_shape, np.nan, np.float32)
+    lowered = (n, c) + size + kernel + stride + pad + dilation + g.out_shape
+    assert kernels.panel_conv_forward(x, w.reshape(o, -1), bias, y, lowered)
+    exact = ref.conv_forward(g, x.astype(np.float64), w.astype(np.float64), bias.astype(np.float64))
+    assert_close(y, exact, "panel_conv_forward", reference="float64 definition")
+    assert not kernels.panel_conv_forward(x, w.reshape(o, -1)[:, 1:], bias, y, lowered)  # not c*kh*kw columns
+    with pytest.raises(ValueError):
+        kernels.panel_conv_forward(x, w.reshape(o, -1), bias, y[:, 1:].copy(), lowered)
