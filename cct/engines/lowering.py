@@ -429,7 +429,16 @@ class LoweringEngine(ConvEngine):
         self._chunk_memo = {}
 
     def describe(self) -> str:
-        return f"lowering {self.strategy} ({self.reason})"
+        """``lowering 1 (cost model)``, plus the passes of the configured geometry measured faster on the compiled
+        panel GEMMs (:meth:`_panel_forward`, :meth:`_panel_weight_grad`), once they have run."""
+        text = f"lowering {self.strategy} ({self.reason})"
+        if self.geometry is None:
+            return text
+        geometry = _geometry_key(self._geom())
+        passes = [name for name, prefix in (("forward", "panel-fwd-"), ("weight gradient", "panel-wgrad-"))
+                  if any(key.startswith(prefix + geometry + "-n") and way == "panels"
+                         for key, way in self._layouts.items())]
+        return f"{text}; panel GEMM: {', '.join(passes)}" if passes else text
 
     def batch_partitions(self) -> int:
         return len(self._chunks(self._geom().num, self.dtype.itemsize))

@@ -231,6 +231,7 @@ def test_type1_images_by_the_compiled_panel_gemm(monkeypatch, tmp_path, g):
         outs.append(y)
     for y in outs[1:]:
         np.testing.assert_array_equal(y, outs[0])
+    assert eng.describe() == "lowering 1 (forced); panel GEMM: forward"
     panels = [key for kind, key in asked if kind == "panel_gemm"]
     assert len(panels) == 3  # each engine asks once (the cache answers later calls)
     assert all(key.startswith(f"panel-fwd-c{g.in_channels}-i{g.in_shape[0]}x{g.in_shape[1]}-o{g.out_channels}-"
@@ -292,6 +293,7 @@ def test_type1_weight_gradient_by_the_compiled_panels(monkeypatch, tmp_path, g, 
             calls.clear()
             eng.backward(x, dy, w, dx, dw)
             assert calls.count("panel_weight_grad") == len([r for part in eng._chunks(g.num, 4) for r in part])
+        assert eng.describe().endswith("; panel GEMM: weight gradient")
         assert_close(dw - 1, want_dw, "weight gradient by panels", reference="float64 definition")
         if with_dx:
             assert_close(dx, want_dx, "data gradient beside it", reference="float64 definition")
