@@ -2461,16 +2461,28 @@ __attribute__((target("avx512f"))) static void panel_conv_forward_f32(const floa
 #endif
 
 /* The panel kernels' packed operands: a buffer each thread keeps for its next call (a layer's partitions call once
- * per image: fresh pages every time would be faulted in again); NULL when out of memory. */
+ * per image: fresh pages every time would be faulted in again) up to PANEL_SCRATCH_KEEP bytes — a bigger one (a
+ * wide layer's padded or phase-split image) is handed back after the call by panel_scratch_trim; NULL when out of
+ * memory. */
+#define PANEL_SCRATCH_KEEP (4 << 20)
+static __thread float *panel_buffer = NULL;
+static __thread Py_ssize_t panel_held = 0;
+
 static float *panel_scratch(Py_ssize_t bytes) {
-    static __thread float *buffer = NULL;
-    static __thread Py_ssize_t held = 0;
-    if (bytes > held) {
-        free(buffer);
-        buffer = aligned_alloc(64, (bytes + 63) / 64 * 64);
-        held = buffer ? bytes : 0;
+    if (bytes > panel_held) {
+        free(panel_buffer);
+        panel_buffer = aligned_alloc(64, (bytes + 63) / 64 * 64);
+        panel_held = panel_buffer ? bytes : 0;
     }
-    return buffer;
+    return panel_buffer;
+}
+
+static void panel_scratch_trim(void) {
+    if (panel_held > PANEL_SCRATCH_KEEP) {
+        free(panel_buffer);
+        panel_buffer = NULL;
+        panel_held = 0;
+    }
 }
 
 /* A 2-D float32 view unit-strided along its rows; its row stride in values into *ld (0: not such a view). */
@@ -2526,6 +2538,7 @@ static PyObject *panel_gemm(PyObject *self, PyObject *args) {
     panel_gemm_f32(v[0].buf, ld[0], v[1].buf, ld[1], v[2].buf, ld[2], count == 4 ? v[3].buf : NULL, m, n, k, packed,
                    packed + wbytes / 4, block);
     Py_END_ALLOW_THREADS
+    panel_scratch_trim();
 #endif
 out:
     for (int i = 0; i < held; i++) PyBuffer_Release(&v[i]);
@@ -2572,6 +2585,7 @@ static PyObject *panel_weight_grad(PyObject *self, PyObject *args) {
     panel_weight_grad_f32(x, dy, v.buf, ldw, o, g, scratch, scratch + pbytes / 4, scratch + (pbytes + qbytes) / 4,
                           (Py_ssize_t *)(scratch + (pbytes + qbytes + abytes) / 4));
     Py_END_ALLOW_THREADS
+    panel_scratch_trim();
 #endif
 out:
     release(&b);
@@ -2628,6 +2642,7 @@ static PyObject *panel_conv_forward(PyObject *self, PyObject *args) {
     panel_conv_forward_f32(x, wp, bias, y, o, g, scratch, pe_h, pe_w, (Py_ssize_t *)(scratch + bbytes / 4),
                            wp + wbytes / 4);
     Py_END_ALLOW_THREADS
+    panel_scratch_trim();
 #endif
 out:
     release(&b);
