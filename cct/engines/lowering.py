@@ -912,8 +912,7 @@ class LoweringEngine(ConvEngine):
         key = f"panel-fwd-{_geometry_key(g)}-n{images}"
         choice = self._layouts.get(key)
         if choice is None:
-            probe = np.zeros((1, 1), np.float32)
-            if not compiled.panel_gemm(probe, probe, probe, None):  # no AVX-512F here
+            if not native.panel_gemms():  # no AVX-512F here
                 choice = "blas"
             else:
                 from cct.engines.measured import _concurrent, measured_choice, stand_in
@@ -953,8 +952,7 @@ class LoweringEngine(ConvEngine):
         key = f"panel-wgrad-{_geometry_key(g)}-n{images}"
         choice = self._layouts.get(key)
         if choice is None:
-            probe = np.zeros((1, 1), np.float32)
-            if not compiled.panel_gemm(probe, probe, probe, None):  # no AVX-512F here
+            if not native.panel_gemms():  # no AVX-512F here
                 choice = "blas"
             else:
                 from cct.engines.measured import _concurrent, measured_choice, stand_in

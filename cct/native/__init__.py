@@ -78,4 +78,15 @@ def describe() -> str:
     return ("compiled (MAX pooling of up to 8 spatial axes; LRN across channels, beta 0.75; 2-D lowering, images "
             "first or last, and its layout moves; ReLU backward, and forward after a sum; BatchNorm and Scale per "
             "channel; SoftmaxWithLoss backward; depthwise convolution; SGD update; gradients' finiteness; "
-            "accumulating GEMM calls; float32 panel GEMMs on AVX-512F), numpy bodies elsewhere")
+            f"accumulating GEMM calls; {'float32 panel GEMMs' if panel_gemms() else 'no panel GEMMs: no AVX-512F'}"
+            "), numpy bodies elsewhere")
+
+
+def panel_gemms() -> bool:
+    """Whether the compiled float32 panel GEMMs run on this CPU (AVX-512F): the lowering engine measures them
+    against BLAS for its big type-1 layers only then."""
+    compiled = kernels()
+    if compiled is None:
+        return False
+    probe = np.zeros((1, 1), np.float32)
+    return bool(compiled.panel_gemm(probe, probe, probe, None))

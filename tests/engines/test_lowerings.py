@@ -194,8 +194,7 @@ def test_type1_images_by_the_compiled_panel_gemm(monkeypatch, tmp_path, g):
     from cct.engines import measured
 
     compiled = native.kernels()
-    probe = np.zeros((1, 1), np.float32)
-    if compiled is None or not compiled.panel_gemm(probe, probe, probe, None):
+    if not native.panel_gemms():
         pytest.skip("the panel GEMM runs on AVX-512F with the compiled kernels")
     monkeypatch.setenv("CCT_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(lowering, "PANEL_MIN_FLOPS", 0)
@@ -263,8 +262,7 @@ def test_type1_weight_gradient_by_the_compiled_panels(monkeypatch, tmp_path, g, 
     from cct.engines import measured
 
     compiled = native.kernels()
-    probe = np.zeros((1, 1), np.float32)
-    if compiled is None or not compiled.panel_gemm(probe, probe, probe, None):
+    if not native.panel_gemms():
         pytest.skip("the panel GEMM runs on AVX-512F with the compiled kernels")
     monkeypatch.setenv("CCT_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(lowering, "PANEL_MIN_FLOPS", 0)
@@ -310,6 +308,36 @@ def test_type1_weight_gradient_by_the_compiled_panels(monkeypatch, tmp_path, g, 
     doubles.configure(g, np.float64)
     doubles.backward(x.astype(np.float64), dy.astype(np.float64), None, None, np.zeros(w.shape))
     assert not any(key.startswith("panel-wgrad-") for _, key in asked)
+
+
+def test_no_panel_gemms_without_avx512(monkeypatch, tmp_path):
+    """On a CPU without AVX-512F (or without the compiled kernels) type 1 measures nothing and runs BLAS: the
+    reference's forward and weight gradient, no panel kernel called."""
+    from cct import native
+    from cct.compare.tolerance import assert_close
+    from cct.engines import measured
+
+    monkeypatch.setenv("CCT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(lowering, "PANEL_MIN_FLOPS", 0)
+    monkeypatch.setattr(native, "panel_gemms", lambda: False)
+    asked = []
+    monkeypatch.setattr(measured, "measured_choice", lambda kind, key, ways: asked.append(kind) or next(iter(ways)))
+    calls = []
+    compiled = native.kernels()
+    if compiled is not None:
+        monkeypatch.setattr(native, "kernels", lambda: _Spy(compiled, calls))
+    g = ConvGeometry(2, 3, 14, 1, (47, 49), (5, 5), (2, 2), (1, 1), (1, 1))
+    x, w, b, dy = (a.astype(np.float32) for a in _data(g, 6))
+    eng = LoweringEngine(1, workspace=Workspace())
+    eng.configure(g, np.float32)
+    y, dw = np.empty_like(dy), np.zeros_like(w)
+    eng.forward(x, w, b, y)
+    eng.backward(x, dy, w, None, dw)
+    x64, w64, b64, dy64 = (a.astype(np.float64) for a in (x, w, b, dy))
+    assert_close(y, ref.conv_forward(g, x64, w64, b64), "forward", reference="float64 definition")
+    assert_close(dw, ref.conv_backward_weights(g, x64, dy64), "weight gradient", reference="float64 definition")
+    assert "panel_gemm" not in asked and not [c for c in calls if c.startswith("panel_")]
+    assert eng.describe() == "lowering 1 (forced)"
 
 
 class _Spy:
