@@ -31,7 +31,7 @@ the forward may run on the compiled panel GEMM of :mod:`cct.native` instead (one
 lowered span by span straight into its panels, no lowered matrix), and the weight gradient (one group, 2-D) on its
 kernel that does the same with the lowered matrix's transpose — each where measured faster for the geometry
 (:meth:`LoweringEngine._panel_forward`, :meth:`LoweringEngine._panel_weight_grad`): CaffeNet's conv1, whose 96-row
-products OpenBLAS runs at 62-70% of its peak, forward 0.69-0.74x and weight gradient 0.78-0.84x BLAS's time in the
+products OpenBLAS runs at 62-70% of its peak, forward 0.60-0.74x and weight gradient 0.70-0.84x BLAS's time in the
 net.
 
 Generalisations: groups (one GEMM per group), dilation (offsets ``k·dil``), N-D (balanced lifts the first
@@ -909,7 +909,22 @@ class LoweringEngine(ConvEngine):
                 or 2.0 * L.Og * L.K * L.cols < PANEL_MIN_FLOPS:
             return False
         images = max(n1 - n0 for c in chunks for n0, n1 in c)
-        key = f"panel-fwd-{_geometry_key(g)}-n{images}"
+
+        def ways(parts: int, rng: Any, stand_in: Any) -> dict[str, Any]:
+            wm = self._weight_matrix(stand_in(rng, (L.O, L.Cg) + g.kernel, np.float32))
+            xs = [stand_in(rng, (images, L.C) + g.in_shape, np.float32) for _ in range(parts)]
+            ys = [np.empty((images, L.O) + g.out_shape, np.float32) for _ in range(parts)]
+            spaces: list[dict[str, Any]] = [{} for _ in range(parts)]
+            reps = range(PANEL_MEASURE_PRODUCTS)
+            return {name: lambda p, panels=panels: lambda: [
+                self._forward_chunk(spaces[p], xs[p], wm, None, ys[p], None, panels) for _ in reps]
+                for name, panels in (("blas", False), ("panels", True))}
+        return self._panel_choice(f"panel-fwd-{_geometry_key(g)}-n{images}", len(chunks), ways)
+
+    def _panel_choice(self, key: str, parts: int, ways: Any) -> bool:
+        """Whether the panel GEMMs run for ``key``: no without AVX-512F; else ``measured_choice`` between the
+        ``"blas"`` and ``"panels"`` ways that ``ways(parts, rng, stand_in)`` makes (per batch partition:
+        ``way(p)`` gives partition p's callable), run in every partition at once; kept per engine."""
         choice = self._layouts.get(key)
         if choice is None:
             if not native.panel_gemms():  # no AVX-512F here
@@ -917,18 +932,9 @@ class LoweringEngine(ConvEngine):
             else:
                 from cct.engines.measured import _concurrent, measured_choice, stand_in
 
-                parts = len(chunks)
-                rng = np.random.default_rng(0)
-                wm = self._weight_matrix(stand_in(rng, (L.O, L.Cg) + g.kernel, np.float32))
-                xs = [stand_in(rng, (images, L.C) + g.in_shape, np.float32) for _ in range(parts)]
-                ys = [np.empty((images, L.O) + g.out_shape, np.float32) for _ in range(parts)]
-                spaces: list[dict[str, Any]] = [{} for _ in range(parts)]
-                reps = range(PANEL_MEASURE_PRODUCTS)
-
-                def way(panels: bool) -> Any:
-                    return _concurrent(parts, lambda p: lambda: [
-                        self._forward_chunk(spaces[p], xs[p], wm, None, ys[p], None, panels) for _ in reps])
-                choice = measured_choice("panel_gemm", key, {"blas": way(False), "panels": way(True)})
+                made = ways(parts, np.random.default_rng(0), stand_in)
+                choice = measured_choice("panel_gemm", key, {name: _concurrent(parts, way)
+                                                              for name, way in made.items()})
             self._layouts[key] = choice
         return choice == "panels"
 
@@ -949,36 +955,23 @@ class LoweringEngine(ConvEngine):
         images = max(n1 - n0 for c in chunks for n0, n1 in c)
         if 2.0 * L.M * L.K * L.cols * images < PANEL_MIN_FLOPS:
             return False
-        key = f"panel-wgrad-{_geometry_key(g)}-n{images}"
-        choice = self._layouts.get(key)
-        if choice is None:
-            if not native.panel_gemms():  # no AVX-512F here
-                choice = "blas"
-            else:
-                from cct.engines.measured import _concurrent, measured_choice, stand_in
 
-                parts = len(chunks)
-                rng = np.random.default_rng(0)
-                xs = [stand_in(rng, (images, L.C) + g.in_shape, np.float32) for _ in range(parts)]
-                dys = [stand_in(rng, (images, L.O) + g.out_shape, np.float32) for _ in range(parts)]
-                spaces: list[dict[str, Any]] = [{} for _ in range(parts)]
-                by_rows = self._weight_grad_layout(images, np.float32, parts, np) == "mxk"
-                accs = [np.zeros((L.G, L.M, L.K) if by_rows else (L.G, L.K, L.M), np.float32) for _ in range(parts)]
-                into = [np.zeros((L.M, L.K), np.float32) for _ in range(parts)]
-                geometry = self._lowering_geometry(images)
+        def ways(parts: int, rng: Any, stand_in: Any) -> dict[str, Any]:
+            xs = [stand_in(rng, (images, L.C) + g.in_shape, np.float32) for _ in range(parts)]
+            dys = [stand_in(rng, (images, L.O) + g.out_shape, np.float32) for _ in range(parts)]
+            spaces: list[dict[str, Any]] = [{} for _ in range(parts)]
+            by_rows = self._weight_grad_layout(images, np.float32, parts, np) == "mxk"
+            accs = [np.zeros((L.G, L.M, L.K) if by_rows else (L.G, L.K, L.M), np.float32) for _ in range(parts)]
+            into = [np.zeros((L.M, L.K), np.float32) for _ in range(parts)]
+            geometry = self._lowering_geometry(images)
 
-                def blas(p: int) -> Any:
-                    ws = spaces[p]
-                    return lambda: self._weight_grad_chunk(ws, xs[p], self._unlifted(ws, self._grad_yt(ws, dys[p]),
-                                                                                      images), accs[p], True, None,
-                                                           by_rows)
-
-                def panel(p: int) -> Any:
-                    return lambda: compiled.panel_weight_grad(xs[p], dys[p], into[p], geometry)
-                choice = measured_choice("panel_gemm", key, {"blas": _concurrent(parts, blas),
-                                                              "panels": _concurrent(parts, panel)})
-            self._layouts[key] = choice
-        return choice == "panels"
+            def blas(p: int) -> Any:
+                ws = spaces[p]
+                return lambda: self._weight_grad_chunk(ws, xs[p], self._unlifted(ws, self._grad_yt(ws, dys[p]), images),
+                                                       accs[p], True, None, by_rows)
+            return {"blas": blas,
+                    "panels": lambda p: lambda: compiled.panel_weight_grad(xs[p], dys[p], into[p], geometry)}
+        return self._panel_choice(f"panel-wgrad-{_geometry_key(g)}-n{images}", len(chunks), ways)
 
     def _kept_lowered(self, key: tuple[int, int], x: Any) -> Any | None:
         """The lowered matrix forward kept for images ``key`` if ``x`` is bitwise what it lowered, else None."""
@@ -1451,17 +1444,18 @@ class LoweringEngine(ConvEngine):
         rows_per_image = _lifts_per_image(L, self._geom(), dy.dtype, xp)
 
         def body(ws: dict[str, Any], part: int, n0: int, n1: int) -> None:
+            first = n0 in firsts
             if compiled is not None:  # the weight gradient lowered span by span into the compiled tiles' panels
-                if n0 in firsts:
+                if first:
                     accs[part].fill(0)
-                compiled.panel_weight_grad(x[n0:n1], dy[n0:n1], accs[part][0], self._lowering_geometry(n1 - n0))
-                if dx is not None:
-                    data_grad(ws, n0, n1)
-                return
+                if compiled.panel_weight_grad(x[n0:n1], dy[n0:n1], accs[part][0], self._lowering_geometry(n1 - n0)):
+                    if dx is not None:
+                        data_grad(ws, n0, n1)
+                    return  # else declined, nothing computed: the GEMMs below
             if pointwise:
                 dyt = None
                 if dw is not None:
-                    dyt = self._pointwise_weight_grad(ws, x[n0:n1], dy[n0:n1], accs[part], n0 in firsts, by_rows,
+                    dyt = self._pointwise_weight_grad(ws, x[n0:n1], dy[n0:n1], accs[part], first, by_rows,
                                                       batched)
                 if dx is not None:
                     self._pointwise_data_grad(ws, wm, dy[n0:n1], dx[n0:n1], batched, dyt)
@@ -1469,7 +1463,7 @@ class LoweringEngine(ConvEngine):
             dyt = self._grad_yt(ws, dy[n0:n1])
             if by_gemms:  # the gradient stays channel-first: its offsets' rows are column ranges of it
                 if dw is not None:
-                    self._weight_grad_by_rows(ws, x[n0:n1], dyt, accs[part], n0 in firsts,
+                    self._weight_grad_by_rows(ws, x[n0:n1], dyt, accs[part], first,
                                               self._kept_lowered((n0, n1), x[n0:n1]), by_rows)
                 if dx is not None:
                     dcol = self._view(ws, "col", (L.G, L.K, (n1 - n0) * L.cols), dy)
@@ -1478,7 +1472,7 @@ class LoweringEngine(ConvEngine):
                 return
             dz = None if dw is None and rows_per_image else self._unlifted(ws, dyt, n1 - n0)
             if dw is not None:
-                self._weight_grad_chunk(ws, x[n0:n1], dz, accs[part], n0 in firsts,
+                self._weight_grad_chunk(ws, x[n0:n1], dz, accs[part], first,
                                         self._kept_lowered((n0, n1), x[n0:n1]), by_rows)
             if dx is not None:
                 data_grad(ws, n0, n1, dyt, dz)

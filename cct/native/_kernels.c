@@ -2256,6 +2256,41 @@ __attribute__((target("avx512f"))) static void panel_tile(const float *a, const 
     }
 }
 
+/* The store masks of a tile whose panel has `left` live columns (32 or more: all). */
+static inline void panel_masks(Py_ssize_t left, __mmask16 *m0, __mmask16 *m1) {
+    *m0 = left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1);
+    *m1 = left >= 32 ? 0xFFFF : left <= 16 ? 0 : (__mmask16)((1u << (left - 16)) - 1);
+}
+
+/* Every tile of y's rows [0, m) and columns [0, cols) (rows ldy apart): y[r][32q + c] = (or with `load` +=)
+ * Σ_i a[r / 12][i][r % 12] · panel[q][i][c] (+ bias[r]), i < k; a's blocks of 12 rows `astep` values apart, the
+ * panels `pstep` apart.  A short last panel's lanes are computed and not stored. */
+__attribute__((target("avx512f"))) static void panel_tiles(const float *a, Py_ssize_t astep, const float *panels,
+                                                           Py_ssize_t pstep, Py_ssize_t k, Py_ssize_t m,
+                                                           Py_ssize_t cols, float *y, Py_ssize_t ldy,
+                                                           const float *bias, int load) {
+    for (Py_ssize_t rb = 0; rb * PANEL_ROWS < m; rb++) {
+        const int rows = m - rb * PANEL_ROWS < PANEL_ROWS ? (int)(m - rb * PANEL_ROWS) : PANEL_ROWS;
+        for (Py_ssize_t q = 0; q * PANEL_COLS < cols; q++) {
+            __mmask16 m0, m1;
+            panel_masks(cols - q * PANEL_COLS, &m0, &m1);
+            panel_tile(a + rb * astep, panels + q * pstep, k, y + rb * PANEL_ROWS * ldy + q * PANEL_COLS, ldy, rows,
+                       m0, m1, bias ? bias + rb * PANEL_ROWS : NULL, load);
+        }
+    }
+}
+
+/* w (m x k, rows ldw apart) packed for the tiles: blocks of 12 rows, [block][k][12], the rows past m zeros. */
+__attribute__((target("avx512f"))) static void panel_pack_rows(const float *w, Py_ssize_t ldw, Py_ssize_t m,
+                                                               Py_ssize_t k, float *wp) {
+    for (Py_ssize_t rb = 0; rb < (m + PANEL_ROWS - 1) / PANEL_ROWS; rb++)
+        for (int r = 0; r < PANEL_ROWS; r++) {
+            const Py_ssize_t row = rb * PANEL_ROWS + r;
+            float *to = wp + rb * k * PANEL_ROWS + r;
+            for (Py_ssize_t i = 0; i < k; i++) to[i * PANEL_ROWS] = row < m ? w[row * ldw + i] : 0.0f;
+        }
+}
+
 /* y (m x n, rows ldy apart) = w (m x k, rows ldw apart) @ x (k x n, rows ldx apart) (+ bias[r] on row r);
  * wp: m rounded up to 12 times k values, xp: a block's packed panels (64-byte aligned). */
 __attribute__((target("avx512f"))) static void panel_gemm_f32(float *y, Py_ssize_t ldy, const float *w,
@@ -2263,20 +2298,13 @@ __attribute__((target("avx512f"))) static void panel_gemm_f32(float *y, Py_ssize
                                                               const float *bias, Py_ssize_t m, Py_ssize_t n,
                                                               Py_ssize_t k, float *wp, float *xp,
                                                               Py_ssize_t block) {
-    const Py_ssize_t blocks = (m + PANEL_ROWS - 1) / PANEL_ROWS;
-    for (Py_ssize_t rb = 0; rb < blocks; rb++)  /* rows past m are zeros: computed, never stored */
-        for (int r = 0; r < PANEL_ROWS; r++) {
-            const Py_ssize_t row = rb * PANEL_ROWS + r;
-            float *to = wp + rb * k * PANEL_ROWS + r;
-            for (Py_ssize_t i = 0; i < k; i++) to[i * PANEL_ROWS] = row < m ? w[row * ldw + i] : 0.0f;
-        }
+    panel_pack_rows(w, ldw, m, k, wp);  /* rows past m are zeros: computed, never stored */
     for (Py_ssize_t j0 = 0; j0 < n; j0 += block * PANEL_COLS) {
         const Py_ssize_t cols = n - j0 < block * PANEL_COLS ? n - j0 : block * PANEL_COLS;
         const Py_ssize_t panels = (cols + PANEL_COLS - 1) / PANEL_COLS;
         for (Py_ssize_t q = 0; q < panels; q++) {
-            const Py_ssize_t left = cols - q * PANEL_COLS;
-            const __mmask16 m0 = left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1);
-            const __mmask16 m1 = left >= 32 ? 0xFFFF : left <= 16 ? 0 : (__mmask16)((1u << (left - 16)) - 1);
+            __mmask16 m0, m1;
+            panel_masks(cols - q * PANEL_COLS, &m0, &m1);
             const float *from = x + j0 + q * PANEL_COLS;
             float *to = xp + q * k * PANEL_COLS;
             for (Py_ssize_t i = 0; i < k; i++) {  /* masked loads read nothing past the row */
@@ -2284,17 +2312,7 @@ __attribute__((target("avx512f"))) static void panel_gemm_f32(float *y, Py_ssize
                 _mm512_store_ps(to + i * PANEL_COLS + 16, _mm512_maskz_loadu_ps(m1, from + i * ldx + 16));
             }
         }
-        for (Py_ssize_t rb = 0; rb < blocks; rb++) {
-            const int rows = m - rb * PANEL_ROWS < PANEL_ROWS ? (int)(m - rb * PANEL_ROWS) : PANEL_ROWS;
-            for (Py_ssize_t q = 0; q < panels; q++) {
-                const Py_ssize_t left = cols - q * PANEL_COLS;
-                const __mmask16 m0 = left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1);
-                const __mmask16 m1 = left >= 32 ? 0xFFFF : left <= 16 ? 0 : (__mmask16)((1u << (left - 16)) - 1);
-                panel_tile(wp + rb * k * PANEL_ROWS, xp + q * k * PANEL_COLS, k,
-                           y + rb * PANEL_ROWS * ldy + j0 + q * PANEL_COLS, ldy, rows, m0, m1,
-                           bias ? bias + rb * PANEL_ROWS : NULL, 0);
-            }
-        }
+        panel_tiles(wp, k * PANEL_ROWS, xp, k * PANEL_COLS, k, m, cols, y + j0, ldy, bias, 0);
     }
 }
 
@@ -2369,29 +2387,9 @@ __attribute__((target("avx512f"))) static void panel_weight_grad_f32(const float
                     _mm512_mask_storeu_ps(to + t * PANEL_ROWS, 0x0FFF,
                                           _mm512_mask_i32gather_ps(_mm512_setzero_ps(), mask, index, from + t, 4));
             }
-            for (Py_ssize_t qq = 0; qq < panels; qq++) {
-                const Py_ssize_t left = k - qq * PANEL_COLS;
-                const __mmask16 m0 = left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1);
-                const __mmask16 m1 = left >= 32 ? 0xFFFF : left <= 16 ? 0 : (__mmask16)((1u << (left - 16)) - 1);
-                for (Py_ssize_t rb = 0; rb < blocks; rb++) {
-                    const int rows = o - rb * PANEL_ROWS < PANEL_ROWS ? (int)(o - rb * PANEL_ROWS) : PANEL_ROWS;
-                    panel_tile(ap + rb * PANEL_SPAN * PANEL_ROWS, q + qq * PANEL_SPAN * PANEL_COLS, span,
-                               dw + rb * PANEL_ROWS * ldw + qq * PANEL_COLS, ldw, rows, m0, m1, NULL, 1);
-                }
-            }
+            panel_tiles(ap, PANEL_SPAN * PANEL_ROWS, q, PANEL_SPAN * PANEL_COLS, span, o, k, dw, ldw, NULL, 1);
         }
     }
-}
-
-/* w (m x k, rows ldw apart) packed for the tiles: blocks of 12 rows, [block][k][12], the rows past m zeros. */
-__attribute__((target("avx512f"))) static void panel_pack_rows(const float *w, Py_ssize_t ldw, Py_ssize_t m,
-                                                               Py_ssize_t k, float *wp) {
-    for (Py_ssize_t rb = 0; rb < (m + PANEL_ROWS - 1) / PANEL_ROWS; rb++)
-        for (int r = 0; r < PANEL_ROWS; r++) {
-            const Py_ssize_t row = rb * PANEL_ROWS + r;
-            float *to = wp + rb * k * PANEL_ROWS + r;
-            for (Py_ssize_t i = 0; i < k; i++) to[i * PANEL_ROWS] = row < m ? w[row * ldw + i] : 0.0f;
-        }
 }
 
 /* The forward of a 2-D convolution (one group) by the same tiles, its lowering never formed whole: each image is
@@ -2410,8 +2408,7 @@ __attribute__((target("avx512f"))) static void panel_conv_forward_f32(const floa
     const Py_ssize_t n = g[0], c = g[1], h = g[2], w = g[3], *k = g + 4;
     const Py_ssize_t kh = k[0], kw = k[1], sh = k[2], sw = k[3], oh = k[8], ow = k[9];
     const Py_ssize_t phase = pe_h * pe_w, chan = sh * sw * phase, rows = c * kh * kw, cols = oh * ow;
-    const Py_ssize_t blocks = (o + PANEL_ROWS - 1) / PANEL_ROWS, span_max = PANEL_FORWARD_PANELS * PANEL_COLS;
-    const Py_ssize_t *offset = table + h + 2 * sw;
+    const Py_ssize_t span_max = PANEL_FORWARD_PANELS * PANEL_COLS, *offset = table + h + 2 * sw;
     im2col_f32_tables(h, w, k, pe_h, pe_w, table);
     memset(buf, 0, c * chan * sizeof(float));
     for (Py_ssize_t img = 0; img < n; img++) {
@@ -2419,7 +2416,7 @@ __attribute__((target("avx512f"))) static void panel_conv_forward_f32(const floa
         float *yi = y + img * o * cols;
         for (Py_ssize_t p0 = 0; p0 < cols; p0 += span_max) {
             const Py_ssize_t span = cols - p0 < span_max ? cols - p0 : span_max;
-            const Py_ssize_t count = (span + PANEL_COLS - 1) / PANEL_COLS, r0 = p0 / ow, v0 = p0 % ow;
+            const Py_ssize_t r0 = p0 / ow, v0 = p0 % ow;
             for (Py_ssize_t ch = 0; ch < c; ch++)
                 for (Py_ssize_t t = 0; t < kh * kw; t++) {
                     const float *src = buf + ch * chan + offset[t];
@@ -2443,17 +2440,7 @@ __attribute__((target("avx512f"))) static void panel_conv_forward_f32(const floa
                         r++;
                     }
                 }
-            for (Py_ssize_t rb = 0; rb < blocks; rb++) {
-                const int live = o - rb * PANEL_ROWS < PANEL_ROWS ? (int)(o - rb * PANEL_ROWS) : PANEL_ROWS;
-                for (Py_ssize_t qq = 0; qq < count; qq++) {  /* a short last panel's lanes: computed, not stored */
-                    const Py_ssize_t left = span - qq * PANEL_COLS;
-                    const __mmask16 m0 = left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1);
-                    const __mmask16 m1 = left >= 32 ? 0xFFFF : left <= 16 ? 0 : (__mmask16)((1u << (left - 16)) - 1);
-                    panel_tile(wp + rb * rows * PANEL_ROWS, panels + qq * rows * PANEL_COLS, rows,
-                               yi + rb * PANEL_ROWS * cols + p0 + qq * PANEL_COLS, cols, live, m0, m1,
-                               bias ? bias + rb * PANEL_ROWS : NULL, 0);
-                }
-            }
+            panel_tiles(wp, rows * PANEL_ROWS, panels, rows * PANEL_COLS, rows, o, span, yi + p0, cols, bias, 0);
         }
     }
 }
@@ -2566,9 +2553,8 @@ static PyObject *panel_weight_grad(PyObject *self, PyObject *args) {
         goto out;
     const Py_ssize_t o = v.shape[0], k = v.shape[1];
     if (take(&b, ox, 0, 4, n * c * h * w, "x", &x, 0) < 0 || take(&b, ody, 0, 4, n * o * oh * ow, "dy", &dy, 0) < 0) {
-        release(&b);
-        PyBuffer_Release(&v);
-        return NULL;
+        done = -1;
+        goto out;
     }
     done = 1;
     if (n == 0 || o == 0 || k == 0 || oh * ow == 0) goto out;
@@ -2577,9 +2563,9 @@ static PyObject *panel_weight_grad(PyObject *self, PyObject *args) {
     const Py_ssize_t abytes = (o + PANEL_ROWS - 1) / PANEL_ROWS * PANEL_SPAN * PANEL_ROWS * 4;
     float *scratch = panel_scratch(pbytes + qbytes + abytes + PANEL_SPAN * (Py_ssize_t)sizeof(Py_ssize_t));
     if (!scratch) {
-        release(&b);
-        PyBuffer_Release(&v);
-        return PyErr_NoMemory();
+        PyErr_NoMemory();
+        done = -1;
+        goto out;
     }
     Py_BEGIN_ALLOW_THREADS
     panel_weight_grad_f32(x, dy, v.buf, ldw, o, g, scratch, scratch + pbytes / 4, scratch + (pbytes + qbytes) / 4,
@@ -2587,10 +2573,10 @@ static PyObject *panel_weight_grad(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS
     panel_scratch_trim();
 #endif
-out:
+out:  /* done: 1 computed, 0 declined, -1 an error set */
     release(&b);
     PyBuffer_Release(&v);
-    return PyBool_FromLong(done);
+    return done < 0 ? NULL : PyBool_FromLong(done);
 }
 
 static PyObject *panel_conv_forward(PyObject *self, PyObject *args) {
@@ -2614,9 +2600,8 @@ static PyObject *panel_conv_forward(PyObject *self, PyObject *args) {
     const Py_ssize_t o = v.shape[0], rows = v.shape[1], cols = k[8] * k[9];
     if (take(&b, ox, 0, 4, n * c * h * w, "x", &x, 0) < 0 || take(&b, oy, 1, 4, n * o * cols, "y", &y, 0) < 0 ||
         (obias != Py_None && take(&b, obias, 0, 4, o, "bias", &bias, 0) < 0)) {
-        release(&b);
-        PyBuffer_Release(&v);
-        return NULL;
+        done = -1;
+        goto out;
     }
     done = 1;
     if (n == 0 || o == 0 || cols == 0) goto out;
@@ -2632,9 +2617,9 @@ static PyObject *panel_conv_forward(PyObject *self, PyObject *args) {
     const Py_ssize_t wbytes = ((o + PANEL_ROWS - 1) / PANEL_ROWS * PANEL_ROWS * rows * 4 + 63) / 64 * 64;
     float *scratch = panel_scratch(bbytes + tbytes + wbytes + PANEL_FORWARD_PANELS * rows * PANEL_COLS * 4);
     if (!scratch) {
-        release(&b);
-        PyBuffer_Release(&v);
-        return PyErr_NoMemory();
+        PyErr_NoMemory();
+        done = -1;
+        goto out;
     }
     float *wp = scratch + (bbytes + tbytes) / 4;
     Py_BEGIN_ALLOW_THREADS
@@ -2644,10 +2629,10 @@ static PyObject *panel_conv_forward(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS
     panel_scratch_trim();
 #endif
-out:
+out:  /* done: 1 computed, 0 declined, -1 an error set */
     release(&b);
     PyBuffer_Release(&v);
-    return PyBool_FromLong(done);
+    return done < 0 ? NULL : PyBool_FromLong(done);
 }
 
 static PyMethodDef methods[] = {

@@ -178,27 +178,19 @@ def test_pointwise_layers_measure_image_by_image_against_batched_gemms(monkeypat
     assert not any(kind == "pointwise_gemms" for kind, _ in asked)
 
 
-@pytest.mark.parametrize("g", [ConvGeometry(3, 3, 14, 1, (47, 49), (5, 5), (2, 2), (1, 1), (1, 1)),
-                               ConvGeometry(2, 4, 6, 2, (24, 23), (3, 3), (1, 1), (1, 1), (1, 1))],
-                         ids=["strided", "groups"])
-def test_type1_images_by_the_compiled_panel_gemm(monkeypatch, tmp_path, g):
-    """Type 1 on images of >= IMAGES_LAST_MAX_COLS output cells (one GEMM per image) measures, once per geometry,
-    BLAS's per-image GEMM against the compiled panel GEMMs — both ways the engine's chunk forward on stand-ins —
-    and where the panels win forward runs them (one group: each image lowered span by span into the panels;
-    groups: ``panel_gemm`` on each image's lowered matrix), the bias added as each tile is stored: the reference's
-    values (float32, the library's comparison rule), the same bits in any partitions and chunks (each value a sum
-    over the lowered rows in order).  Not measured where forward keeps its lowered matrix for backward, nor for
-    float64, nor (unlike here) for products under ``PANEL_MIN_FLOPS``."""
+@pytest.fixture
+def panels_chosen(monkeypatch, tmp_path):
+    """The panel GEMMs measured (both ways run on their stand-ins) and chosen, for products of any size; yields the
+    (kind, key) of every measured choice asked for and the names of the compiled kernels called.  Skips where they
+    do not run (no AVX-512F, or no compiled kernels)."""
     from cct import native
-    from cct.compare.tolerance import assert_close
     from cct.engines import measured
 
-    compiled = native.kernels()
     if not native.panel_gemms():
-        pytest.skip("the panel GEMM runs on AVX-512F with the compiled kernels")
+        pytest.skip("the panel GEMMs run on AVX-512F with the compiled kernels")
     monkeypatch.setenv("CCT_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(lowering, "PANEL_MIN_FLOPS", 0)
-    asked = []
+    asked, calls = [], []
 
     def choice(kind, key, ways):
         asked.append((kind, key))
@@ -208,8 +200,25 @@ def test_type1_images_by_the_compiled_panel_gemm(monkeypatch, tmp_path, g):
             run()
         return "panels"
     monkeypatch.setattr(measured, "measured_choice", choice)
-    calls = []
-    monkeypatch.setattr(native, "kernels", lambda: _Spy(compiled, calls))
+    spy = _Spy(native.kernels(), calls)
+    monkeypatch.setattr(native, "kernels", lambda: spy)
+    return asked, calls
+
+
+@pytest.mark.parametrize("g", [ConvGeometry(3, 3, 14, 1, (47, 49), (5, 5), (2, 2), (1, 1), (1, 1)),
+                               ConvGeometry(2, 4, 6, 2, (24, 23), (3, 3), (1, 1), (1, 1), (1, 1))],
+                         ids=["strided", "groups"])
+def test_type1_images_by_the_compiled_panel_gemm(panels_chosen, g):
+    """Type 1 on images of >= IMAGES_LAST_MAX_COLS output cells (one GEMM per image) measures, once per geometry,
+    BLAS's per-image GEMM against the compiled panel GEMMs — both ways the engine's chunk forward on stand-ins —
+    and where the panels win forward runs them (one group: each image lowered span by span into the panels;
+    groups: ``panel_gemm`` on each image's lowered matrix), the bias added as each tile is stored: the reference's
+    values (float32, the library's comparison rule), the same bits in any partitions and chunks (each value a sum
+    over the lowered rows in order).  Not measured where forward keeps its lowered matrix for backward, nor for
+    float64, nor (unlike here) for products under ``PANEL_MIN_FLOPS``."""
+    from cct.compare.tolerance import assert_close
+
+    asked, calls = panels_chosen
     x, w, b, dy = (a.astype(np.float32) for a in _data(g, 3))
     want = ref.conv_forward(g, x.astype(np.float64), w.astype(np.float64), b.astype(np.float64))
     outs = []
@@ -251,33 +260,15 @@ def test_type1_images_by_the_compiled_panel_gemm(monkeypatch, tmp_path, g):
                                ConvGeometry(2, 4, 25, 1, (28, 26), (4, 4), (1, 1), (1, 2), (1, 1))],
                          ids=["strided", "row-dilation", "k-of-two-panels"])
 @pytest.mark.parametrize("with_dx", [False, True])
-def test_type1_weight_gradient_by_the_compiled_panels(monkeypatch, tmp_path, g, with_dx):
+def test_type1_weight_gradient_by_the_compiled_panels(panels_chosen, g, with_dx):
     """Where measured faster (both ways run on stand-ins, once per geometry), type 1's weight gradient of images
     first, one group, runs on the compiled kernel that lowers each image span by span into the panel GEMM's panels:
     the reference's gradient (accumulated onto what dw held), in any partitions and chunks, with the data gradient
     beside it computed as before; not asked for groups, float64 or a dilation along the columns, nor (unlike here)
     below ``PANEL_MIN_FLOPS`` a chunk."""
-    from cct import native
     from cct.compare.tolerance import assert_close
-    from cct.engines import measured
 
-    compiled = native.kernels()
-    if not native.panel_gemms():
-        pytest.skip("the panel GEMM runs on AVX-512F with the compiled kernels")
-    monkeypatch.setenv("CCT_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(lowering, "PANEL_MIN_FLOPS", 0)
-    asked = []
-
-    def choice(kind, key, ways):
-        asked.append((kind, key))
-        if kind != "panel_gemm":
-            return next(iter(ways))
-        for run in ways.values():
-            run()
-        return "panels"
-    monkeypatch.setattr(measured, "measured_choice", choice)
-    calls = []
-    monkeypatch.setattr(native, "kernels", lambda: _Spy(compiled, calls))
+    asked, calls = panels_chosen
     x, w, b, dy = (a.astype(np.float32) for a in _data(g, 4))
     want_dw = ref.conv_backward_weights(g, x.astype(np.float64), dy.astype(np.float64))
     want_dx = ref.conv_backward_data(g, dy.astype(np.float64), w.astype(np.float64))
@@ -308,6 +299,25 @@ def test_type1_weight_gradient_by_the_compiled_panels(monkeypatch, tmp_path, g, 
     doubles.configure(g, np.float64)
     doubles.backward(x.astype(np.float64), dy.astype(np.float64), None, None, np.zeros(w.shape))
     assert not any(key.startswith("panel-wgrad-") for _, key in asked)
+
+
+def test_a_declined_panel_weight_gradient_is_summed_by_the_gemms(panels_chosen):
+    """Where the kernel declines a chunk after all (nothing computed), the chunk's weight gradient is the GEMMs'
+    into the zeroed accumulator: the reference's gradient still."""
+    from cct import native
+    from cct.compare.tolerance import assert_close
+
+    g = ConvGeometry(3, 3, 14, 1, (47, 49), (5, 5), (2, 2), (1, 1), (1, 1))
+    x, w, _, dy = (a.astype(np.float32) for a in _data(g, 8))
+    native.kernels().panel_weight_grad = lambda *args: False
+    eng = LoweringEngine(1, max_lowered_bytes=1, workspace=Workspace())
+    eng.configure(g, np.float32)
+    dw = np.ones_like(w)
+    with settings.override(partitions=2):
+        eng.backward(x, dy, w, None, dw)
+    assert eng._panel_weight_grad(dy, eng._chunks(g.num, 4))
+    assert_close(dw - 1, ref.conv_backward_weights(g, x.astype(np.float64), dy.astype(np.float64)),
+                 "weight gradient", reference="float64 definition")
 
 
 def test_no_panel_gemms_without_avx512(monkeypatch, tmp_path):
