@@ -871,7 +871,7 @@ class LoweringEngine(ConvEngine):
         group of 2-D images lowered span by span into their panels, no lowered matrix)."""
         L = self._lay()
         if panels and keep is None and L.G == 1 and self._geom().num_spatial_axes == 2:
-            compiled = native.kernels()
+            compiled = native.kernels_for(x, y, *(() if b is None else (b,)))  # contiguous float32 arrays
             geometry = self._lowering_geometry(x.shape[0])
             if compiled is not None and compiled.panel_conv_forward(x, wm[0], b, y, geometry):
                 return
@@ -1448,7 +1448,8 @@ class LoweringEngine(ConvEngine):
             if compiled is not None:  # the weight gradient lowered span by span into the compiled tiles' panels
                 if first:
                     accs[part].fill(0)
-                if compiled.panel_weight_grad(x[n0:n1], dy[n0:n1], accs[part][0], self._lowering_geometry(n1 - n0)):
+                if native.takes(x[n0:n1], dy[n0:n1]) and compiled.panel_weight_grad(
+                        x[n0:n1], dy[n0:n1], accs[part][0], self._lowering_geometry(n1 - n0)):
                     if dx is not None:
                         data_grad(ws, n0, n1)
                     return  # else declined, nothing computed: the GEMMs below

@@ -320,6 +320,30 @@ def test_a_declined_panel_weight_gradient_is_summed_by_the_gemms(panels_chosen):
                  "weight gradient", reference="float64 definition")
 
 
+def test_panels_take_only_contiguous_arrays(panels_chosen):
+    """An input that is not contiguous (a strided view) takes the lowering and BLAS, forward and weight gradient,
+    with the reference's values (the kernels would reject it)."""
+    from cct.compare.tolerance import assert_close
+
+    _, calls = panels_chosen
+    g = ConvGeometry(2, 3, 14, 1, (47, 49), (5, 5), (2, 2), (1, 1), (1, 1))
+    x, w, b, dy = (a.astype(np.float32) for a in _data(g, 9))
+    strided = np.repeat(x, 2, axis=1)[:, ::2]
+    eng = LoweringEngine(1, workspace=Workspace())
+    eng.configure(g, np.float32)
+    eng.forward(x, w, b, np.empty_like(dy))  # measured: the panels chosen
+    eng.backward(x, dy, w, None, np.zeros_like(w))
+    assert eng.describe() == "lowering 1 (forced); panel GEMM: forward, weight gradient"
+    calls.clear()
+    y, dw = np.empty_like(dy), np.ones_like(w)
+    eng.forward(strided, w, b, y)
+    eng.backward(strided, dy, w, None, dw)
+    x64, w64, b64, dy64 = (a.astype(np.float64) for a in (x, w, b, dy))
+    assert_close(y, ref.conv_forward(g, x64, w64, b64), "forward", reference="float64 definition")
+    assert_close(dw - 1, ref.conv_backward_weights(g, x64, dy64), "weight gradient", reference="float64 definition")
+    assert not [c for c in calls if c.startswith("panel_")]
+
+
 def test_no_panel_gemms_without_avx512(monkeypatch, tmp_path):
     """On a CPU without AVX-512F (or without the compiled kernels) type 1 measures nothing and runs BLAS: the
     reference's forward and weight gradient, no panel kernel called."""
