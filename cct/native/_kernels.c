@@ -2316,6 +2316,34 @@ __attribute__((target("avx512f"))) static void panel_gemm_f32(float *y, Py_ssize
     }
 }
 
+/* r[j] = column j of the 16 x 16 matrix whose row i is r[i]: values paired within 128-bit lanes, 4 x 4 blocks
+ * gathered within lanes, then the lanes moved in two steps. */
+__attribute__((target("avx512f"))) static inline void panel_transpose16(__m512 *r) {
+    __m512 t[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) {  /* r[4i + j], lane L: column 4L + j of rows 4i..4i+3 */
+        r[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+        r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+        r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+        r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+    }
+    for (int j = 0; j < 4; j++) {  /* lanes 0, 2 and 1, 3 of rows 0-7 and of rows 8-15 */
+        t[j] = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x88);
+        t[4 + j] = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xDD);
+        t[8 + j] = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0x88);
+        t[12 + j] = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xDD);
+    }
+    for (int j = 0; j < 4; j++) {
+        r[j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0x88);
+        r[8 + j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0xDD);
+        r[4 + j] = _mm512_shuffle_f32x4(t[4 + j], t[12 + j], 0x88);
+        r[12 + j] = _mm512_shuffle_f32x4(t[4 + j], t[12 + j], 0xDD);
+    }
+}
+
 /* The weight gradient of a 2-D convolution (one group, dilation 1) by the same tiles: dw (o x K, rows ldw apart)
  * += Σ over the images of dy (o x cols) @ colᵀ, col the type-1 lowering (K = c·kh·kw rows, cols = oh·ow output
  * positions).  colᵀ is never formed whole: per span of PANEL_SPAN output positions, the image's windows are copied
@@ -2331,8 +2359,7 @@ __attribute__((target("avx512f"))) static void panel_weight_grad_f32(const float
     const Py_ssize_t n = g[0], c = g[1], h = g[2], w = g[3], kh = g[4], kw = g[5], sh = g[6], sw = g[7];
     const Py_ssize_t ph = g[8], pw = g[9], dh = g[10], oh = g[12], ow = g[13];
     const Py_ssize_t hp = h + 2 * ph, wp = w + 2 * pw, k = c * kh * kw, cols = oh * ow;
-    const Py_ssize_t panels = (k + PANEL_COLS - 1) / PANEL_COLS, blocks = (o + PANEL_ROWS - 1) / PANEL_ROWS;
-    const Py_ssize_t tail = k % PANEL_COLS;
+    const Py_ssize_t panels = (k + PANEL_COLS - 1) / PANEL_COLS, tail = k % PANEL_COLS;
     memset(padded, 0, c * hp * wp * sizeof(float));
     for (Py_ssize_t img = 0; img < n; img++) {
         for (Py_ssize_t ch = 0; ch < c; ch++)
@@ -2374,18 +2401,22 @@ __attribute__((target("avx512f"))) static void panel_weight_grad_f32(const float
                         j += piece;
                     }
                 }
-            /* dy's rows in blocks of 12, [position][12]: each position's 12 values one gather */
-            for (Py_ssize_t rb = 0; rb < blocks; rb++) {
+            /* dy's rows in blocks of 12, [position][12]: 16 positions of the 12 rows at a time, transposed in
+             * registers (rows past o zeros) */
+            for (Py_ssize_t rb = 0; rb * PANEL_ROWS < o; rb++) {
                 const Py_ssize_t rows = o - rb * PANEL_ROWS < PANEL_ROWS ? o - rb * PANEL_ROWS : PANEL_ROWS;
-                const __mmask16 mask = (__mmask16)((1u << rows) - 1);
-                const __m512i index = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3,
-                                                                           2, 1, 0),
-                                                         _mm512_set1_epi32((int)cols));
                 const float *from = dyi + rb * PANEL_ROWS * cols + p0;
                 float *to = ap + rb * PANEL_SPAN * PANEL_ROWS;
-                for (Py_ssize_t t = 0; t < span; t++)  /* rows past o: zeros */
-                    _mm512_mask_storeu_ps(to + t * PANEL_ROWS, 0x0FFF,
-                                          _mm512_mask_i32gather_ps(_mm512_setzero_ps(), mask, index, from + t, 4));
+                for (Py_ssize_t t0 = 0; t0 < span; t0 += 16) {
+                    const Py_ssize_t count = span - t0 < 16 ? span - t0 : 16;
+                    const __mmask16 mask = (__mmask16)((1u << count) - 1);
+                    __m512 r[16];
+                    for (int i = 0; i < 16; i++)
+                        r[i] = i < rows ? _mm512_maskz_loadu_ps(mask, from + i * cols + t0) : _mm512_setzero_ps();
+                    panel_transpose16(r);
+                    for (Py_ssize_t t = 0; t < count; t++)
+                        _mm512_mask_storeu_ps(to + (t0 + t) * PANEL_ROWS, (1u << PANEL_ROWS) - 1, r[t]);
+                }
             }
             panel_tiles(ap, PANEL_SPAN * PANEL_ROWS, q, PANEL_SPAN * PANEL_COLS, span, o, k, dw, ldw, NULL, 1);
         }
