@@ -31,7 +31,7 @@ the forward may run on the compiled panel GEMM of :mod:`cct.native` instead (one
 lowered span by span straight into its panels, no lowered matrix), and the weight gradient (one group, 2-D) on its
 kernel that does the same with the lowered matrix's transpose — each where measured faster for the geometry
 (:meth:`LoweringEngine._panel_forward`, :meth:`LoweringEngine._panel_weight_grad`): CaffeNet's conv1, whose 96-row
-products OpenBLAS runs at 62-70% of its peak, forward 0.60-0.74x and weight gradient 0.70-0.84x BLAS's time in the
+products OpenBLAS runs at 62-70% of its peak, forward 0.57-0.74x and weight gradient 0.70-0.84x BLAS's time in the
 net.
 
 Generalisations: groups (one GEMM per group), dilation (offsets ``k·dil``), N-D (balanced lifts the first
