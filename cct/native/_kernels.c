@@ -3,11 +3,11 @@
  * beta = 3/4 (forward and backward), the 2-D lowering of CcT's types 1 and 2 (im2col) and its adjoint
  * (col2im), ReLU's backward, BatchNorm's and Scale's passes over channel rows (each alone, and the two
  * forward as one), depthwise convolution (one input channel per group), the SGD solver's update step (and, at the
- * end, a beta = 1 GEMM call into numpy's BLAS and a float32 GEMM of their own for AVX-512F CPUs).  Each kernel works on C-contiguous buffers (float32 or
- * float64, chosen by the buffer's item size), walks one channel plane (or image, or tile of channels, or value)
- * at a time while it sits in the core's cache, and releases the GIL, so the batch partitions' threads run it
- * side by side.  Arguments are checked before any memory is touched: a geometry that does not fit its buffers is
- * a ValueError.
+ * end, a beta = 1 GEMM call into numpy's BLAS and a float32 GEMM of their own for AVX-512F CPUs).  Each kernel
+ * works on C-contiguous buffers (float32 or float64, chosen by the buffer's item size), walks one channel plane
+ * (or image, or tile of channels, or value) at a time while it sits in the core's cache, and releases the GIL, so
+ * the batch partitions' threads run it side by side.  Arguments are checked before any memory is touched: a
+ * geometry that does not fit its buffers is a ValueError.
  *
  * MAX pooling (Caffe's scan): a window's maximum starts at -FLT_MAX and is replaced by each cell strictly
  * greater, kernel offsets in row-major order, so the winner is the first cell equal to the maximum and NaN
@@ -2571,7 +2571,8 @@ static PyObject *panel_weight_grad(PyObject *self, PyObject *args) {
     void *x, *dy;
     Py_buffer v;
     (void)self;
-    if (!PyArg_ParseTuple(args, "OOOO", &ox, &ody, &odw, &geometry) || lowering_geometry(geometry, g, &pad_h, &pad_w) < 0)
+    if (!PyArg_ParseTuple(args, "OOOO", &ox, &ody, &odw, &geometry) ||
+        lowering_geometry(geometry, g, &pad_h, &pad_w) < 0)
         return NULL;
     if (PyObject_GetBuffer(odw, &v, PyBUF_STRIDES | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) return NULL;
     int done = 0;
