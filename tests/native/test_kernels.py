@@ -296,10 +296,6 @@ def test_all_finite_tests_every_value(kernels, dtype):
             assert not kernels.all_finite(x), (bad, at)
 
 
-def _avx512(kernels) -> bool:
-    return native.panel_gemms()
-
-
 @pytest.mark.parametrize("m,k,n", [(96, 363, 300), (12, 40, 32), (13, 7, 33), (5, 1, 3), (25, 600, 95), (30, 0, 4)])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_panel_gemm_is_the_product(kernels, m, k, n, with_bias):
@@ -307,7 +303,7 @@ def test_panel_gemm_is_the_product(kernels, m, k, n, with_bias):
     x apart by more than their width): every tile shape at the edges (rows not a multiple of 12, columns not of 32,
     a column block of several panels), an empty sum; the values outside y's view untouched; each value a sum over
     k whatever columns a call covers (the same bits computed on a split of the columns)."""
-    if not _avx512(kernels):
+    if not native.panel_gemms():
         pytest.skip("the panel GEMM runs on AVX-512F")
     from cct.compare.tolerance import assert_close
 
@@ -330,7 +326,7 @@ def test_panel_gemm_is_the_product(kernels, m, k, n, with_bias):
 def test_panel_gemm_declines_what_it_does_not_take(kernels):
     """False, nothing written, for float64, a view strided along its rows and shapes that do not chain; a
     non-array argument is an error."""
-    if not _avx512(kernels):
+    if not native.panel_gemms():
         pytest.skip("the panel GEMM runs on AVX-512F")
     w, x = np.ones((4, 3), np.float32), np.ones((3, 5), np.float32)
     y = np.zeros((4, 5), np.float32)
@@ -346,7 +342,7 @@ def test_panel_gemm_declines_what_it_does_not_take(kernels):
 def test_panel_weight_grad_declines_what_it_does_not_take(kernels):
     """The panels' weight gradient: False, dw untouched, for a dilation along the columns, a dw whose columns are not
     the lowered rows, and float64; buffers smaller than the geometry says are an error."""
-    if not _avx512(kernels):
+    if not native.panel_gemms():
         pytest.skip("the panel GEMM runs on AVX-512F")
     x, dy = np.ones((1, 2, 6, 6), np.float32), np.ones((1, 3, 4, 4), np.float32)
     dw = np.zeros((3, 18), np.float32)
@@ -374,7 +370,7 @@ def test_panel_weight_grad_declines_what_it_does_not_take(kernels):
 def test_panel_conv_forward_is_the_convolution(kernels, geometry):
     """The forward lowered span by span into the panels: the float64 definition's values (bias added) for strides,
     padding and dilation along either axis."""
-    if not _avx512(kernels):
+    if not native.panel_gemms():
         pytest.skip("the panel GEMM runs on AVX-512F")
     from cct.compare.tolerance import assert_close
     from cct.engines import ConvGeometry
