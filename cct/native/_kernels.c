@@ -2221,39 +2221,23 @@ __attribute__((target("avx512f"))) static void panel_tile(const float *a, const 
         p += PANEL_COLS;
         a += PANEL_ROWS;
     }
-    if (rows == PANEL_ROWS) {  /* the common full tile: stores straight from the accumulators */
+    /* the rows of y the tile covers, straight from the accumulators (rows past them: computed, not stored) */
 #define PANEL_STORE(r)                                                                                        \
-    if (load) {                                                                                               \
-        a##r = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, y + r * ldy), a##r);                                   \
-        b##r = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, y + r * ldy + 16), b##r);                              \
-    }                                                                                                         \
-    if (bias) {                                                                                               \
-        a##r = _mm512_add_ps(a##r, _mm512_set1_ps(bias[r]));                                                  \
-        b##r = _mm512_add_ps(b##r, _mm512_set1_ps(bias[r]));                                                  \
-    }                                                                                                         \
-    _mm512_mask_storeu_ps(y + r * ldy, m0, a##r);                                                             \
-    _mm512_mask_storeu_ps(y + r * ldy + 16, m1, b##r);
-        PANEL_STORE(0) PANEL_STORE(1) PANEL_STORE(2) PANEL_STORE(3) PANEL_STORE(4) PANEL_STORE(5)
-        PANEL_STORE(6) PANEL_STORE(7) PANEL_STORE(8) PANEL_STORE(9) PANEL_STORE(10) PANEL_STORE(11)
+    if (r < rows) {                                                                                           \
+        if (load) {                                                                                           \
+            a##r = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, y + r * ldy), a##r);                               \
+            b##r = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, y + r * ldy + 16), b##r);                          \
+        }                                                                                                     \
+        if (bias) {                                                                                           \
+            a##r = _mm512_add_ps(a##r, _mm512_set1_ps(bias[r]));                                              \
+            b##r = _mm512_add_ps(b##r, _mm512_set1_ps(bias[r]));                                              \
+        }                                                                                                     \
+        _mm512_mask_storeu_ps(y + r * ldy, m0, a##r);                                                         \
+        _mm512_mask_storeu_ps(y + r * ldy + 16, m1, b##r);                                                    \
+    }
+    PANEL_STORE(0) PANEL_STORE(1) PANEL_STORE(2) PANEL_STORE(3) PANEL_STORE(4) PANEL_STORE(5)
+    PANEL_STORE(6) PANEL_STORE(7) PANEL_STORE(8) PANEL_STORE(9) PANEL_STORE(10) PANEL_STORE(11)
 #undef PANEL_STORE
-        return;
-    }
-    const __m512 lo[PANEL_ROWS] = {a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11};
-    const __m512 hi[PANEL_ROWS] = {b0, b1, b2, b3, b4, b5, b6, b7, b8, b9, b10, b11};
-    for (int r = 0; r < rows; r++) {
-        __m512 u = lo[r], w = hi[r];
-        if (load) {
-            u = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, y + r * ldy), u);
-            w = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, y + r * ldy + 16), w);
-        }
-        if (bias) {
-            const __m512 c = _mm512_set1_ps(bias[r]);
-            u = _mm512_add_ps(u, c);
-            w = _mm512_add_ps(w, c);
-        }
-        _mm512_mask_storeu_ps(y + r * ldy, m0, u);
-        _mm512_mask_storeu_ps(y + r * ldy + 16, m1, w);
-    }
 }
 
 /* The store masks of a tile whose panel has `left` live columns (32 or more: all). */
