@@ -40,8 +40,11 @@ class NetCore:
         """Build the net from ``param``; ``executor`` runs its passes (default: the plain serial loop).  The
         engines its layers measure to choose (autotuning) share one bounded budget, logged with its total."""
         from cct.engines.autotune import measuring_session
+        from cct.engines.choice import engines_for
 
-        with measuring_session() as ledger:
+        # layers run on a device (GPU mode) choose their engines for it, measuring nothing on the host
+        device_xp = executor.layer_array_module() if executor is not None else None
+        with measuring_session() as ledger, engines_for(device_xp):
             self._build(param, source, executor)
         if ledger.measured or ledger.skipped:
             log.info("Engine autotuning (%s): %d layer(s) measured in %.2f s%s; cached for the next runs",

@@ -5,7 +5,8 @@ cupy is optional and imported here only (see :mod:`cct.device.backend`); layer b
 :class:`Device` (:mod:`cct.device.device`) is a CPU with a thread count or one GPU: memory helpers,
 thread limits and peak FLOPS; :func:`parse_devices` reads ``cpu:1,cpu:1`` / ``cpu,gpu:0`` lists.
 """
-from cct.device.backend import cupy, cupy_available, get_array_module, gpu_count, to_host
+from cct.device.backend import chunk_bytes, cupy, cupy_available, get_array_module, gpu_count, to_host
 from cct.device.device import Device, parse_devices
 
-__all__ = ["Device", "cupy", "cupy_available", "get_array_module", "gpu_count", "parse_devices", "to_host"]
+__all__ = ["Device", "chunk_bytes", "cupy", "cupy_available", "get_array_module", "gpu_count", "parse_devices",
+           "to_host"]

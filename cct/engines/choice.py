@@ -27,7 +27,8 @@ otherwise the candidates measured on the layer
 
 Lowering ``auto`` per layer (:func:`choose_strategy`):
 
-1. only type 1 applies (strided, 1x1, 1-D) → type 1;
+1. only type 1 applies (strided, 1x1, 1-D), or the arrays are on a GPU (the models and measurements are the
+   CPU's; a device lowers the whole batch at once, Caffe's own GPU algorithm with one GEMM) → type 1;
 2. the cost model (:mod:`cct.engines.cost_model`) predicts no lowering saves ``PREFER_TYPE1_SECONDS`` (1 ms)
    over type 1 (with ``autotune`` fast, even at ``AUTOTUNE_WINDOW`` times its prediction) → type 1: small layers
    gain nothing measurable, and type 1 sums in Caffe's order, so its
@@ -45,7 +46,9 @@ Lowering ``auto`` per layer (:func:`choose_strategy`):
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from typing import Any
 
 import numpy as np
@@ -182,7 +185,7 @@ class SelectedEngine(ConvEngine):
             changed = True
         if name == "lowering":
             if self.lowering == "auto":
-                self.inner.request(*choose_strategy(geometry, dtype))
+                self.inner.request(*choose_strategy(geometry, dtype, xp))
             else:
                 self.inner.request(self.lowering, f"forced by {self.lowering_source}")
         if name == "fft":  # the measured layout, or (None) the engine's own choice
@@ -218,13 +221,30 @@ class SelectedEngine(ConvEngine):
         self._engine().forward_and_backward_weights(x, w, y, dy, dw)
 
 
+_engines_for: ContextVar[Any] = ContextVar("cct_engines_for", default=None)
+
+
+@contextlib.contextmanager
+def engines_for(xp: Any) -> Iterator[None]:
+    """Within the block (``xp`` not None) layers configure their engines for arrays of ``xp``, whatever module
+    their own blobs are on: a net built to run its layers on a GPU (Caffe's GPU mode, where the device's copies of
+    the layers run the passes) chooses as they will, and measures nothing on the host."""
+    token = _engines_for.set(xp)
+    try:
+        yield
+    finally:
+        _engines_for.reset(token)
+
+
 def configure_engine(engine: ConvEngine, geometry: ConvGeometry, dtype: Any, xp: Any,
                      report: Callable[[], None]) -> None:
-    """A layer's ``engine.configure(geometry, dtype, xp)`` at its reshape, calling ``report`` (the layer's line
+    """A layer's ``engine.configure(geometry, dtype, xp)`` at its reshape (``xp``: the module of
+    :func:`engines_for`, where a block sets one), calling ``report`` (the layer's line
     about its engine) when the choice changed.  While a net is built with the fast autotune, a measurement the
     choice asks for is put off until the whole net is known (:meth:`cct.engines.autotune.Ledger.putting_off`):
     the models choose for now, and the engine is chosen again — and reported then — when the ledger measures the
     net's layers, largest first (:meth:`~cct.engines.autotune.Ledger.measure_deferred`)."""
+    xp = _engines_for.get() or xp
     ledger = net_ledger()
     if ledger is None or not ledger.defers() or not isinstance(engine, SelectedEngine):
         if engine.configure(geometry, dtype, xp):
@@ -493,11 +513,14 @@ def predicted_engine_seconds(g: ConvGeometry, dtype: Any = np.float32) -> dict[s
     return out
 
 
-def choose_strategy(g: ConvGeometry, dtype: Any = np.float32) -> tuple[int, str]:
-    """``auto``: (strategy, reason) for geometry ``g`` — see the module docstring for the rules."""
+def choose_strategy(g: ConvGeometry, dtype: Any = np.float32, xp: Any = None) -> tuple[int, str]:
+    """``auto``: (strategy, reason) for geometry ``g`` on arrays of ``xp`` — see the module docstring for the
+    rules."""
     predicted = predicted_seconds(g)
     if len(predicted) == 1:
         return 1, "cost model: only lowering 1 applies"
+    if xp is not None and xp is not np:
+        return 1, "on a GPU: the cost model and the measurements are the CPU's"
     tune = settings.get("autotune")
     if tune is True:
         measured = autotune(g, dtype)

@@ -46,7 +46,9 @@ slice of the workspace; within a partition, images are processed in chunks whose
 ``PART_LOWERED_MAX_BYTES`` per core where that is more (:func:`chunk_budget_bytes`): chunks of some thousand
 GEMM columns already run at full speed, and smaller buffers stay closer to the caches and keep the peak memory
 down — CaffeNet B=64 trains as fast with 32 as with 128 MiB on 2 cores and holds 98 instead of 297 MiB of
-workspace), and at most ``PART_LOWERED_MAX_BYTES`` per partition (:func:`partition_lowered_bytes`).
+workspace), and at most ``PART_LOWERED_MAX_BYTES`` per partition (:func:`partition_lowered_bytes`).  Arrays on a
+device are lowered in chunks of :func:`cct.device.chunk_bytes` (CaffeNet's layers whole, each step one kernel over
+the batch) unless a budget was given (``max_lowered_bytes``, ``lowering_max_mb``).
 
 Workspace: the lowered matrix, the padded input, the GEMM result / unlifted gradient and the lifting buffer
 live in a :class:`Workspace` (per partition, named flat buffers grown on demand) that every lowering engine
@@ -69,7 +71,7 @@ import numpy as np
 
 from cct import native
 from cct.config import settings
-from cct.device import get_array_module
+from cct.device import chunk_bytes, get_array_module
 from cct.engines.base import ConvEngine, ConvGeometry, Estimate
 from cct.engines.cost_model import DEFAULT_RATES, layer_costs, pass_seconds
 from cct.engines.gemm import accumulates_in_place, gemm_threads, matmul_accumulate
@@ -353,6 +355,8 @@ class LoweringEngine(ConvEngine):
                  workspace: Workspace | None = None):
         super().__init__()
         self.max_lowered_bytes = chunk_budget_bytes() if max_lowered_bytes is None else max_lowered_bytes
+        self._budget_given = max_lowered_bytes is not None or settings.get("lowering_max_mb") is not None
+        self._xp: Any = np  # the array module of the configured geometry's arrays
         self.requested = 1
         self.source = source
         self.request(strategy, source)
@@ -409,6 +413,7 @@ class LoweringEngine(ConvEngine):
     def configure(self, geometry: ConvGeometry, dtype: Any = None, xp: Any = None) -> bool:
         """Adopt ``geometry`` with the requested strategy; True when the plan changed.  Any array module."""
         dtype = self.dtype if dtype is None else np.dtype(dtype)
+        self._xp = np if xp is None else xp
         if geometry == self.geometry and dtype == self.dtype and self._layout is not None:
             return False
         self.geometry, self.dtype = geometry, dtype
@@ -487,9 +492,11 @@ class LoweringEngine(ConvEngine):
 
     _view = staticmethod(workspace_view)
 
-    def _chunks(self, n: int, itemsize: int, host: bool = True) -> list[list[tuple[int, int]]]:
-        """Per partition, the image ranges processed one after the other (lowered matrices within budget;
-        ``host``: numpy arrays, see :func:`partition_lowered_bytes`)."""
+    def _chunks(self, n: int, itemsize: int, xp: Any = None) -> list[list[tuple[int, int]]]:
+        """Per partition, the image ranges processed one after the other (lowered matrices within budget, see
+        :func:`partition_lowered_bytes`; ``xp``: the arrays' module, by default the configured one's)."""
+        xp = self._xp if xp is None else xp
+        host = xp is np
         key = (n, itemsize, settings.get("partitions"), in_partition(), host)
         memo = self._chunk_memo.get(key)
         if memo is not None:
@@ -497,7 +504,8 @@ class LoweringEngine(ConvEngine):
         L = self._lay()
         per_image = max(L.C * L.KL * L.cols, L.KF * L.O * L.cols) * itemsize
         parts = partitions_for_flops(n, 2.0 * L.M * L.K * L.cols)
-        budget = partition_lowered_bytes(self.max_lowered_bytes, parts, host)
+        total = self.max_lowered_bytes if self._budget_given else chunk_bytes(xp, self.max_lowered_bytes)
+        budget = partition_lowered_bytes(total, parts, host)
         out = []
         for n0, n1 in batch_ranges(n, parts):
             step = max(1, min(n1 - n0, budget // max(per_image, 1)))
@@ -1358,7 +1366,7 @@ class LoweringEngine(ConvEngine):
         wm = self._weight_matrix(w)
         L = self._lay()
         xp = get_array_module(x)
-        chunks = self._chunks(x.shape[0], x.itemsize, xp is np)
+        chunks = self._chunks(x.shape[0], x.itemsize, xp)
         if L.pointwise and y.flags.c_contiguous:
             batched = not self._pointwise_per_image(chunks, x.dtype, "forward", xp)
             self._kept.clear()
@@ -1427,7 +1435,7 @@ class LoweringEngine(ConvEngine):
         wm = self._weight_matrix(w) if dx is not None else None
         n = dy.shape[0]
         space = self._space(dy)
-        chunks = self._chunks(n, dy.itemsize, xp is np)
+        chunks = self._chunks(n, dy.itemsize, xp)
         pointwise = L.pointwise and dy.flags.c_contiguous and (dx is None or dx.flags.c_contiguous)
         batched = pointwise and not self._pointwise_per_image(chunks, dy.dtype,
                                                               "weights" if dx is None else "backward", xp)
@@ -1502,7 +1510,7 @@ class LoweringEngine(ConvEngine):
         L = self._lay()
         wm = self._weight_matrix(w)
         space = self._space(x)
-        chunks = self._chunks(x.shape[0], x.itemsize, get_array_module(x) is np)
+        chunks = self._chunks(x.shape[0], x.itemsize, get_array_module(x))
         accs, by_rows = self._weight_accumulators(space, dw, chunks)
         firsts = {c[0][0] for c in chunks}
 

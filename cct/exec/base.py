@@ -51,6 +51,11 @@ class Executor(ABC):
         that copy, left there (a check of every gradient need not bring them all back); else the blob's own."""
         return getattr(blob, what)
 
+    def layer_array_module(self) -> Any:
+        """The array module the layers' passes run on where that is not the net's own (host) memory — cupy in
+        Caffe's GPU mode —, else None: a net built for this executor chooses its convolution engines for it."""
+        return None
+
     def close(self) -> None:
         """Release threads and buffers (the executor may not be used afterwards)."""
         self.sync()

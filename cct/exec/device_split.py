@@ -665,6 +665,11 @@ class DeviceSplitRunner(LayerRunner):
             self._copies.wrote(blob, what, dev)
         return True
 
+    def layer_array_module(self) -> Any:
+        """The device's array module where one device alone runs the layers (GPU mode), else None (a split
+        runs them on several: the engines choose per clone)."""
+        return self.devices[0].xp if self._keeps_copies else None
+
     def newest(self, blob: Blob, what: str) -> Any:
         """``blob``'s ``data`` or ``diff`` to read: this device's copy where it is newer than the host's (left
         there), else the host's values (read without counting as a touch: nothing is written)."""

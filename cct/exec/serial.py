@@ -70,6 +70,10 @@ class LayerRunner:
         """See :meth:`cct.exec.base.Executor.newest`."""
         return getattr(blob, what)
 
+    def layer_array_module(self) -> Any:
+        """See :meth:`cct.exec.base.Executor.layer_array_module`: the plain runner runs layers where they live."""
+        return None
+
     def describe(self) -> str:
         return "whole batch"
 
@@ -92,6 +96,9 @@ class SerialExecutor(Executor):
         # the top layer of each BatchNorm -> Scale (-> ReLU) run: (BatchNorm, Scale, ReLU or None)
         self._scaled_runs = {relu if relu is not None else j: (i, j, relu) for j, i in self._forward_pairs.items()
                              for relu in (self._rectified.get(j),)}
+
+    def layer_array_module(self) -> Any:
+        return self.runner.layer_array_module()
 
     def fused_backward_pairs(self) -> dict[int, int]:
         """The pairs this executor runs as one backward step (:mod:`cct.exec.fusion`): MAX Pooling index -> the

@@ -10,7 +10,7 @@ from typing import Any
 
 from cct import native
 from cct.blob import Blob
-from cct.device import get_array_module
+from cct.device import chunk_bytes, get_array_module
 from cct.errors import CctError, ParamError
 from cct.layers.base import Layer
 from cct.layers.registry import register
@@ -44,8 +44,9 @@ def _window_sum(a: Any, axis: int, size: int, out: Any, offset: float = 0.0) -> 
 
 
 def _chunk_images(x: Any) -> int:
-    """Images per chunk of ``x`` (``CHUNK_BYTES``, at least one)."""
-    return max(1, CHUNK_BYTES // max(x[0].nbytes, 1)) if len(x) else 1
+    """Images per chunk of ``x`` (``CHUNK_BYTES``, a device array's by :func:`cct.device.chunk_bytes`; at least
+    one)."""
+    return max(1, chunk_bytes(get_array_module(x), CHUNK_BYTES) // max(x[0].nbytes, 1)) if len(x) else 1
 
 
 def _chunks(x: Any) -> list[tuple[int, int]]:

@@ -17,7 +17,7 @@ import numpy as np
 
 from cct import native
 from cct.blob import Blob
-from cct.device import get_array_module
+from cct.device import chunk_bytes, get_array_module
 from cct.errors import CctError, ParamError
 from cct.layers.base import Layer
 from cct.layers.registry import register
@@ -199,11 +199,12 @@ class Pooler:
         return [flat[p * block + shift:p * block + shift + length] for p, shift in self._flat_shifts()]
 
     def _max_chunks(self, x: Any) -> list[tuple[int, int]]:
-        """MAX pooling's image chunks of ``x`` (see ``MAX_POOL_CHUNK_BYTES``), in order."""
+        """MAX pooling's image chunks of ``x`` (see ``MAX_POOL_CHUNK_BYTES``; a device array's by
+        :func:`cct.device.chunk_bytes`), in order."""
         per_image = x.shape[1] * x.itemsize
         for s, e in zip(self.stride, self.phase_extent):
             per_image *= s * e
-        step = max(1, MAX_POOL_CHUNK_BYTES // max(per_image, 1))
+        step = max(1, chunk_bytes(get_array_module(x), MAX_POOL_CHUNK_BYTES) // max(per_image, 1))
         return [(a, min(a + step, x.shape[0])) for a in range(0, x.shape[0], step)]
 
     def _scratch(self, name: str, shape: tuple[int, ...], images: int, like: Any, dtype: Any) -> Any:

@@ -717,6 +717,41 @@ def test_fast_autotune_measures_the_biggest_layers_first(monkeypatch):
     settings.reset()
 
 
+def test_a_net_run_on_a_gpu_chooses_its_engines_for_it_and_measures_nothing_on_the_host(monkeypatch):
+    """A net whose executor runs its layers on a device (GPU mode: ``Executor.layer_array_module``) configures
+    its convolutions while it is built as that device's copies will run: lowering 1, saying why, with no engine
+    or lowering measured on the host (a layer the host would measure: the FFT's close call on BIG_7)."""
+    import types
+
+    from cct.exec.serial import SerialExecutor
+    from cct.io.prototxt import parse_net_param
+    from cct.pycaffe import Net
+
+    device = types.ModuleType("device")
+
+    class OnDevice(SerialExecutor):
+        def layer_array_module(self):
+            return device
+
+    def fail(*a, **k):
+        raise AssertionError("measured")
+
+    monkeypatch.setattr(choice, "autotune_conv_engine", fail)
+    monkeypatch.setattr(choice, "autotune", fail)
+    settings.set("autotune", "full")
+    param = parse_net_param('layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 1 dim: 16 '
+                            'dim: 30 dim: 30 dim: 30 } } } layer { name: "c" type: "Convolution" bottom: "x" '
+                            'top: "y" convolution_param { num_output: 16 kernel_size: 7 } }')
+    param.state.phase = 1
+    net = Net.from_param(param, "on_device.prototxt", executor=OnDevice())
+    assert net.layers[1].engine.describe() == (
+        "lowering 1 (on a GPU: the cost model and the measurements are the CPU's); not fft: the fft engine runs on "
+        "the CPU and this layer's arrays are on a GPU")
+    with pytest.raises(AssertionError, match="measured"):  # the host's choice measures
+        Net.from_param(param, "on_host.prototxt")
+    settings.reset()
+
+
 def test_fast_autotune_stops_measuring_when_the_nets_budget_is_spent(monkeypatch):
     """A net's measurements share one budget; past it, close calls go by the cost model — with the real
     measuring functions, not stand-ins, and a budget so small that only the first measurement happens."""

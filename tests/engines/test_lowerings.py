@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import types
 import weakref
 
 import numpy as np
@@ -485,13 +486,32 @@ def test_a_partition_lowers_at_most_its_cache_share_on_the_host():
     eng.configure(g, np.float32)
     per_image = 384 * 3 * 13 * 13 * 4  # type 2: 760 KiB lowered per image
     host = eng._chunks(g.num, 4)
-    device = eng._chunks(g.num, 4, host=False)
+    device = eng._chunks(g.num, 4, xp=types.ModuleType("device"))  # a module other than numpy
     assert [len(p) for p in host] == [4, 4] and all(b - a == PART_LOWERED_MAX_BYTES // per_image == 8
                                                     for p in host for a, b in p)
     assert device == [[(0, 32)], [(32, 64)]]  # a partition's whole share (32 MiB) holds its 32 images
     assert partition_lowered_bytes(64 << 20, 2) == PART_LOWERED_MAX_BYTES
     assert partition_lowered_bytes(64 << 20, 2, host=False) == 32 << 20
     assert partition_lowered_bytes(4 << 20, 2) == 2 << 20
+
+
+def test_a_device_lowers_the_whole_batch_at_once_unless_given_a_budget():
+    """By default a device's arrays are lowered in chunks of cct.device.chunk_bytes (a kernel launch per step
+    and chunk there): CaffeNet's conv1 (281 MiB lowered for 64 images) in one; on the host, or with a budget
+    given, in chunks within it."""
+    from cct.device import chunk_bytes
+
+    device = types.ModuleType("device")
+    assert chunk_bytes(np, 1 << 20) == 1 << 20 and chunk_bytes(device, 1 << 20) >= 512 << 20
+    settings.set("partitions", 1)
+    g = ConvGeometry(64, 3, 96, 1, (227, 227), (11, 11), (4, 4), (0, 0), (1, 1))
+    eng = LoweringEngine(1, workspace=Workspace())
+    eng.configure(g, np.float32, device)
+    assert eng._chunks(g.num, 4) == [[(0, 64)]]  # the configured module's
+    assert len(eng._chunks(g.num, 4, xp=np)[0]) > 1
+    given = LoweringEngine(1, max_lowered_bytes=32 << 20, workspace=Workspace())
+    given.configure(g, np.float32, device)
+    assert len(given._chunks(g.num, 4)[0]) == 10  # 7 images of 4.2 MiB a chunk
 
 
 def test_workspace_bytes_and_reuse():

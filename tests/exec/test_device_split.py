@@ -298,6 +298,18 @@ def test_cpu_devices_of_several_blas_threads_are_told_their_products_take_turns(
 
 
 # ---- one device that does not hold the net's memory (GPU mode) keeps its copies between layers ---------------
+def test_gpu_mode_has_its_nets_choose_their_engines_for_its_device():
+    """One device alone (GPU mode) names its array module, for which the nets built for it configure their
+    engines; a split over several devices names none (each device's copy of a layer chooses for itself)."""
+    from cct.exec.serial import SerialExecutor
+
+    alone = Elsewhere("cpu", 0, 1)
+    assert SerialExecutor(DeviceSplitRunner(devices.make_setting([alone], "auto", ("d", "s")))) \
+        .layer_array_module() is alone.xp
+    assert DeviceSplitRunner(devices.make_setting([CPU1, alone], "0.5,0.5", ("d", "s"))).layer_array_module() is None
+    assert SerialExecutor().layer_array_module() is None
+
+
 def _copies(monkeypatch) -> list[tuple[Any, str]]:
     """Records every copy between the host and the stand-in device: (the host buffer, "data in", "diff in" or
     "back")."""
