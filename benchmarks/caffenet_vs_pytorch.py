@@ -5,7 +5,8 @@ Run:   pip install torch==2.13.0          (the CPU wheel; torch is imported only
        [--gpu N]   (Caffe's GPU mode, ``cct train -gpu N``, against PyTorch on cuda:N: needs cupy and a CUDA
                     build of torch; the ``net`` variant only; each iteration ends with the device synchronized,
                     % of peak is of a 4096³ cupy matmul, and the device memory column is what each framework's
-                    memory pool holds)
+                    memory pool holds; PyTorch's TF32 convolutions are turned off: float32 products on
+                    both sides, as Caffe's)
        (``env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python ...`` lets numpy's OpenBLAS use its own kernel
        choice, e.g. AVX-512, where the environment pins it; the script prints the values it ran with.)
 Each framework runs in its own worker process (so each one's peak RSS is its own); the parent alternates
@@ -158,6 +159,10 @@ def torch_worker(conn, batch: int, threads: int, weights: str, variants: tuple[s
         conn.send(("error", f"torch {torch.__version__} has no CUDA device: --gpu compares against PyTorch on "
                             "cuda (install a CUDA build of torch)"))
         return
+    if gpu is not None:  # float32 products on both sides, as Caffe's (cuDNN's default TF32 convolutions round
+        # their operands to 10-bit mantissas; cupy's products are float32 unless CUPY_TF32=1)
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
     device = torch.device("cpu" if gpu is None else f"cuda:{gpu}")
     synchronize = (lambda: None) if gpu is None else (lambda: torch.cuda.synchronize(device))
     w = np.load(weights)

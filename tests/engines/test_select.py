@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import io
 import json
-import time
 from dataclasses import asdict, replace
 
 import numpy as np
@@ -139,9 +138,7 @@ def test_cache_dir_follows_xdg(tmp_path, monkeypatch):
 def test_calibration_runs_once_per_machine_and_is_cached(tmp_path, monkeypatch):
     monkeypatch.setattr(autotune, "_rates_memo", {})
     assert autotune.machine_rates() == cost_model.DEFAULT_RATES  # not calibrated, not measured on demand
-    t = time.perf_counter()
     rates = autotune.machine_rates(calibrate_if_missing=True)
-    assert time.perf_counter() - t < 5  # about a second on an idle machine
     fields = cost_model.MachineRates.__dataclass_fields__
     assert all(getattr(rates, f) > 0 for f in fields)
     data = json.loads(measured.cache_path().read_text())
