@@ -326,23 +326,28 @@ def calibrate(save: bool = True) -> MachineRates:
     probes.update({"gemm": gemm(*big), "gemm m": gemm(small, big[1], big[2]), "gemm k": gemm(big[0], small, big[2]),
                    "gemm n": gemm(big[0], big[1], small)})
 
-    # per partition: 16 images of a 64 -> 64 channel 3x3 layer on 28x28 (lowered matrix 29 MB)
+    # per partition: 16 images of a 64 -> 64 channel 3x3 layer on 28x28 (lowered matrix 29 MB; a batch of 64's
+    # share on 16 partitions, 4 images, measured the steps 1.2-2.9x slower there: other rates, other choices)
     g = ConvGeometry(16, 64, 64, 1, (28, 28), (3, 3), (1, 1), (1, 1), (1, 1))
     x = stand_in(rng, (g.num, g.in_channels) + g.in_shape, np.float32)
     dy = stand_in(rng, (g.num, g.out_channels) + g.out_shape, np.float32)
     cells = g.in_channels * g.kernel_count * g.num * g.out_count  # lowered elements (and col2im's)
     planes = g.out_channels * g.num * g.out_count                  # one output-sized array
 
-    def step(strategy: int, name: str) -> Any:
-        """``name`` of fresh engines' probes, in every partition at once (one engine each, private buffers)."""
-        def make(_p: int) -> Any:
-            eng = LoweringEngine(strategy, workspace=Workspace())
-            eng.configure(g, np.float32)
-            return eng.probe(x, dy)[name]
-        return _concurrent(parts, make)
+    # each partition's steps from two engines, type 1 and type 3 (lifting), sharing the partition's workspace (its
+    # steps run one after the other): an engine of its own for each step kept four copies of the lowered matrix
+    # and its operands per partition — 3.0 GB at 16 partitions (emulated on 2 cores; 2.1 GB shared), a cold
+    # cache's peak RSS
+    def steps(_p: int) -> dict[str, Any]:
+        ws = Workspace()
+        one, three = LoweringEngine(1, workspace=ws), LoweringEngine(3, workspace=ws)
+        one.configure(g, np.float32)
+        three.configure(g, np.float32)
+        return {**one.probe(x, dy), "lift": three.probe(x, dy)["lift"]}
 
-    probes.update({"lower": step(1, "lower"), "col2im": step(1, "col2im"), "lift": step(3, "lift"),
-                   "transpose": step(1, "transpose")})
+    per_part = [steps(p) for p in range(parts)]
+    probes.update({name: _concurrent(parts, lambda p, name=name: per_part[p][name])
+                   for name in ("lower", "col2im", "lift", "transpose")})
 
     spectra = stand_in(np.random.default_rng(1), (1024, 30, 30), np.float32)
     workers = fft_workers()
