@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from cct.compare.tolerance import assert_close
+from cct.config import settings
 from cct.engines.cost_model import DEFAULT_RATES
 from cct.inference import infer, load_spec
 from cct.inference.volume_io import MemoryWriter
@@ -53,6 +54,8 @@ def test_two_pooling_net_every_voxel_of_100_cubed(ctm):
 def test_three_pooling_net_2000_sampled_voxels_of_140_cubed(tmp_path):
     """One engine (lowering, as the reference) within 1e-5; the planner's own mix of FFT and lowering within
     1e-4 (float32 FFT rounding compounds over seven layers: the digest's tolerance for mixed engines)."""
+    settings.set("partitions", 2)  # the plan's memory per partition: the same plan (all MPF) on any machine
+    settings.set("lowering_max_mb", 32)
     param = deploy_param("n337_w8", width=2)
     weights = save_weights(param, str(tmp_path / "n337.caffemodel"), seed=2)
     rng = np.random.default_rng(1)
