@@ -503,7 +503,8 @@ class LoweringEngine(ConvEngine):
             return memo
         L = self._lay()
         per_image = max(L.C * L.KL * L.cols, L.KF * L.O * L.cols) * itemsize
-        parts = partitions_for_flops(n, 2.0 * L.M * L.K * L.cols)
+        # a device runs its share as one stream of kernels: host threads launching into it add nothing
+        parts = partitions_for_flops(n, 2.0 * L.M * L.K * L.cols) if host else 1
         total = self.max_lowered_bytes if self._budget_given else chunk_bytes(xp, self.max_lowered_bytes)
         budget = partition_lowered_bytes(total, parts, host)
         out = []

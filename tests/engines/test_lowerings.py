@@ -396,7 +396,8 @@ class _Spy:
 def test_pointwise_layers_on_another_array_module(monkeypatch, g):
     """The pointwise bodies on an array module other than numpy (a stand-in delegating to numpy, as cupy would
     be seen): stacked GEMM calls forward and for the data gradient, the weight gradient by one GEMM over the
-    channel-first copies — the reference's values, in partitions and chunks."""
+    channel-first copies — the reference's values, in chunks (one partition, as on a device, whatever the
+    setting)."""
     import types
 
     other = types.ModuleType("other")
@@ -477,7 +478,7 @@ def test_partitions_and_chunks_equal_whole_batch(strategy):
 
 def test_a_partition_lowers_at_most_its_cache_share_on_the_host():
     """On the host a partition's chunk stays within PART_LOWERED_MAX_BYTES (still in the core's caches when the
-    GEMMs read it) whatever the budget; a device's lowering keeps its whole share of the budget."""
+    GEMMs read it) whatever the budget; a device's lowering runs as one partition with the whole budget."""
     from cct.engines.lowering import PART_LOWERED_MAX_BYTES, partition_lowered_bytes
 
     settings.set("partitions", 2)
@@ -489,7 +490,7 @@ def test_a_partition_lowers_at_most_its_cache_share_on_the_host():
     device = eng._chunks(g.num, 4, xp=types.ModuleType("device"))  # a module other than numpy
     assert [len(p) for p in host] == [4, 4] and all(b - a == PART_LOWERED_MAX_BYTES // per_image == 8
                                                     for p in host for a, b in p)
-    assert device == [[(0, 32)], [(32, 64)]]  # a partition's whole share (32 MiB) holds its 32 images
+    assert device == [[(0, 64)]]  # one partition on a device, with the whole budget (64 MiB: all 64 images)
     assert partition_lowered_bytes(64 << 20, 2) == PART_LOWERED_MAX_BYTES
     assert partition_lowered_bytes(64 << 20, 2, host=False) == 32 << 20
     assert partition_lowered_bytes(4 << 20, 2) == 2 << 20
