@@ -336,7 +336,7 @@ def calibrate(save: bool = True) -> MachineRates:
 
     # each partition's steps from two engines, type 1 and type 3 (lifting), sharing the partition's workspace (its
     # steps run one after the other): an engine of its own for each step kept four copies of the lowered matrix
-    # and its operands per partition — 3.0 GB at 16 partitions (emulated on 2 cores; 2.1 GB shared), a cold
+    # and its operands per partition — 3.0 GB at 16 partitions (emulated on 2 cores; 1.7 GB now), a cold
     # cache's peak RSS
     def steps(_p: int) -> dict[str, Any]:
         ws = Workspace()
