@@ -123,3 +123,14 @@ def test_numpy_backward_after_a_compiled_forward(monkeypatch, body):
         run.layer.backward(run.top, [True], run.bottom)
         grads.append(run.bottom[0].diff.copy())
     np.testing.assert_array_equal(grads[0], grads[1])
+
+
+def test_a_device_array_is_normalized_in_one_chunk(monkeypatch):
+    """A device array is walked whole (each chunk is a kernel launch per operation there): CaffeNet's norm1
+    input, 64 images of 280 KB, in one chunk against the host's three images at a time."""
+    import types
+
+    x = np.empty((64, 96, 27, 27), np.float32)
+    assert cct.layers.lrn._chunk_images(x) == 3
+    monkeypatch.setattr(cct.layers.lrn, "get_array_module", lambda *a: types.ModuleType("device"))
+    assert cct.layers.lrn._chunks(x) == [(0, 64)]

@@ -667,3 +667,18 @@ def _compare_bodies(monkeypatch, lead, in_shape, kernel, stride, pad, dilation, 
     for a, b in zip(*results):
         np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
 
+
+
+def test_a_device_array_is_pooled_in_one_chunk(monkeypatch):
+    """A device array (an array module other than numpy) is walked whole, not in the host's cache-sized chunks
+    (each a kernel launch per operation there): CaffeNet's pool1 input, 64 images of 1.2 MB, in one chunk against
+    the host's one image at a time."""
+    import types
+
+    from cct.layers import pooling
+
+    pl = Pooler(pb.PoolingParameter.MAX, (55, 55), (3, 3), (2, 2), (0, 0))
+    x = np.empty((64, 96, 55, 55), np.float32)
+    assert len(pl._max_chunks(x)) == 64
+    monkeypatch.setattr(pooling, "get_array_module", lambda *a: types.ModuleType("device"))
+    assert pl._max_chunks(x) == [(0, 64)]
