@@ -106,8 +106,9 @@ WEIGHT_LAYOUT_MIN_FLOPS = 2e8
 # well below its rate on wide ones — per image a 1024 x 1024 layer's backward took 1.4x the time of the batched
 # GEMMs — where 64 columns (8x8) run at full speed per image (the batched ones then 1.15-1.3x slower)
 POINTWISE_BATCH_MAX_COLS = 100
-# products (per image, or per chunk for the weight gradient) of fewer flops keep BLAS without measuring the compiled
-# panel GEMMs: their measurement would cost more than they could save
+# products (per chunk of images: MobileNet's conv1, 22 MFLOP an image, forward 0.69x BLAS's time by the panels on
+# chunks of 3) of fewer flops keep BLAS without measuring the compiled panel GEMMs: their measurement would cost
+# more than they could save
 PANEL_MIN_FLOPS = 5e7
 # a measured choice between BLAS and the compiled panel GEMM times this many products a run: one (a few ms) is
 # within the shared machine's noise of a 10% difference
@@ -913,13 +914,14 @@ class LoweringEngine(ConvEngine):
         :func:`cct.engines.measured.measured_choice`), since the tiles win on few output channels, a moderate
         lowered height and many output cells — CaffeNet's conv1, 96 x 363 by 363 x 3025 — and lose elsewhere (a
         256 x 1152 by 1152 x 169 product: 1.3x BLAS's time).  Not where forward keeps its lowered matrix (small
-        layers), nor for products under ``PANEL_MIN_FLOPS``."""
+        layers), nor for chunks of images whose products have under ``PANEL_MIN_FLOPS``."""
         g, L = self._geom(), self._lay()
         compiled = native.kernels()
-        if keep or compiled is None or y.dtype != np.float32 or not self._direct_forward(y) \
-                or 2.0 * L.Og * L.K * L.cols < PANEL_MIN_FLOPS:
+        if keep or compiled is None or y.dtype != np.float32 or not self._direct_forward(y):
             return False
         images = max(n1 - n0 for c in chunks for n0, n1 in c)
+        if 2.0 * L.Og * L.K * L.cols * images < PANEL_MIN_FLOPS:
+            return False
 
         def ways(parts: int, rng: Any, stand_in: Any) -> dict[str, Any]:
             wm = self._weight_matrix(stand_in(rng, (L.O, L.Cg) + g.kernel, np.float32))
