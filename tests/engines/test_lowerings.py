@@ -256,6 +256,23 @@ def test_type1_images_by_the_compiled_panel_gemm(panels_chosen, g):
     assert not any(kind == "panel_gemm" and not key.startswith("panel-wgrad-") for kind, key in asked)
 
 
+def test_the_panel_forward_floor_counts_a_chunk_of_images(panels_chosen, monkeypatch):
+    """``PANEL_MIN_FLOPS`` is per chunk of images: a layer whose single image's product is under it is measured
+    where a chunk of several images is over it (MobileNet's conv1), not where its chunks hold one image."""
+    asked, _ = panels_chosen
+    g = ConvGeometry(4, 3, 14, 1, (47, 49), (5, 5), (2, 2), (1, 1), (1, 1))
+    per_image = 2.0 * 14 * 3 * 25 * 23 * 24  # 14 outputs, 3 x 5 x 5 lowered rows, 23 x 24 cells
+    monkeypatch.setattr(lowering, "PANEL_MIN_FLOPS", 1.5 * per_image)
+    x, w, b, _ = (a.astype(np.float32) for a in _data(g, 3))
+    for parts, measured in ((1, True), (4, False)):  # chunks of 4 images, then of one
+        asked.clear()
+        eng = LoweringEngine(1, workspace=Workspace())
+        eng.configure(g, np.float32)
+        with settings.override(partitions=parts):
+            eng.forward(x, w, b, np.empty((4, 14) + g.out_shape, np.float32))
+        assert any(kind == "panel_gemm" for kind, _ in asked) == measured
+
+
 @pytest.mark.parametrize("g", [ConvGeometry(3, 3, 14, 1, (47, 49), (5, 5), (2, 2), (1, 1), (1, 1)),
                                ConvGeometry(2, 5, 13, 1, (30, 31), (3, 3), (1, 1), (2, 1), (2, 1)),
                                ConvGeometry(2, 4, 25, 1, (28, 26), (4, 4), (1, 1), (1, 2), (1, 1))],
