@@ -8,7 +8,9 @@ executor, which whoever builds the net gives it (the pycaffe :class:`cct.Net` co
   over a range of layers (inclusive, as Caffe's ``ForwardFromTo``/``BackwardFromTo``), plus ``attach(net)``,
   called once when the executor is given to a net (an executor serves one net); and where the parameters
   live between passes — ``clear_param_diffs``, ``update_on_device`` (the solver's step on a device's copies)
-  and ``newest`` (a gradient to read where it is) — the host by default, a GPU in Caffe's GPU mode;
+  and ``newest`` (a gradient to read where it is) — the host by default, a GPU in Caffe's GPU mode; and
+  ``layer_array_module`` (cupy in GPU mode, else None), for which a net built for the executor configures its
+  convolution engines;
 * :class:`SerialExecutor` (:mod:`cct.exec.serial`) — Caffe's loop, layer after layer, with the net's
   per-layer callbacks and ``debug_info`` lines; each layer is run by its :class:`LayerRunner`:
   the plain one (the layer on the whole batch where its blobs live) or the device split
