@@ -2240,6 +2240,15 @@ __attribute__((target("avx512f"))) static void panel_tile(const float *a, const 
 #undef PANEL_STORE
 }
 
+/* The cells of the next masked move into a panel from lane `lane`, `left` still to move: at most 16 and none past
+   the panel's end; their mask into *mask. */
+static inline Py_ssize_t panel_piece(Py_ssize_t lane, Py_ssize_t left, __mmask16 *mask) {
+    Py_ssize_t piece = left < PANEL_COLS - lane ? left : PANEL_COLS - lane;
+    if (piece > 16) piece = 16;
+    *mask = (__mmask16)((1u << piece) - 1);
+    return piece;
+}
+
 /* The store masks of a tile whose panel has `left` live columns (32 or more: all). */
 static inline void panel_masks(Py_ssize_t left, __mmask16 *m0, __mmask16 *m1) {
     *m0 = left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1);
@@ -2374,10 +2383,8 @@ __attribute__((target("avx512f"))) static void panel_weight_grad_f32(const float
                     const Py_ssize_t k0 = (ch * kh + i) * kw;
                     for (Py_ssize_t j = 0; j < kw;) {
                         const Py_ssize_t kk = k0 + j, lane = kk % PANEL_COLS;
-                        Py_ssize_t piece = kw - j;
-                        if (piece > PANEL_COLS - lane) piece = PANEL_COLS - lane;
-                        if (piece > 16) piece = 16;
-                        const __mmask16 mask = (__mmask16)((1u << piece) - 1);
+                        __mmask16 mask;
+                        const Py_ssize_t piece = panel_piece(lane, kw - j, &mask);
                         const float *src = corner + j;
                         float *dst = q + kk / PANEL_COLS * PANEL_SPAN * PANEL_COLS + lane;
                         for (Py_ssize_t t = 0; t < span; t++)
@@ -2442,10 +2449,8 @@ __attribute__((target("avx512f"))) static void panel_conv_forward_f32(const floa
                         const float *from = src + r * pe_w + v;
                         for (Py_ssize_t done = 0; done < run;) {
                             const Py_ssize_t pos = at + done, lane = pos % PANEL_COLS;
-                            Py_ssize_t piece = run - done;
-                            if (piece > PANEL_COLS - lane) piece = PANEL_COLS - lane;
-                            if (piece > 16) piece = 16;
-                            const __mmask16 mask = (__mmask16)((1u << piece) - 1);
+                            __mmask16 mask;
+                            const Py_ssize_t piece = panel_piece(lane, run - done, &mask);
                             _mm512_mask_storeu_ps(dst + pos / PANEL_COLS * rows * PANEL_COLS + lane, mask,
                                                   _mm512_maskz_loadu_ps(mask, from + done));
                             done += piece;
@@ -2548,6 +2553,14 @@ out:
     return PyBool_FromLong(done);
 }
 
+/* The end of a convolution's panel entry: its buffers released; done 1 (computed), 0 (declined) or -1 (an error
+   set). */
+static PyObject *panel_done(int done, buffers *b, Py_buffer *v) {
+    release(b);
+    PyBuffer_Release(v);
+    return done < 0 ? NULL : PyBool_FromLong(done);
+}
+
 static PyObject *panel_weight_grad(PyObject *self, PyObject *args) {
     PyObject *ox, *ody, *odw, *geometry;
     Py_ssize_t g[14], pad_h, pad_w;
@@ -2589,10 +2602,8 @@ static PyObject *panel_weight_grad(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS
     panel_scratch_trim();
 #endif
-out:  /* done: 1 computed, 0 declined, -1 an error set */
-    release(&b);
-    PyBuffer_Release(&v);
-    return done < 0 ? NULL : PyBool_FromLong(done);
+out:
+    return panel_done(done, &b, &v);
 }
 
 static PyObject *panel_conv_forward(PyObject *self, PyObject *args) {
@@ -2645,10 +2656,8 @@ static PyObject *panel_conv_forward(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS
     panel_scratch_trim();
 #endif
-out:  /* done: 1 computed, 0 declined, -1 an error set */
-    release(&b);
-    PyBuffer_Release(&v);
-    return done < 0 ? NULL : PyBool_FromLong(done);
+out:
+    return panel_done(done, &b, &v);
 }
 
 static PyMethodDef methods[] = {
