@@ -2,9 +2,9 @@
 
 The arithmetic lives in :class:`Pooler`, which works on ``(N, C, *spatial)`` arrays with any number of
 spatial axes and loops only over kernel offsets; the Pooling layer (4-D as Caffe, plus N-D volumes such as
-``(N, C, D, H, W)``) and SPP use it.  MAX pooling of numpy float32/float64 arrays runs the compiled kernels
-of :mod:`cct.native` where they are built (the same bits: the same comparisons and order of additions), its
-array-module body everywhere else.
+``(N, C, D, H, W)``) and SPP use it.  MAX and AVE pooling of numpy float32/float64 arrays run the compiled
+kernels of :mod:`cct.native` where they are built (the same bits: the same comparisons, and additions in the same
+order), their array-module bodies everywhere else.
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ MAX_POOL_CHUNK_BYTES = 2 << 20
 FLAT_SCAN_MAX_OVERHEAD = 1.5
 # ... and finds the winners in groups of up to this many kernel offsets (a stack of flags per group)
 SCAN_GROUP = 16
-# the compiled MAX pooling (cct.native) takes windows of up to this many spatial axes
+# the compiled MAX and AVE pooling (cct.native) take windows of up to this many spatial axes
 COMPILED_MAX_AXES = 8
 FLT_MAX = 3.4028234663852886e38
 FLT_MIN = 1.1754943508222875e-38
@@ -273,6 +273,10 @@ class Pooler:
         if self.method == MAX:
             self._forward_max(x, y, mask, xp, train)
         elif self.method == AVE:
+            compiled = self._compiled(x, y)
+            if compiled is not None:
+                compiled.ave_pool_forward(self._geometry(x), x, y, self._pool_size(np, y.dtype)[0])
+                return
             buf = self._padded(x, 0.0)
             for j, (sl, _, _) in enumerate(self._offsets(xp)):
                 if j == 0:
@@ -356,11 +360,12 @@ class Pooler:
             xp.copyto(winner, wide_winner.reshape(grid)[inside])
 
     def _compiled(self, *arrays: Any) -> Any:
-        """The compiled kernels (:mod:`cct.native`) when they run this MAX pooling: up to ``COMPILED_MAX_AXES``
-        spatial axes, one-byte winner codes, and ``arrays`` numpy float32 or float64 arrays of one dtype,
-        C-contiguous; else None."""
+        """The compiled kernels (:mod:`cct.native`) when they run this MAX or AVE pooling: up to
+        ``COMPILED_MAX_AXES`` spatial axes (MAX: at most 255 kernel cells, one-byte winner codes), and ``arrays``
+        numpy float32 or float64 arrays of one dtype, C-contiguous; else None."""
         compiled = native.kernels()
-        if compiled is None or len(self.kernel) > COMPILED_MAX_AXES or self._code_dtype() != np.uint8:
+        if compiled is None or len(self.kernel) > COMPILED_MAX_AXES or (
+                self.method == MAX and self._code_dtype() != np.uint8):
             return None
         return compiled if native.takes(*arrays) else None
 
@@ -612,6 +617,10 @@ class Pooler:
             self._scatter_add(dy, dx, index + self._plane_base(dy.shape, xp), valid, accumulate, xp)
             return
         if self.method == AVE:
+            compiled = self._compiled(dy, dx)
+            if compiled is not None:
+                compiled.ave_pool_backward(self._geometry(dx), dy, self._pool_size(np, dy.dtype)[1], dx, accumulate)
+                return
             g = dy * self._pool_size(xp, dy.dtype)[1]
             gbuf = self._phase_buffer("g_pad", dy)
             gbuf.fill(0)

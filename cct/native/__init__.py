@@ -1,18 +1,19 @@
 """Compiled CPU kernels (``cct/native/_kernels.c``), built with the package when a C compiler is present.
 
 numpy runs an elementwise operation at memory speed, but a step made of many such passes over small arrays (MAX
-pooling's compare/select per kernel offset and its scatter in backward, LRN's window sums, a lowering's copies and
-sums of short rows, ReLU's mask and product, BatchNorm's statistics and normalization and Scale's product and sums
-over every channel plane, the SGD update's seven passes over every parameter, SoftmaxWithLoss's backward's dozen
-calls, numpy's strided copies between the lowering's layouts, a depthwise convolution's one-row GEMM per group)
-spends its time in the passes themselves and, with the batch partitions' threads, in waiting for the GIL between
-short calls. These kernels do one plane (or image, or tile of channels, or value) at a time in one pass while it is
-in the core's cache, without the GIL. They compute what the numpy bodies compute, the same comparisons and additions
-in the same order (the same values; col2im may give +0.0 where the numpy body keeps a -0.0; the depthwise
-convolution, whose fallback is the lowering engine, sums each value in a fixed order of its own); the layers, the
-lowering and the SGD solver call them through :func:`kernels` for the numpy arrays they support (:func:`takes`) and
-keep their array-module bodies for everything else (cupy, other dtypes, N-D lowering and depthwise convolution, LRN
-within a channel or with other powers, leaky ReLUs, the other update rules).
+pooling's compare/select per kernel offset and its scatter in backward, AVE pooling's sums per kernel offset, LRN's
+window sums, a lowering's copies and sums of short rows, ReLU's mask and product, BatchNorm's statistics and
+normalization and Scale's product and sums over every channel plane, the SGD update's seven passes over every
+parameter, SoftmaxWithLoss's backward's dozen calls, numpy's strided copies between the lowering's layouts, a
+depthwise convolution's one-row GEMM per group) spends its time in the passes themselves and, with the batch
+partitions' threads, in waiting for the GIL between short calls. These kernels do one plane (or image, or tile of
+channels, or value) at a time in one pass while it is in the core's cache, without the GIL. They compute what the
+numpy bodies compute, the same comparisons and additions in the same order (the same values; col2im may give +0.0
+where the numpy body keeps a -0.0; the depthwise convolution, whose fallback is the lowering engine, sums each value
+in a fixed order of its own); the layers, the lowering and the SGD solver call them through :func:`kernels` for the
+numpy arrays they support (:func:`takes`) and keep their array-module bodies for everything else (cupy, other
+dtypes, N-D lowering and depthwise convolution, LRN within a channel or with other powers, leaky ReLUs, the other
+update rules).
 
 They also make :func:`cct.engines.gemm.matmul_accumulate`'s call into numpy's BLAS (``out += a @ b``, beta 1)
 in one C call with the GIL released, where a ctypes call checked its operands in Python; and, on CPUs with AVX-512F,
@@ -35,7 +36,7 @@ import numpy as np
 from cct.config import settings
 
 # the kernels' API version this package calls (CCT_KERNELS_API in _kernels.c)
-API_VERSION = 16
+API_VERSION = 17
 
 try:
     from cct.native import _kernels as _built
@@ -75,9 +76,9 @@ def describe() -> str:
         return "numpy bodies (compiled kernels not built: no C compiler at install)"
     if kernels() is None:
         return "numpy bodies (compiled kernels off: CCT_NATIVE=0)"
-    return ("compiled (MAX pooling of up to 8 spatial axes; LRN across channels, beta 0.75; 2-D lowering, images "
-            "first or last, and its layout moves; ReLU backward, and forward after a sum; BatchNorm and Scale per "
-            "channel; SoftmaxWithLoss backward; depthwise convolution; SGD update; gradients' finiteness; "
+    return ("compiled (MAX and AVE pooling of up to 8 spatial axes; LRN across channels, beta 0.75; 2-D lowering, "
+            "images first or last, and its layout moves; ReLU backward, and forward after a sum; BatchNorm and Scale "
+            "per channel; SoftmaxWithLoss backward; depthwise convolution; SGD update; gradients' finiteness; "
             f"accumulating GEMM calls; {'float32 panel GEMMs' if panel_gemms() else 'no panel GEMMs: no AVX-512F'}"
             "), numpy bodies elsewhere")
 

@@ -1,6 +1,6 @@
 /* Compiled kernels for the steps whose numpy form is bound by many short passes over memory (see
- * cct/native/__init__.py): MAX pooling (forward and backward, 1 to 8 spatial axes), LRN across channels with
- * beta = 3/4 (forward and backward), the 2-D lowering of CcT's types 1 and 2 (im2col) and its adjoint
+ * cct/native/__init__.py): MAX and AVE pooling (forward and backward, 1 to 8 spatial axes), LRN across channels
+ * with beta = 3/4 (forward and backward), the 2-D lowering of CcT's types 1 and 2 (im2col) and its adjoint
  * (col2im), ReLU's backward, BatchNorm's and Scale's passes over channel rows (each alone, and the two
  * forward as one), depthwise convolution (one input channel per group), the SGD solver's update step (and, at the
  * end, a beta = 1 GEMM call into numpy's BLAS and a float32 GEMM of their own for AVX-512F CPUs).  Each kernel
@@ -174,6 +174,20 @@ static inline void copy_row(void *restrict to, const void *restrict from, Py_ssi
         for (Py_ssize_t r = 0; r < g->rows; r++) copy_row(buf + s->row_at[r], x + r * w, w * sizeof(T));  \
     }
 
+/* One vector v of a kernel offset's cells for LANES wide positions from `cell`, sw apart (lo, hi: scratch) */
+#define SCAN_LOAD(v, lo, hi, cell, sw, LANES)                                                                \
+    do {                                                                                                     \
+        if ((sw) == 1) {                                                                                     \
+            memcpy(&(v), (cell), sizeof(v));                                                                 \
+        } else if ((sw) == 2) {                                                                              \
+            memcpy(&(lo), (cell), sizeof(lo));                                                               \
+            memcpy(&(hi), (cell) + LANES, sizeof(hi));                                                       \
+            (v) = EVEN_LANES_##LANES(lo, hi);                                                                \
+        } else {                                                                                             \
+            for (int l_ = 0; l_ < LANES; l_++) (v)[l_] = (cell)[(sw) * l_];                                  \
+        }                                                                                                    \
+    } while (0)
+
 /* The scan one vector of wide positions at a time, its maxima and codes held in registers over the kernel
  * offsets (GCC/clang vector extensions; the clones widen them to each machine's registers).  The wide grid
  * is padded to whole vectors and each phase's block has room for the last vector's reads. */
@@ -189,16 +203,7 @@ static inline void copy_row(void *restrict to, const void *restrict from, Py_ssi
             NAME##_ivec cd = {0}, gt;                                                                        \
             for (int l = 0; l < LANES; l++) b[l] = (T)-FLT_MAX;                                              \
             for (Py_ssize_t t = 0; t < s->k; t++) {                                                          \
-                const T *cell = buf + s->phase[t] * s->block + s->shift[t] + sw * q0;                        \
-                if (sw == 1) {                                                                               \
-                    memcpy(&v, cell, sizeof v);                                                              \
-                } else if (sw == 2) {                                                                        \
-                    memcpy(&lo, cell, sizeof lo);                                                            \
-                    memcpy(&hi, cell + LANES, sizeof hi);                                                    \
-                    v = EVEN_LANES_##LANES(lo, hi);                                                          \
-                } else {                                                                                     \
-                    for (int l = 0; l < LANES; l++) v[l] = cell[sw * l];                                     \
-                }                                                                                            \
+                SCAN_LOAD(v, lo, hi, buf + s->phase[t] * s->block + s->shift[t] + sw * q0, sw, LANES);       \
                 gt = v > b;                                                                                  \
                 if (code) cd = (cd & ~gt) | ((IT)codes[t] & gt);                                             \
                 b = (NAME##_vec)(((NAME##_ivec)b & ~gt) | ((NAME##_ivec)v & gt));                            \
@@ -291,6 +296,188 @@ DEFINE_MAX_FORWARD(max_forward_f64, split_f64, scan_f64, cut_f64, double)
 
 DEFINE_MAX_BACKWARD(max_backward_f32, float)
 DEFINE_MAX_BACKWARD(max_backward_f64, double)
+
+/* AVE pooling forward: MAX's phase buffer (zero outside the image: padding adds nothing) and wide grid; each
+ * window's sum starts at the first kernel offset's cell and adds the others in row-major order (the numpy body's
+ * additions), then is divided by the window's size (Caffe's divisor, padded cells counted: `size`, one plane's
+ * outputs).  Planes grouped by group_planes() cover `size` once per plane of the group. */
+#define DEFINE_SUM_SCAN(NAME, T, LANES)                                                                      \
+    typedef T NAME##_vec __attribute__((vector_size(LANES * sizeof(T))));                                    \
+    CCT_CLONES static void NAME(const pool_geometry *g, const pool_scan *s, const T *buf, T *sum) {         \
+        const Py_ssize_t n = s->wide, sw = g->stride[g->nd - 1];                                             \
+        for (Py_ssize_t q0 = 0; q0 < n; q0 += LANES) {                                                       \
+            NAME##_vec b = {0}, v = {0}, lo, hi;                                                             \
+            SCAN_LOAD(b, lo, hi, buf + s->phase[0] * s->block + s->shift[0] + sw * q0, sw, LANES);           \
+            for (Py_ssize_t t = 1; t < s->k; t++) {                                                          \
+                SCAN_LOAD(v, lo, hi, buf + s->phase[t] * s->block + s->shift[t] + sw * q0, sw, LANES);       \
+                b += v;                                                                                      \
+            }                                                                                                \
+            memcpy(sum + q0, &b, sizeof b);                                                                  \
+        }                                                                                                    \
+    }
+
+DEFINE_SUM_SCAN(sum_scan_f32, float, 16)
+DEFINE_SUM_SCAN(sum_scan_f64, double, 8)
+
+#define DEFINE_AVE_FORWARD(NAME, SPLIT, SUM, T)                                                              \
+    /* size_rows: the output rows of one ungrouped plane (`size` has size_rows * ow values) */               \
+    static void NAME(const pool_geometry *g, const pool_scan *s, const T *x, T *y, const T *size,          \
+                     Py_ssize_t size_rows, T *buf, T *sum) {                                                 \
+        const Py_ssize_t ow = g->out[g->nd - 1];                                                             \
+        memset(buf, 0, s->phases * s->block * sizeof(T));                                                   \
+        for (Py_ssize_t p = 0; p < g->planes; p++) {                                                         \
+            T *out = y + p * g->out_plane;                                                                   \
+            SPLIT(g, s, x + p * g->in_plane, buf);                                                           \
+            SUM(g, s, buf, sum);                                                                             \
+            for (Py_ssize_t r = 0, sr = 0; r < g->out_rows; r++, sr = sr + 1 == size_rows ? 0 : sr + 1) {    \
+                const T *restrict b = sum + s->out_at[r], *restrict d = size + sr * ow;                     \
+                T *restrict to = out + r * ow;                                                               \
+                for (Py_ssize_t k = 0; k < ow; k++) to[k] = b[k] / d[k];                                     \
+            }                                                                                                \
+        }                                                                                                    \
+    }
+
+DEFINE_AVE_FORWARD(ave_forward_f32, split_f32, sum_scan_f32, float)
+DEFINE_AVE_FORWARD(ave_forward_f64, split_f64, sum_scan_f64, double)
+
+/* One window per plane inside it (global pooling): the scan's wide grid would hold every cell of the plane for one
+ * output; instead AVE_LANES planes at a time, each window's cells (in-plane offsets `cell`, row-major) added in
+ * turn to that plane's sum — the same additions in the same order. */
+#define AVE_LANES 16
+#define DEFINE_AVE_WHOLE(NAME, T)                                                                            \
+    CCT_CLONES static void NAME(const pool_geometry *g, const Py_ssize_t *cell, const T *x, T *y, T size) {  \
+        for (Py_ssize_t p0 = 0; p0 < g->planes; p0 += AVE_LANES) {                                           \
+            const Py_ssize_t m = g->planes - p0 < AVE_LANES ? g->planes - p0 : AVE_LANES;                    \
+            const T *src = x + p0 * g->in_plane;                                                             \
+            T acc[AVE_LANES];                                                                                \
+            for (Py_ssize_t l = 0; l < m; l++) acc[l] = src[l * g->in_plane + cell[0]];                      \
+            for (Py_ssize_t t = 1; t < g->cells; t++)                                                        \
+                for (Py_ssize_t l = 0; l < m; l++) acc[l] += src[l * g->in_plane + cell[t]];                 \
+            for (Py_ssize_t l = 0; l < m; l++) y[p0 + l] = acc[l] / size;                                    \
+        }                                                                                                    \
+    }
+
+DEFINE_AVE_WHOLE(ave_whole_f32, float)
+DEFINE_AVE_WHOLE(ave_whole_f64, double)
+
+/* AVE pooling backward, one plane at a time: each window's gradient dy·inv (inv: 1/size, 0 for a window without
+ * image cells) added into a zeroed padded plane at every kernel offset's cell — offsets in row-major order, the
+ * windows in order within each, as the numpy body adds them — then the plane's image cells into dx (added with
+ * accumulate).  The plane: per axis the padded extent and any overhang of the last window. */
+typedef struct {
+    Py_ssize_t cells;                     /* the padded plane's */
+    Py_ssize_t *delta, *row_start, *in_at; /* per kernel offset, output row and input row: its padded position */
+} ave_plan;
+
+static int ave_plan_setup(const pool_geometry *g, ave_plan *a) {
+    const Py_ssize_t nd = g->nd, last = nd - 1;
+    Py_ssize_t extent[POOL_MAX_AXES], stride[POOL_MAX_AXES];
+    for (Py_ssize_t i = 0; i < nd; i++) {
+        extent[i] = g->in[i] + 2 * g->pad[i];
+        Py_ssize_t reach = (g->out[i] - 1) * g->stride[i] + (g->kernel[i] - 1) * g->dilation[i] + 1;
+        if (reach > extent[i]) extent[i] = reach;
+    }
+    stride[last] = 1;
+    for (Py_ssize_t i = last - 1; i >= 0; i--) stride[i] = stride[i + 1] * extent[i + 1];
+    a->cells = stride[0] * extent[0];
+    a->delta = malloc((g->cells + g->out_rows + g->rows) * sizeof(Py_ssize_t));
+    if (!a->delta) return -1;
+    a->row_start = a->delta + g->cells;
+    a->in_at = a->row_start + g->out_rows;
+    for (Py_ssize_t t = 0; t < g->cells; t++) {
+        Py_ssize_t rest = t, at = 0;
+        for (Py_ssize_t i = last; i >= 0; i--) {
+            at += (rest % g->kernel[i]) * g->dilation[i] * stride[i];
+            rest /= g->kernel[i];
+        }
+        a->delta[t] = at;
+    }
+    Py_ssize_t idx[POOL_MAX_AXES] = {0};
+    for (Py_ssize_t r = 0; r < g->out_rows; r++, next_index(idx, g->out, last)) {
+        Py_ssize_t at = 0;
+        for (Py_ssize_t i = 0; i < last; i++) at += idx[i] * g->stride[i] * stride[i];
+        a->row_start[r] = at;
+    }
+    memset(idx, 0, sizeof idx);
+    for (Py_ssize_t r = 0; r < g->rows; r++, next_index(idx, g->in, last)) {
+        Py_ssize_t at = g->pad[last];
+        for (Py_ssize_t i = 0; i < last; i++) at += (idx[i] + g->pad[i]) * stride[i];
+        a->in_at[r] = at;
+    }
+    return 0;
+}
+
+#define DEFINE_AVE_BACKWARD(NAME, T)                                                                         \
+    CCT_CLONES static void NAME(const pool_geometry *g, const ave_plan *a, const T *dy, const T *inv, T *dx, \
+                                int accumulate, T *plane, T *grad) {                                         \
+        const Py_ssize_t last = g->nd - 1, ow = g->out[last], sw = g->stride[last], w = g->in[last];         \
+        for (Py_ssize_t p = 0; p < g->planes; p++) {                                                         \
+            const T *restrict gy = dy + p * g->out_plane;                                                    \
+            T *restrict d = dx + p * g->in_plane;                                                            \
+            for (Py_ssize_t k = 0; k < g->out_plane; k++) grad[k] = gy[k] * inv[k];                          \
+            memset(plane, 0, a->cells * sizeof(T));                                                          \
+            for (Py_ssize_t t = 0; t < g->cells; t++)                                                        \
+                for (Py_ssize_t r = 0; r < g->out_rows; r++) {                                               \
+                    T *restrict to = plane + a->row_start[r] + a->delta[t];                                  \
+                    const T *restrict from = grad + r * ow;                                                  \
+                    if (sw == 1)                                                                             \
+                        for (Py_ssize_t k = 0; k < ow; k++) to[k] += from[k];                                \
+                    else                                                                                     \
+                        for (Py_ssize_t k = 0; k < ow; k++) to[k * sw] += from[k];                           \
+                }                                                                                            \
+            for (Py_ssize_t r = 0; r < g->rows; r++) {                                                       \
+                const T *restrict from = plane + a->in_at[r];                                                \
+                T *restrict to = d + r * w;                                                                  \
+                if (accumulate)                                                                              \
+                    for (Py_ssize_t k = 0; k < w; k++) to[k] += from[k];                                     \
+                else                                                                                         \
+                    for (Py_ssize_t k = 0; k < w; k++) to[k] = from[k];                                      \
+            }                                                                                                \
+        }                                                                                                    \
+    }
+
+DEFINE_AVE_BACKWARD(ave_backward_f32, float)
+DEFINE_AVE_BACKWARD(ave_backward_f64, double)
+
+/* ... and with one window per plane inside it (global pooling): its cells (in-plane offsets `cell`, each once) get
+ * 0 + dy·inv, the others 0 (as the padded plane's sums: -0.0 becomes +0.0) */
+#define DEFINE_AVE_WHOLE_BACKWARD(NAME, T)                                                                   \
+    CCT_CLONES static void NAME(const pool_geometry *g, const Py_ssize_t *cell, const T *dy, T inv, T *dx,   \
+                                int accumulate) {                                                            \
+        for (Py_ssize_t p = 0; p < g->planes; p++) {                                                         \
+            T *restrict d = dx + p * g->in_plane;                                                            \
+            const T v = (T)0 + dy[p] * inv;                                                                  \
+            if (accumulate) {                                                                                \
+                for (Py_ssize_t t = 0; t < g->cells; t++) d[cell[t]] += v;                                   \
+            } else {                                                                                         \
+                if (g->cells < g->in_plane) memset(d, 0, g->in_plane * sizeof(T));                           \
+                for (Py_ssize_t t = 0; t < g->cells; t++) d[cell[t]] = v;                                    \
+            }                                                                                                \
+        }                                                                                                    \
+    }
+
+DEFINE_AVE_WHOLE_BACKWARD(ave_whole_backward_f32, float)
+DEFINE_AVE_WHOLE_BACKWARD(ave_whole_backward_f64, double)
+
+/* Whether every plane has one window, inside it (no padding, the kernel within the image), and then its cells'
+ * in-plane offsets, row-major (NULL otherwise, or on an error with a Python exception set). */
+static Py_ssize_t *whole_plane_cells(const pool_geometry *g, int *whole) {
+    *whole = g->out_plane == 1;
+    for (Py_ssize_t i = 0; i < g->nd; i++) *whole &= g->pad[i] == 0 && (g->kernel[i] - 1) * g->dilation[i] < g->in[i];
+    if (!*whole) return NULL;
+    Py_ssize_t *cell = malloc(g->cells * sizeof(Py_ssize_t)), idx[POOL_MAX_AXES] = {0};
+    if (!cell) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t t = 0; t < g->cells; t++, next_index(idx, g->kernel, g->nd)) {
+        Py_ssize_t at = 0;
+        for (Py_ssize_t i = 0; i < g->nd; i++) at = at * g->in[i] + idx[i] * g->dilation[i];
+        cell[t] = at;
+    }
+    return cell;
+}
+
 
 /* Lowering (im2col, CcT's type 1) of 2-D images: col[c][i][j][img][r][k] = x_pad[img][c][r·sh + i·dh][k·sw + j·dw]
  * (zero in the padding).  Each image is first split by stride phase into a zero-bordered buffer (padded cell
@@ -1327,8 +1514,8 @@ static int parse_geometry(PyObject *geometry, pool_geometry *g) {
         g->out_plane *= g->out[i];
         kernel_cells *= g->kernel[i];
     }
-    if (kernel_cells > 255 || g->planes < 0) {
-        PyErr_SetString(PyExc_ValueError, "unsupported pooling geometry (more than 255 kernel cells)");
+    if (g->planes < 0) {
+        PyErr_SetString(PyExc_ValueError, "unsupported pooling geometry");
         return -1;
     }
     g->cells = kernel_cells;
@@ -1375,6 +1562,10 @@ static PyObject *max_pool_forward(PyObject *self, PyObject *args) {
     void *x, *ymax, *y, *win, *codes;
     if (!PyArg_ParseTuple(args, "OOOOOO", &geometry, &ox, &oymax, &oy, &owin, &ocodes)) return NULL;
     if (parse_geometry(geometry, &g) < 0) return NULL;
+    if (g.cells > 255) {  /* one-byte winner codes */
+        PyErr_SetString(PyExc_ValueError, "unsupported MAX pooling geometry (more than 255 kernel cells)");
+        return NULL;
+    }
     group_planes(&g);
     Py_ssize_t item = item_size(ox);
     if (item < 0) return NULL;
@@ -1421,6 +1612,10 @@ static PyObject *max_pool_backward(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOOOOOpp", &geometry, &ody, &oymax, &owin, &odelta, &odx, &accumulate, &positive))
         return NULL;
     if (parse_geometry(geometry, &g) < 0) return NULL;
+    if (g.cells > 255) {  /* one-byte winner codes */
+        PyErr_SetString(PyExc_ValueError, "unsupported MAX pooling geometry (more than 255 kernel cells)");
+        return NULL;
+    }
     group_planes(&g);
     Py_ssize_t item = item_size(ody);
     if (item < 0) return NULL;
@@ -1437,6 +1632,118 @@ static PyObject *max_pool_backward(PyObject *self, PyObject *args) {
     else
         max_backward_f64(&g, dy, ymax, win, delta, dx, accumulate, positive);
     Py_END_ALLOW_THREADS
+    release(&b);
+    Py_RETURN_NONE;
+}
+
+static PyObject *ave_pool_forward(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *geometry, *ox, *oy, *osize;
+    pool_geometry g;
+    buffers b = {.held = 0};
+    void *x, *y, *size;
+    if (!PyArg_ParseTuple(args, "OOOO", &geometry, &ox, &oy, &osize)) return NULL;
+    if (parse_geometry(geometry, &g) < 0) return NULL;
+    Py_ssize_t item = item_size(ox), size_rows = g.out_rows, size_cells = g.out_plane;
+    if (item < 0) return NULL;
+    int whole;
+    Py_ssize_t *cell = whole_plane_cells(&g, &whole);
+    if (whole && !cell) return NULL;
+    if (!whole) group_planes(&g);
+    if (take(&b, ox, 0, item, g.planes * g.in_plane, "x", &x, 0) < 0 ||
+        take(&b, oy, 1, item, g.planes * g.out_plane, "y", &y, 0) < 0 ||
+        take(&b, osize, 0, item, size_cells, "size", &size, 0) < 0) {
+        free(cell);
+        release(&b);
+        return NULL;
+    }
+    if (whole) {
+        Py_BEGIN_ALLOW_THREADS
+        if (item == 4)
+            ave_whole_f32(&g, cell, x, y, *(float *)size);
+        else
+            ave_whole_f64(&g, cell, x, y, *(double *)size);
+        Py_END_ALLOW_THREADS
+        free(cell);
+        release(&b);
+        Py_RETURN_NONE;
+    }
+    pool_scan sc;
+    if (scan_setup(&g, &sc) < 0) {
+        release(&b);
+        return PyErr_NoMemory();
+    }
+    char *work = malloc((sc.phases * sc.block + sc.wide) * item);  /* phase rows, sums */
+    if (!work) {
+        free(sc.phase);
+        release(&b);
+        return PyErr_NoMemory();
+    }
+    void *sum = work + sc.phases * sc.block * item;
+    Py_BEGIN_ALLOW_THREADS
+    if (item == 4)
+        ave_forward_f32(&g, &sc, x, y, size, size_rows, (float *)work, sum);
+    else
+        ave_forward_f64(&g, &sc, x, y, size, size_rows, (double *)work, sum);
+    Py_END_ALLOW_THREADS
+    free(work);
+    free(sc.phase);
+    release(&b);
+    Py_RETURN_NONE;
+}
+
+static PyObject *ave_pool_backward(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *geometry, *ody, *oinv, *odx;
+    int accumulate;
+    pool_geometry g;
+    buffers b = {.held = 0};
+    void *dy, *inv, *dx;
+    if (!PyArg_ParseTuple(args, "OOOOp", &geometry, &ody, &oinv, &odx, &accumulate)) return NULL;
+    if (parse_geometry(geometry, &g) < 0) return NULL;
+    Py_ssize_t item = item_size(ody);
+    if (item < 0) return NULL;
+    int whole;
+    Py_ssize_t *cell = whole_plane_cells(&g, &whole);
+    if (whole && !cell) return NULL;
+    if (take(&b, ody, 0, item, g.planes * g.out_plane, "dy", &dy, 0) < 0 ||
+        take(&b, oinv, 0, item, g.out_plane, "inv", &inv, 0) < 0 ||
+        take(&b, odx, 1, item, g.planes * g.in_plane, "dx", &dx, 0) < 0) {
+        free(cell);
+        release(&b);
+        return NULL;
+    }
+    if (whole) {
+        Py_BEGIN_ALLOW_THREADS
+        if (item == 4)
+            ave_whole_backward_f32(&g, cell, dy, *(float *)inv, dx, accumulate);
+        else
+            ave_whole_backward_f64(&g, cell, dy, *(double *)inv, dx, accumulate);
+        Py_END_ALLOW_THREADS
+        free(cell);
+        release(&b);
+        Py_RETURN_NONE;
+    }
+    ave_plan plan;
+    if (ave_plan_setup(&g, &plan) < 0) {
+        release(&b);
+        return PyErr_NoMemory();
+    }
+    char *work = malloc((plan.cells + g.out_plane) * item);  /* padded plane, one plane's window gradients */
+    if (!work) {
+        free(plan.delta);
+        release(&b);
+        return PyErr_NoMemory();
+    }
+    void *grad = work + plan.cells * item;
+    Py_BEGIN_ALLOW_THREADS
+    if (item == 4)
+        ave_backward_f32(&g, &plan, dy, inv, dx, accumulate, (float *)work, grad);
+    else
+        ave_backward_f64(&g, &plan, dy, inv, dx, accumulate, (double *)work, grad);
+    Py_END_ALLOW_THREADS
+    free(work);
+    free(plan.delta);
     release(&b);
     Py_RETURN_NONE;
 }
@@ -2667,6 +2974,12 @@ static PyMethodDef methods[] = {
     {"max_pool_backward", max_pool_backward, METH_VARARGS,
      "max_pool_backward(geometry, dy, ymax, winners, delta, dx, accumulate, positive): route each window's "
      "gradient to its winner"},
+    {"ave_pool_forward", ave_pool_forward, METH_VARARGS,
+     "ave_pool_forward(geometry, x, y, size): N-D AVE pooling of C-contiguous planes, each window's sum divided by "
+     "size (one plane's outputs)"},
+    {"ave_pool_backward", ave_pool_backward, METH_VARARGS,
+     "ave_pool_backward(geometry, dy, inv, dx, accumulate): its gradient, dy * inv (one plane's outputs) added at "
+     "every cell of each window"},
     {"lowering", lowering, METH_VARARGS,
      "lowering(src, dst, (n, c, h, w, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow), adjoint, last): 2-D im2col, x (n, c, "
      "h, w) -> col (c, kh, kw, n, oh, ow), or with `last` (c, kh, kw, oh, ow, n); `adjoint`: its col2im, col -> dx "
@@ -2738,7 +3051,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels", NULL, -1,
 
 /* The version of the functions' arguments and meaning: cct.native ignores a module of another version (a copy
  * left in a checkout by an older build). */
-#define CCT_KERNELS_API 16
+#define CCT_KERNELS_API 17
 
 PyMODINIT_FUNC PyInit__kernels(void) {
     PyObject *m = PyModule_Create(&module);

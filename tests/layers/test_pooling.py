@@ -668,6 +668,50 @@ def _compare_bodies(monkeypatch, lead, in_shape, kernel, stride, pad, dilation, 
         np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
 
 
+@pytest.mark.parametrize("lead, in_shape, kernel, stride, pad, dilation, ceil", [
+    ((3, 2), (35, 35), (3, 3), (1, 1), (1, 1), (1, 1), True),        # Inception's branch pools
+    ((3, 2), (13, 13), (3, 3), (2, 2), (0, 0), (1, 1), True),        # stride 2, ceil-mode overhang
+    ((3, 2), (10, 7), (3, 3), (2, 2), (1, 1), (1, 1), True),         # padding and overhang
+    ((3, 2), (9, 8), (2, 3), (1, 3), (0, 1), (1, 1), False),         # per-axis kernels, stride 3, FLOOR
+    ((3, 2), (9, 9), (2, 2), (1, 1), (0, 0), (2, 3), True),          # dilated windows
+    ((64, 50), (4, 4), (2, 2), (2, 2), (0, 0), (1, 1), True),        # small planes, pooled in groups
+    ((3, 2), (23,), (4,), (3,), (1,), (1,), True),                   # 1-D
+    ((3, 2), (5, 6, 7), (2, 3, 2), (2, 1, 2), (1, 0, 1), (1, 1, 1), True),   # 3-D
+    ((5, 7), (8, 8), (8, 8), (1, 1), (0, 0), (1, 1), True),          # global: one window per plane
+    ((5, 7), (17, 17), (17, 17), (1, 1), (0, 0), (1, 1), True),      # ... of more than 255 cells
+    ((2, 3), (5, 5), (4, 4), (2, 2), (0, 0), (1, 1), False),         # one window, not the whole plane
+    ((2, 3), (4, 5, 6), (4, 5, 6), (1, 1, 1), (0, 0, 0), (1, 1, 1), True),   # 3-D global
+])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_compiled_ave_pooling_is_bitwise_the_numpy_body(monkeypatch, lead, in_shape, kernel, stride, pad, dilation,
+                                                        ceil, dtype, body):
+    """The compiled AVE pooling gives the numpy body's averages and gradients bit for bit (the same additions in the
+    same order, -0.0, NaN and infinities included): padding, overhang, dilation, small planes in groups, global
+    pooling's one window per plane, accumulation."""
+    if body == "numpy":
+        pytest.skip("compares the two bodies")
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal(lead + in_shape).astype(dtype)
+    flat = x.reshape(-1)
+    for value in (np.nan, np.inf, -0.0):
+        flat[rng.choice(flat.size, 3, replace=False)] = value
+    results = []
+    for compiled in (True, False):
+        if not compiled:
+            monkeypatch.setenv("CCT_NATIVE", "0")
+        pl = Pooler(pb.PoolingParameter.AVE, in_shape, kernel, stride, pad, ceil, dilation=dilation)
+        assert (pl._compiled(x) is not None) == compiled
+        y = np.empty(lead + pl.out_shape, dtype)
+        pl.forward(x, y, train=False)
+        dy = rng.standard_normal(y.shape).astype(dtype) if not results else results[0][-1]
+        dy.reshape(-1)[:2] = (-0.0, np.nan)
+        dx = np.empty_like(x)
+        pl.backward(dy, dx)
+        dx_sum = x.copy()
+        pl.backward(dy, dx_sum, accumulate=True)
+        results.append((y, dx, dx_sum, dy))
+    for a, b in zip(*results):
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
 
 def test_a_device_array_is_pooled_in_one_chunk(monkeypatch):
     """A device array (an array module other than numpy) is walked whole, not in the host's cache-sized chunks
