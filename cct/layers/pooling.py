@@ -800,14 +800,23 @@ class Pooling(Layer):
         for t in top:
             t.reshape(x.shape[:2] + pl.out_shape)
 
-    # Batch partitions (cct.runtime.partition): each partition pools its images with its own Pooler (own
-    # buffers and argmax); STOCHASTIC TRAIN draws its random numbers for the whole batch, so it never splits.
+    # Batch partitions (cct.runtime.partition) over the channel planes of the batch, not its images — every plane
+    # is pooled alone, so a batch of fewer images than cores (inference of one image) still uses them all: each
+    # partition pools its planes, viewed (planes, 1, *spatial), with its own Pooler (own buffers and argmax).
+    # STOCHASTIC TRAIN draws its random numbers for the whole batch, and a device array is one stream of kernels:
+    # neither splits.
+    @staticmethod
+    def _planes(a: Any) -> Any:
+        return a.reshape((a.shape[0] * a.shape[1], 1) + tuple(a.shape[2:]))
+
     def _ranges(self, x: Blob) -> list[tuple[int, int]]:
-        if self.method == STOCHASTIC:
-            return [(0, x.shape[0])]
+        planes = x.shape[0] * x.shape[1]
         assert self.pooler is not None
-        work = x.count // max(x.shape[0], 1) * (1 + len(self.pooler._offsets()))
-        ranges = batch_ranges(x.shape[0], partitions_for(x.shape[0], work))
+        if self.method == STOCHASTIC or not isinstance(x.data, np.ndarray):
+            ranges = [(0, planes)]
+        else:
+            work = math.prod(x.shape[2:]) * (1 + len(self.pooler._offsets()))
+            ranges = batch_ranges(planes, partitions_for(planes, work))
         while len(self._part_poolers) < len(ranges):
             pl = self.pooler
             self._part_poolers.append(Pooler(self.method, pl.in_shape, self.kernel, self.stride, self.pad,
@@ -818,8 +827,8 @@ class Pooling(Layer):
 
     def forward(self, bottom: list[Blob], top: list[Blob]) -> None:
         assert self.pooler is not None
-        mask = top[1].data if len(top) > 1 else None
-        x, y, train = bottom[0].data, top[0].data, self.phase == pb.TRAIN
+        mask = self._planes(top[1].data) if len(top) > 1 else None
+        x, y, train = self._planes(bottom[0].data), self._planes(top[0].data), self.phase == pb.TRAIN
         ranges = self._ranges(bottom[0])
         run_partitions(ranges, lambda p, a, b: self._part_poolers[p].forward(
             x[a:b], y[a:b], train, None if mask is None else mask[a:b]))
@@ -841,8 +850,9 @@ class Pooling(Layer):
         if not propagate_down[0]:
             return
         assert self.pooler is not None
-        mask = top[1].data if len(top) > 1 else None
-        dy, dx, x, train = top[0].diff, bottom[0].diff, bottom[0].data, self.phase == pb.TRAIN
+        mask = self._planes(top[1].data) if len(top) > 1 else None
+        dy, dx, x = self._planes(top[0].diff), self._planes(bottom[0].diff), self._planes(bottom[0].data)
+        train = self.phase == pb.TRAIN
         ranges = getattr(self, "_last_ranges", None) or [(0, x.shape[0])]
         run_partitions(ranges, lambda p, a, b: self._part_poolers[p].backward(
             dy[a:b], dx[a:b], x[a:b], None if mask is None else mask[a:b], train, positive=positive))

@@ -197,6 +197,23 @@ def test_partitioned_layers_equal_unpartitioned(text, num_tops):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)  # weight grads: partial sums in float32
 
 
+@pytest.mark.parametrize("text,num_tops", LAYERS[:3], ids=["max", "max-mask", "ave"])
+def test_one_image_is_pooled_over_the_partitions_by_its_channel_planes(text, num_tops):
+    """Pooling partitions the batch's channel planes, not its images: one image (inference of a single input) is
+    pooled on every partition, with the bits of one partition (each plane is pooled alone)."""
+    x = np.random.default_rng(1).standard_normal((1, 6, 9, 8)).astype(np.float32)
+    outputs = []
+    for parts in (1, 3):
+        settings.set("partitions", parts)
+        run = setup_layer(text, [x], num_tops=num_tops)
+        tops = [t.copy() for t in run.forward()]
+        assert run.layer.last_partitions == parts
+        run.top[0].diff[...] = np.random.default_rng(2).standard_normal(tops[0].shape).astype(np.float32)
+        run.layer.backward(run.top, [True], run.bottom)
+        outputs.append(tops + [run.bottom[0].diff.copy()])
+    for a, b in zip(*outputs):
+        np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+
 def test_small_gemms_run_on_one_blas_thread(monkeypatch):
     """InnerProduct and the lowering engine run GEMMs below SMALL_GEMM_FLOPS on one BLAS thread (robust on a
     busy machine), bigger ones with the current setting."""
