@@ -111,15 +111,19 @@ def narrow_blas_kernel() -> str:
 
 
 def machine_key() -> str:
-    """What a cached speed is valid for: host, CPU model, usable cores and the BLAS libraries with the kernels
+    """What a cached speed is valid for: host, CPU model, usable cores, the BLAS libraries with the kernels
     they run (OpenBLAS's ``OPENBLAS_CORETYPE`` picks another kernel on the same CPU: AVX2 Haswell kernels run
     at about half the speed of SkylakeX's AVX-512 ones, so a speed measured under one is no guide to the
-    other).  numpy and scipy each load a copy of OpenBLAS, listed in no fixed order: scipy's is loaded first
-    and the list sorted, so the key is the same whenever it is asked for."""
+    other) and the build of cct's own compiled kernels (:func:`cct.native.build_key`).  numpy and scipy each load
+    a copy of OpenBLAS, listed in no fixed order: scipy's is loaded first and the list sorted, so the key is the
+    same whenever it is asked for."""
     import scipy.linalg  # noqa: F401  (its BLAS: the same libraries in every process)
 
+    from cct import native
+
     blas = sorted({f"{lib.api} {lib.version} {lib.kernel or 'unknown'} kernel" for lib in blas_libraries()})
-    return f"{platform.node()}|{cpu_model()}|{cpu_cores()} cores|{', '.join(blas) or 'unknown BLAS'}"
+    return (f"{platform.node()}|{cpu_model()}|{cpu_cores()} cores|{', '.join(blas) or 'unknown BLAS'}"
+            f"|{native.build_key()}")
 
 
 def cuda_properties(index: int) -> list[tuple[str, Any]]:

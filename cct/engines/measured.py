@@ -9,7 +9,7 @@ choices between ways to run one computation.
   measurement costs is charged to it (:func:`_charged`), and once it is spent nothing more is measured
   (:func:`_may_measure`);
 * :func:`measured_choice` — the faster of a few ways to run one computation (a GEMM's operand orientation),
-  measured on the caller's operands (or stand-ins) the first time and cached.
+  measured on the caller's operands (or stand-ins) and cached once two processes' measurements agree.
 
 It imports no engine, so that engines and layers can ask for measured choices and the engine autotune
 (:mod:`cct.engines.autotune`, which measures engines) can keep its entries here too.
@@ -96,26 +96,33 @@ def _machine_digest() -> str:
 CHOICE_ROUNDS = 5
 CHOICE_MIN_ROUNDS = 3
 CHOICE_SECONDS = 0.5
+# ... and a choice is kept for good once CHOICE_CONFIRMATIONS measurements (each in a process of its own) agree, or
+# by the majority of CHOICE_MEASUREMENTS: until then the cache holds the names measured so far and the next process
+# measures again.  One measurement caught in a burst of the shared machine's load had put CaffeNet's conv1 forward
+# on BLAS for good, 1.5x the panel GEMM's time, which three measurements afterwards all chose.
+CHOICE_CONFIRMATIONS = 2
+CHOICE_MEASUREMENTS = 3
 
 
 def measured_choice(kind: str, key: str, candidates: dict[str, Callable[[], Any]],
                     between: Callable[[], Any] | None = None) -> str:
     """The name of the fastest of ``candidates`` — callables each running one way of the same computation once,
     on the caller's own operands —, measured alternately (one untimed run each, then ``CHOICE_ROUNDS`` timed,
-    ``CHOICE_MIN_ROUNDS`` where those took ``CHOICE_SECONDS``; the medians compared) the first time ``key`` is
-    asked for on this machine and thread setting, and cached under ``kind``.  ``between``, where given, runs
-    untimed before every run (:func:`cache_evictor`: the operands as cold as a net leaves them).  Without
-    measuring (``-autotune off``, or a net's measuring budget spent): the cached name, else the first candidate.
-    The candidates' last runs are the timed ones: the caller runs the chosen one again when its result must be
-    that one's."""
+    ``CHOICE_MIN_ROUNDS`` where those took ``CHOICE_SECONDS``; the medians compared) and cached under ``kind``,
+    until that is settled on this machine and thread setting (:data:`CHOICE_CONFIRMATIONS`: once per process
+    until then; a process keeps what it measured).  ``between``, where given, runs untimed before every run
+    (:func:`cache_evictor`: the operands as cold as a net leaves them).  Without measuring (``-autotune off``, or
+    a net's measuring budget spent): what was measured before, else the first candidate.  The candidates' last
+    runs are the timed ones: the caller runs the chosen one again when its result must be that one's."""
     names = list(candidates)
     known = known_choice(kind, key, candidates)
     if known is not None:
         return known
     full_key = f"{key}-{_threads_key()}"
     memo_key = (str(cache_path()), kind, full_key)
+    so_far = _measured_so_far(kind, full_key, candidates)
     if settings.get("autotune") is False or not _may_measure():
-        return names[0]
+        return so_far[-1] if so_far else names[0]
     with _charged():
         for name in names:
             if between is not None:
@@ -132,24 +139,41 @@ def measured_choice(kind: str, key: str, candidates: dict[str, Callable[[], Any]
                 candidates[name]()
                 times[name].append(time.perf_counter() - t)
     best = min(names, key=lambda name: statistics.median(times[name]))
-    _write_cache({kind: {full_key: best}})
+    _write_cache({kind: {full_key: _settled(so_far + [best])}})
     _choice_memo[memo_key] = best
     return best
+
+
+def _settled(measured: list[str]) -> str | list[str]:
+    """What the cache keeps after ``measured`` (in order): the name once its last :data:`CHOICE_CONFIRMATIONS`
+    agree or :data:`CHOICE_MEASUREMENTS` were made (the most frequent, the latest of those tied), else the list."""
+    last = measured[-CHOICE_CONFIRMATIONS:]
+    if len(last) == CHOICE_CONFIRMATIONS and len(set(last)) == 1:
+        return last[0]
+    if len(measured) >= CHOICE_MEASUREMENTS:
+        return max(reversed(measured), key=measured.count)
+    return measured
+
+
+def _measured_so_far(kind: str, full_key: str, candidates: Any) -> list[str]:
+    """The unsettled measurements of ``full_key`` in the cache (see :func:`_settled`), those naming ``candidates``."""
+    entry = _read_cache().get(kind, {}).get(full_key)
+    return [name for name in entry if name in candidates] if isinstance(entry, list) else []
 
 
 _choice_memo: dict[tuple[str, str, str], str] = {}  # (cache file, kind, key): read once per process
 
 
 def known_choice(kind: str, key: str, candidates: Any) -> str | None:
-    """What :func:`measured_choice` found for ``key`` on this machine and thread setting before (in this process
-    or in the cache), where that is one of ``candidates``; None where it would measure."""
+    """What :func:`measured_choice` settled for ``key`` on this machine and thread setting (in the cache), or
+    measured in this process; None where it would measure."""
     full_key = f"{key}-{_threads_key()}"
     memo_key = (str(cache_path()), kind, full_key)
     memo = _choice_memo.get(memo_key)
     if memo is not None and memo in candidates:
         return memo
     cached = _read_cache().get(kind, {}).get(full_key)
-    if cached in candidates:
+    if isinstance(cached, str) and cached in candidates:
         _choice_memo[memo_key] = cached
         return cached
     return None

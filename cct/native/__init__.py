@@ -62,6 +62,13 @@ def takes(*arrays: Any) -> bool:
         isinstance(a, np.ndarray) and a.dtype == dtype and a.flags.c_contiguous for a in arrays)
 
 
+def build_key() -> str:
+    """Which kernels this process would run, for :func:`cct.device.query.machine_key`: the digest of the source they
+    were built from (a cached speed of one of them — a panel GEMM against BLAS — holds for that build only), or
+    that none were built."""
+    return f"kernels {getattr(_built, 'SOURCE', 'unknown')}" if _built is not None else "no kernels"
+
+
 def kernels_for(*arrays: Any) -> ModuleType | None:
     """:func:`kernels` when they take ``arrays`` (:func:`takes`), else None: the caller runs its numpy body."""
     compiled = kernels()

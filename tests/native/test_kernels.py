@@ -34,6 +34,26 @@ def test_cct_native_switches_them_off(monkeypatch):
         native.kernels()
 
 
+def test_the_kernels_build_is_part_of_the_machine_key(monkeypatch):
+    """Speeds measured of the kernels (a panel GEMM against BLAS) are cached per build: the module carries its
+    source's digest, which the machine key names (another build: every speed measured again)."""
+    import hashlib
+    import types
+
+    from cct.device import query
+
+    if native._built is None:
+        pytest.skip("kernels not built")
+    source = Path(native.__file__).with_name("_kernels.c").read_bytes()
+    assert native._built.SOURCE == hashlib.sha1(source).hexdigest()[:12]
+    key = query.machine_key()
+    assert key.endswith(f"|kernels {native._built.SOURCE}")
+    monkeypatch.setattr(native, "_built", types.SimpleNamespace(SOURCE="another"))
+    assert query.machine_key() == key[:key.rindex("|")] + "|kernels another"
+    monkeypatch.setattr(native, "_built", None)
+    assert query.machine_key().endswith("|no kernels")
+
+
 def test_takes_numpy_float_arrays_of_one_dtype_contiguous():
     a = np.zeros((2, 3), np.float32)
     assert native.takes(a, np.ones(4, np.float32))
