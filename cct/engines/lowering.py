@@ -113,6 +113,8 @@ PANEL_MIN_FLOPS = 5e7
 # a measured choice between BLAS and the compiled panel GEMM times this many products a run: one (a few ms) is
 # within the shared machine's noise of a 10% difference
 PANEL_MEASURE_PRODUCTS = 8
+# the compiled panel GEMM's tile width (output cells): a split of an image's cells runs whole tiles
+PANEL_COLS = 32
 # forward keeps its lowered matrix for backward's weight gradient when the whole batch's is at most this big
 # (small layers, where lowering costs as much as the GEMMs), no smaller than the input it keeps a copy of (a
 # strided 1x1 kernel lowers a quarter of its input: ResNet-50's res4a_branch2a, 10 images, forward 2.1 ms
@@ -884,8 +886,7 @@ class LoweringEngine(ConvEngine):
         L = self._lay()
         if panels and keep is None and L.G == 1 and self._geom().num_spatial_axes == 2:
             compiled = native.kernels_for(x, y, *(() if b is None else (b,)))  # contiguous float32 arrays
-            geometry = self._lowering_geometry(x.shape[0])
-            if compiled is not None and compiled.panel_conv_forward(x, wm[0], b, y, geometry):
+            if compiled is not None and self._panel_conv_forward(compiled, x, wm[0], b, y):
                 return
         out = None
         if keep is not None:
@@ -898,6 +899,27 @@ class LoweringEngine(ConvEngine):
             out = kept[2]
         col = self._lower(ws, x, out).reshape(L.G, L.K, x.shape[0] * L.cols)
         self._forward_lowered(ws, col, wm, b, y, panels)
+
+    def _panel_conv_forward(self, compiled: Any, x: Any, w: Any, b: Any | None, y: Any) -> bool:
+        """``compiled.panel_conv_forward`` on a chunk's images; outside the batch partitions (a batch of fewer
+        images than partitions would need: inference of one image) each image's output cells split over the cores
+        in runs of whole tiles (each cell the same sum whichever run it is in).  False where the kernel declined."""
+        geometry = self._lowering_geometry(x.shape[0])
+        cols = self._lay().cols
+        tiles = -(-cols // PANEL_COLS)
+        parts = 1 if in_partition() else partitions_for_flops(tiles, 2.0 * w.size * PANEL_COLS * x.shape[0])
+        if parts <= 1:
+            return bool(compiled.panel_conv_forward(x, w, b, y, geometry))
+        ranges = [(t0 * PANEL_COLS, min(t1 * PANEL_COLS, cols)) for t0, t1 in batch_ranges(tiles, parts)]
+        done = [False] * len(ranges)
+
+        def run(part: int, first: int, last: int) -> None:
+            done[part] = bool(compiled.panel_conv_forward(x, w, b, y, geometry, first, last))
+        run_partitions(ranges, run)
+        if all(done):
+            return True
+        assert not any(done), "the panel kernel declines a layer whole"
+        return False
 
     def _direct_forward(self, y: Any) -> bool:
         """Whether forward runs one GEMM per image (and group) straight into ``y``: type 1 with big images."""

@@ -2733,7 +2733,8 @@ __attribute__((target("avx512f"))) static void panel_conv_forward_f32(const floa
                                                                       const float *bias, float *y, Py_ssize_t o,
                                                                       const Py_ssize_t *g, float *buf,
                                                                       Py_ssize_t pe_h, Py_ssize_t pe_w,
-                                                                      Py_ssize_t *table, float *panels) {
+                                                                      Py_ssize_t *table, float *panels,
+                                                                      Py_ssize_t first, Py_ssize_t last) {
     const Py_ssize_t n = g[0], c = g[1], h = g[2], w = g[3], *k = g + 4;
     const Py_ssize_t kh = k[0], kw = k[1], sh = k[2], sw = k[3], oh = k[8], ow = k[9];
     const Py_ssize_t phase = pe_h * pe_w, chan = sh * sw * phase, rows = c * kh * kw, cols = oh * ow;
@@ -2743,8 +2744,8 @@ __attribute__((target("avx512f"))) static void panel_conv_forward_f32(const floa
     for (Py_ssize_t img = 0; img < n; img++) {
         im2col_f32_split(x, img, c, h, w, k, buf, phase, table);
         float *yi = y + img * o * cols;
-        for (Py_ssize_t p0 = 0; p0 < cols; p0 += span_max) {
-            const Py_ssize_t span = cols - p0 < span_max ? cols - p0 : span_max;
+        for (Py_ssize_t p0 = first; p0 < last; p0 += span_max) {
+            const Py_ssize_t span = last - p0 < span_max ? last - p0 : span_max;
             const Py_ssize_t r0 = p0 / ow, v0 = p0 % ow;
             for (Py_ssize_t ch = 0; ch < c; ch++)
                 for (Py_ssize_t t = 0; t < kh * kw; t++) {
@@ -2915,14 +2916,19 @@ out:
 
 static PyObject *panel_conv_forward(PyObject *self, PyObject *args) {
     PyObject *ox, *ow_, *obias, *oy, *geometry;
-    Py_ssize_t g[14], pad_h, pad_w;
+    Py_ssize_t g[14], pad_h, pad_w, first = 0, last = -1;
     buffers b = {.held = 0};
     void *x, *y, *bias = NULL;
     Py_buffer v;
     (void)self;
-    if (!PyArg_ParseTuple(args, "OOOOO", &ox, &ow_, &obias, &oy, &geometry) ||
+    if (!PyArg_ParseTuple(args, "OOOOO|nn", &ox, &ow_, &obias, &oy, &geometry, &first, &last) ||
         lowering_geometry(geometry, g, &pad_h, &pad_w) < 0)
         return NULL;
+    if (last < 0) last = g[12] * g[13];
+    if (first < 0 || first > last || last > g[12] * g[13]) {
+        PyErr_SetString(PyExc_ValueError, "panel_conv_forward: output cells [first, last) out of range");
+        return NULL;
+    }
     if (PyObject_GetBuffer(ow_, &v, PyBUF_STRIDES | PyBUF_FORMAT) < 0) return NULL;
     int done = 0;
 #ifdef HAVE_PANEL_GEMM
@@ -2938,9 +2944,11 @@ static PyObject *panel_conv_forward(PyObject *self, PyObject *args) {
         goto out;
     }
     done = 1;
-    if (n == 0 || o == 0 || cols == 0) goto out;
+    if (n == 0 || o == 0 || first == last) goto out;
     if (rows == 0) {  /* an empty sum: the bias, or zeros */
-        for (Py_ssize_t i = 0; i < n * o * cols; i++) ((float *)y)[i] = bias ? ((const float *)bias)[i / cols % o] : 0;
+        for (Py_ssize_t i = 0; i < n * o; i++)
+            for (Py_ssize_t j = first; j < last; j++)
+                ((float *)y)[i * cols + j] = bias ? ((const float *)bias)[i % o] : 0;
         goto out;
     }
     /* the scratch: the image by stride phase (as lowering()), the tables, w packed, the span's panels (64-byte
@@ -2959,7 +2967,7 @@ static PyObject *panel_conv_forward(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     panel_pack_rows(v.buf, ldw, o, rows, wp);
     panel_conv_forward_f32(x, wp, bias, y, o, g, scratch, pe_h, pe_w, (Py_ssize_t *)(scratch + bbytes / 4),
-                           wp + wbytes / 4);
+                           wp + wbytes / 4, first, last);
     Py_END_ALLOW_THREADS
     panel_scratch_trim();
 #endif
@@ -3020,9 +3028,10 @@ static PyMethodDef methods[] = {
      "panel_gemm(y, w, x, bias): y = w @ x (+ bias per row) on float32 2-D views unit-strided along their rows, by "
      "12 x 32 tiles over packed panels; False (nothing done) where the CPU lacks AVX-512F or the arrays do not fit"},
     {"panel_conv_forward", panel_conv_forward, METH_VARARGS,
-     "panel_conv_forward(x, w, bias, y, geometry): y = the 2-D convolution of x with w (o, c*kh*kw) (+ bias) for one "
-     "group (lowering() geometry), lowered span by span into the panel GEMM's panels; False (nothing done) where the "
-     "CPU lacks AVX-512F or the arguments do not fit"},
+     "panel_conv_forward(x, w, bias, y, geometry, first=0, last=-1): y = the 2-D convolution of x with w (o, c*kh*kw) "
+     "(+ bias) for one group (lowering() geometry) on each image's output cells [first, last) (-1: all), lowered span "
+     "by span into the panel GEMM's panels; False (nothing done) where the CPU lacks AVX-512F or the arguments do not "
+     "fit"},
     {"panel_weight_grad", panel_weight_grad, METH_VARARGS,
      "panel_weight_grad(x, dy, dw, geometry): dw (o, c*kh*kw) += the weight gradient of a 2-D convolution of one "
      "group (lowering() geometry, dilation 1 along the rows) over the images, by the panel GEMM's tiles on lowered "
@@ -3051,7 +3060,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels", NULL, -1,
 
 /* The version of the functions' arguments and meaning: cct.native ignores a module of another version (a copy
  * left in a checkout by an older build). */
-#define CCT_KERNELS_API 17
+#define CCT_KERNELS_API 18
 /* The digest of this source (setup.py defines it): the machine's measured speeds of the kernels are kept per source */
 #ifndef CCT_KERNELS_SOURCE
 #define CCT_KERNELS_SOURCE "unknown"

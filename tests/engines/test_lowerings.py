@@ -256,6 +256,31 @@ def test_type1_images_by_the_compiled_panel_gemm(panels_chosen, g):
     assert not any(kind == "panel_gemm" and not key.startswith("panel-wgrad-") for kind, key in asked)
 
 
+def test_one_image_runs_the_panels_over_its_output_cells_on_every_partition(panels_chosen):
+    """A batch of one image (inference) has one batch partition: its panel forward splits the image's output cells
+    over the partitions instead (runs of whole tiles, one ``panel_conv_forward`` call each), with the bits of one
+    call — each cell the same sum whichever run it is in."""
+    from cct.compare.tolerance import assert_close
+
+    _, calls = panels_chosen
+    g = ConvGeometry(1, 3, 14, 1, (47, 49), (5, 5), (2, 2), (1, 1), (1, 1))  # 23 x 24 cells: 18 tiles, the last part
+    x, w, b, dy = (a.astype(np.float32) for a in _data(g, 3))
+    outs = []
+    for parts in (1, 4):
+        eng = LoweringEngine(1, workspace=Workspace())
+        eng.configure(g, np.float32)
+        with settings.override(partitions=parts):
+            eng.forward(x, w, b, np.empty_like(dy))
+            calls.clear()
+            y = np.full(dy.shape, np.nan, np.float32)
+            eng.forward(x, w, b, y)
+        assert calls.count("panel_conv_forward") == parts
+        outs.append(y)
+    want = ref.conv_forward(g, x.astype(np.float64), w.astype(np.float64), b.astype(np.float64))
+    assert_close(outs[0], want, "forward by panels", reference="float64 definition")
+    np.testing.assert_array_equal(outs[1], outs[0])
+
+
 def test_the_panel_forward_floor_counts_a_chunk_of_images(panels_chosen, monkeypatch):
     """``PANEL_MIN_FLOPS`` is per chunk of images: a layer whose single image's product is under it is measured
     where a chunk of several images is over it (MobileNet's conv1), not where its chunks hold one image."""

@@ -410,3 +410,11 @@ def test_panel_conv_forward_is_the_convolution(kernels, geometry):
     assert not kernels.panel_conv_forward(x, w.reshape(o, -1)[:, 1:], bias, y, lowered)  # not c*kh*kw columns
     with pytest.raises(ValueError):
         kernels.panel_conv_forward(x, w.reshape(o, -1), bias, y[:, 1:].copy(), lowered)
+    cells = y[0, 0].size  # a range of each image's output cells: those written, the others left
+    part = np.full_like(y, np.nan).reshape(n, o, cells)
+    assert kernels.panel_conv_forward(x, w.reshape(o, -1), bias, part, lowered, 3, cells - 2)
+    np.testing.assert_array_equal(part[..., 3:cells - 2], y.reshape(n, o, cells)[..., 3:cells - 2])
+    assert np.isnan(part[..., :3]).all() and np.isnan(part[..., cells - 2:]).all()
+    for first, last in ((-1, 4), (5, 4), (0, cells + 1)):
+        with pytest.raises(ValueError):
+            kernels.panel_conv_forward(x, w.reshape(o, -1), bias, part, lowered, first, last)
