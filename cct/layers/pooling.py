@@ -812,7 +812,7 @@ class Pooling(Layer):
     def _ranges(self, x: Blob) -> list[tuple[int, int]]:
         planes = x.shape[0] * x.shape[1]
         assert self.pooler is not None
-        if self.method == STOCHASTIC or not isinstance(x.data, np.ndarray):
+        if self.method == STOCHASTIC or x.xp is not np:
             ranges = [(0, planes)]
         else:
             work = math.prod(x.shape[2:]) * (1 + len(self.pooler._offsets()))
