@@ -275,7 +275,7 @@ class Pooler:
         elif self.method == AVE:
             compiled = self._compiled(x, y)
             if compiled is not None:
-                compiled.ave_pool_forward(self._geometry(x), x, y, self._pool_size(np, y.dtype)[0])
+                compiled.ave_pool_forward(self._geometry(x), x, self._pool_size(np, y.dtype)[0], y)
                 return
             buf = self._padded(x, 0.0)
             for j, (sl, _, _) in enumerate(self._offsets(xp)):

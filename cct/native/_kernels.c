@@ -1636,116 +1636,71 @@ static PyObject *max_pool_backward(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyObject *ave_pool_forward(PyObject *self, PyObject *args) {
-    (void)self;
-    PyObject *geometry, *ox, *oy, *osize;
+/* AVE pooling, forward (src x, table the windows' sizes, dst y) or backward (src dy, table their inverses, dst dx,
+ * added with accumulate): global pooling's one window per plane by its own loops, other windows by the scan
+ * (forward, small planes grouped) or the padded plane (backward). */
+static PyObject *ave_pool(PyObject *args, int backward) {
+    PyObject *geometry, *osrc, *otable, *odst;
+    int accumulate = 0, whole;
     pool_geometry g;
+    pool_scan sc = {.phase = NULL};
+    ave_plan plan = {.delta = NULL};
     buffers b = {.held = 0};
-    void *x, *y, *size;
-    if (!PyArg_ParseTuple(args, "OOOO", &geometry, &ox, &oy, &osize)) return NULL;
-    if (parse_geometry(geometry, &g) < 0) return NULL;
-    Py_ssize_t item = item_size(ox), size_rows = g.out_rows, size_cells = g.out_plane;
+    void *src, *table, *dst;
+    char *work = NULL;
+    if (!PyArg_ParseTuple(args, backward ? "OOOOp" : "OOOO", &geometry, &osrc, &otable, &odst, &accumulate) ||
+        parse_geometry(geometry, &g) < 0)
+        return NULL;
+    const Py_ssize_t item = item_size(osrc), table_rows = g.out_rows, table_cells = g.out_plane;
     if (item < 0) return NULL;
-    int whole;
     Py_ssize_t *cell = whole_plane_cells(&g, &whole);
     if (whole && !cell) return NULL;
-    if (!whole) group_planes(&g);
-    if (take(&b, ox, 0, item, g.planes * g.in_plane, "x", &x, 0) < 0 ||
-        take(&b, oy, 1, item, g.planes * g.out_plane, "y", &y, 0) < 0 ||
-        take(&b, osize, 0, item, size_cells, "size", &size, 0) < 0) {
-        free(cell);
-        release(&b);
-        return NULL;
+    if (!whole && !backward) group_planes(&g);
+    const Py_ssize_t ins = g.planes * g.in_plane, outs = g.planes * g.out_plane;
+    if (take(&b, osrc, 0, item, backward ? outs : ins, backward ? "dy" : "x", &src, 0) < 0 ||
+        take(&b, otable, 0, item, table_cells, backward ? "inv" : "size", &table, 0) < 0 ||
+        take(&b, odst, 1, item, backward ? ins : outs, backward ? "dx" : "y", &dst, 0) < 0)
+        goto out;
+    if (!whole) {  /* forward: phase rows, then the wide grid's sums; backward: the padded plane, then gradients */
+        if ((backward ? ave_plan_setup(&g, &plan) : scan_setup(&g, &sc)) < 0 ||
+            !(work = malloc((backward ? plan.cells + g.out_plane : sc.phases * sc.block + sc.wide) * item))) {
+            PyErr_NoMemory();
+            goto out;
+        }
     }
-    if (whole) {
-        Py_BEGIN_ALLOW_THREADS
-        if (item == 4)
-            ave_whole_f32(&g, cell, x, y, *(float *)size);
-        else
-            ave_whole_f64(&g, cell, x, y, *(double *)size);
-        Py_END_ALLOW_THREADS
-        free(cell);
-        release(&b);
-        Py_RETURN_NONE;
-    }
-    pool_scan sc;
-    if (scan_setup(&g, &sc) < 0) {
-        release(&b);
-        return PyErr_NoMemory();
-    }
-    char *work = malloc((sc.phases * sc.block + sc.wide) * item);  /* phase rows, sums */
-    if (!work) {
-        free(sc.phase);
-        release(&b);
-        return PyErr_NoMemory();
-    }
-    void *sum = work + sc.phases * sc.block * item;
+    void *second = work ? work + (backward ? plan.cells : sc.phases * sc.block) * item : NULL;
     Py_BEGIN_ALLOW_THREADS
-    if (item == 4)
-        ave_forward_f32(&g, &sc, x, y, size, size_rows, (float *)work, sum);
+    if (whole && !backward)
+        item == 4 ? ave_whole_f32(&g, cell, src, dst, *(float *)table)
+                  : ave_whole_f64(&g, cell, src, dst, *(double *)table);
+    else if (whole)
+        item == 4 ? ave_whole_backward_f32(&g, cell, src, *(float *)table, dst, accumulate)
+                  : ave_whole_backward_f64(&g, cell, src, *(double *)table, dst, accumulate);
+    else if (!backward)
+        item == 4 ? ave_forward_f32(&g, &sc, src, dst, table, table_rows, (float *)work, second)
+                  : ave_forward_f64(&g, &sc, src, dst, table, table_rows, (double *)work, second);
     else
-        ave_forward_f64(&g, &sc, x, y, size, size_rows, (double *)work, sum);
+        item == 4 ? ave_backward_f32(&g, &plan, src, table, dst, accumulate, (float *)work, second)
+                  : ave_backward_f64(&g, &plan, src, table, dst, accumulate, (double *)work, second);
     Py_END_ALLOW_THREADS
+out:
     free(work);
+    free(cell);
     free(sc.phase);
+    free(plan.delta);
     release(&b);
+    if (PyErr_Occurred()) return NULL;
     Py_RETURN_NONE;
+}
+
+static PyObject *ave_pool_forward(PyObject *self, PyObject *args) {
+    (void)self;
+    return ave_pool(args, 0);
 }
 
 static PyObject *ave_pool_backward(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *geometry, *ody, *oinv, *odx;
-    int accumulate;
-    pool_geometry g;
-    buffers b = {.held = 0};
-    void *dy, *inv, *dx;
-    if (!PyArg_ParseTuple(args, "OOOOp", &geometry, &ody, &oinv, &odx, &accumulate)) return NULL;
-    if (parse_geometry(geometry, &g) < 0) return NULL;
-    Py_ssize_t item = item_size(ody);
-    if (item < 0) return NULL;
-    int whole;
-    Py_ssize_t *cell = whole_plane_cells(&g, &whole);
-    if (whole && !cell) return NULL;
-    if (take(&b, ody, 0, item, g.planes * g.out_plane, "dy", &dy, 0) < 0 ||
-        take(&b, oinv, 0, item, g.out_plane, "inv", &inv, 0) < 0 ||
-        take(&b, odx, 1, item, g.planes * g.in_plane, "dx", &dx, 0) < 0) {
-        free(cell);
-        release(&b);
-        return NULL;
-    }
-    if (whole) {
-        Py_BEGIN_ALLOW_THREADS
-        if (item == 4)
-            ave_whole_backward_f32(&g, cell, dy, *(float *)inv, dx, accumulate);
-        else
-            ave_whole_backward_f64(&g, cell, dy, *(double *)inv, dx, accumulate);
-        Py_END_ALLOW_THREADS
-        free(cell);
-        release(&b);
-        Py_RETURN_NONE;
-    }
-    ave_plan plan;
-    if (ave_plan_setup(&g, &plan) < 0) {
-        release(&b);
-        return PyErr_NoMemory();
-    }
-    char *work = malloc((plan.cells + g.out_plane) * item);  /* padded plane, one plane's window gradients */
-    if (!work) {
-        free(plan.delta);
-        release(&b);
-        return PyErr_NoMemory();
-    }
-    void *grad = work + plan.cells * item;
-    Py_BEGIN_ALLOW_THREADS
-    if (item == 4)
-        ave_backward_f32(&g, &plan, dy, inv, dx, accumulate, (float *)work, grad);
-    else
-        ave_backward_f64(&g, &plan, dy, inv, dx, accumulate, (double *)work, grad);
-    Py_END_ALLOW_THREADS
-    free(work);
-    free(plan.delta);
-    release(&b);
-    Py_RETURN_NONE;
+    return ave_pool(args, 1);
 }
 
 static PyObject *lrn_forward(PyObject *self, PyObject *args) {
@@ -2983,7 +2938,7 @@ static PyMethodDef methods[] = {
      "max_pool_backward(geometry, dy, ymax, winners, delta, dx, accumulate, positive): route each window's "
      "gradient to its winner"},
     {"ave_pool_forward", ave_pool_forward, METH_VARARGS,
-     "ave_pool_forward(geometry, x, y, size): N-D AVE pooling of C-contiguous planes, each window's sum divided by "
+     "ave_pool_forward(geometry, x, size, y): N-D AVE pooling of C-contiguous planes, each window's sum divided by "
      "size (one plane's outputs)"},
     {"ave_pool_backward", ave_pool_backward, METH_VARARGS,
      "ave_pool_backward(geometry, dy, inv, dx, accumulate): its gradient, dy * inv (one plane's outputs) added at "

@@ -643,15 +643,9 @@ def _compare_bodies(monkeypatch, lead, in_shape, kernel, stride, pad, dilation, 
     flat = x.reshape(-1)
     for value in (np.nan, -np.inf, -FLT_MAX):
         flat[rng.choice(flat.size, 7, replace=False)] = value
-    results = []
-    for compiled in (True, False):
-        if not compiled:
-            monkeypatch.setenv("CCT_NATIVE", "0")
-        pl = Pooler(pb.PoolingParameter.MAX, in_shape, kernel, stride, pad, ceil, dilation=dilation)
-        assert (pl._compiled(x) is not None) == compiled
-        y = np.empty(lead + pl.out_shape, dtype)
+
+    def run(pl, y, dy):
         mask = np.empty_like(y)
-        dy = rng.standard_normal(y.shape).astype(dtype) if not results else results[0][-1]
         pl.forward(x, y, mask=mask)
         winners = pl._buffers["winners"].copy()
         dx = np.empty_like(x)
@@ -663,7 +657,25 @@ def _compare_bodies(monkeypatch, lead, in_shape, kernel, stride, pad, dilation, 
         pl.forward(x, y, train=False)  # winners found again in backward
         dx_test = np.empty_like(x)
         pl.backward(dy, dx_test, x)
-        results.append((y.copy(), mask, winners, dx, dx_sum, dx_positive, dx_test, dy))
+        return y.copy(), mask, winners, dx, dx_sum, dx_positive, dx_test
+    _same_bits_in_both_bodies(monkeypatch, pb.PoolingParameter.MAX, x, lead, (in_shape, kernel, stride, pad, ceil),
+                              dilation, run)
+
+
+def _same_bits_in_both_bodies(monkeypatch, method, x, lead, window, dilation, run):
+    """``run(pooler, y, dy)``'s arrays from the compiled kernels and from the numpy body (``CCT_NATIVE=0``), on the
+    same ``x`` and ``dy``: the same bits."""
+    results, dy = [], None
+    for compiled in (True, False):
+        if not compiled:
+            monkeypatch.setenv("CCT_NATIVE", "0")
+        pl = Pooler(method, *window, dilation=dilation)
+        assert (pl._compiled(x) is not None) == compiled
+        y = np.empty(lead + pl.out_shape, x.dtype)
+        if dy is None:
+            dy = np.random.default_rng(7).standard_normal(y.shape).astype(x.dtype)
+            dy.reshape(-1)[:2] = (-0.0, np.nan)
+        results.append(run(pl, y, dy))
     for a, b in zip(*results):
         np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
 
@@ -695,23 +707,17 @@ def test_compiled_ave_pooling_is_bitwise_the_numpy_body(monkeypatch, lead, in_sh
     flat = x.reshape(-1)
     for value in (np.nan, np.inf, -0.0):
         flat[rng.choice(flat.size, 3, replace=False)] = value
-    results = []
-    for compiled in (True, False):
-        if not compiled:
-            monkeypatch.setenv("CCT_NATIVE", "0")
-        pl = Pooler(pb.PoolingParameter.AVE, in_shape, kernel, stride, pad, ceil, dilation=dilation)
-        assert (pl._compiled(x) is not None) == compiled
-        y = np.empty(lead + pl.out_shape, dtype)
+
+    def run(pl, y, dy):
         pl.forward(x, y, train=False)
-        dy = rng.standard_normal(y.shape).astype(dtype) if not results else results[0][-1]
-        dy.reshape(-1)[:2] = (-0.0, np.nan)
         dx = np.empty_like(x)
         pl.backward(dy, dx)
         dx_sum = x.copy()
         pl.backward(dy, dx_sum, accumulate=True)
-        results.append((y, dx, dx_sum, dy))
-    for a, b in zip(*results):
-        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+        return y, dx, dx_sum
+    _same_bits_in_both_bodies(monkeypatch, pb.PoolingParameter.AVE, x, lead, (in_shape, kernel, stride, pad, ceil),
+                              dilation, run)
+
 
 def test_a_device_array_is_pooled_in_one_chunk(monkeypatch):
     """A device array (an array module other than numpy) is walked whole, not in the host's cache-sized chunks

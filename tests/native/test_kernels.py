@@ -88,6 +88,16 @@ def test_arguments_are_checked_before_any_memory_is_touched(kernels):
         kernels.max_pool_forward((1, 2, 4, 4, 2, 2, 2, 2, 0, 2, 0, 0, 1, 1), x, y, None, None, codes)
     with pytest.raises(ValueError, match="contiguous"):
         kernels.max_pool_forward(good, x, np.zeros((1, 1, 2, 4), np.float32)[..., ::2], None, None, codes)
+    size = np.full(4, 4, np.float32)
+    kernels.ave_pool_forward(good, x, size, y)
+    kernels.ave_pool_backward(good, y, 1 / size, x, False)
+    with pytest.raises(ValueError, match="^size:"):
+        kernels.ave_pool_forward(good, x, size[:3], y)
+    with pytest.raises(ValueError, match="^dx:"):
+        kernels.ave_pool_backward(good, y, 1 / size, x[..., :3].copy(), True)
+    with pytest.raises(ValueError, match="^y:"):  # global pooling's own loops check the same
+        kernels.ave_pool_forward((2, 2, 4, 4, 1, 1, 4, 4, 1, 1, 0, 0, 1, 1), np.zeros(32, np.float32), size[:1],
+                                 np.zeros(1, np.float32))
     col = np.zeros((1, 2, 2, 1, 3, 3), np.float32)
     lowering = (1, 1, 4, 4, 2, 2, 1, 1, 0, 0, 1, 1, 3, 3)
     kernels.lowering(x, col, lowering, False, False)
