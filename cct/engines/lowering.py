@@ -75,7 +75,14 @@ from cct.device import chunk_bytes, get_array_module
 from cct.engines.base import ConvEngine, ConvGeometry, Estimate
 from cct.engines.cost_model import DEFAULT_RATES, layer_costs, pass_seconds
 from cct.engines.gemm import accumulates_in_place, gemm_threads, matmul_accumulate
-from cct.runtime.partition import batch_ranges, in_partition, partitions_for_flops, run_batch, run_partitions
+from cct.runtime.partition import (
+    batch_ranges,
+    in_partition,
+    partitions_for,
+    partitions_for_flops,
+    run_batch,
+    run_partitions,
+)
 from cct.runtime.threads import cpu_cores
 
 _DEFAULT_MAX_MB = 32.0
@@ -635,7 +642,7 @@ class LoweringEngine(ConvEngine):
                 out = self._view(ws, "col", self._lowered_shape(n, True), x)
             compiled = native.kernels()
             if compiled is not None and nd == 2 and native.takes(x, out):
-                compiled.lowering(x, out, self._lowering_geometry(n), False, True)
+                self._compiled_lowering(compiled, x, out, True)
                 return out
             src = self._images_last(ws, x)
             st = src.strides
@@ -651,7 +658,7 @@ class LoweringEngine(ConvEngine):
             return out
         compiled = native.kernels()
         if compiled is not None and nd == 2 and native.takes(x, out):
-            compiled.lowering(x, out, self._lowering_geometry(n), False, False)
+            self._compiled_lowering(compiled, x, out, False)
             return out
         src = self._padded_input(ws, x)
         nl = nd - f
@@ -666,6 +673,19 @@ class LoweringEngine(ConvEngine):
         order = (1,) + tuple(range(2 + nd, 2 + nd + nl)) + (0,) + tuple(range(2, 2 + nd))
         xp.copyto(out, window.transpose(order))
         return out
+
+    def _compiled_lowering(self, compiled: Any, x: Any, out: Any, last: bool) -> None:
+        """The compiled im2col of ``x`` into ``out`` (images first, or ``last``); one image outside the batch
+        partitions (inference of one image: the batch has one partition) has its channels lowered over the cores,
+        each range of channels into its own rows of ``out`` (the same copies)."""
+        n, channels = x.shape[:2]
+        geometry = self._lowering_geometry(n)
+        parts = 1 if n != 1 or in_partition() else partitions_for(channels, out.size / max(channels, 1))
+        if parts <= 1:
+            compiled.lowering(x, out, geometry, False, last)
+            return
+        run_partitions(batch_ranges(channels, parts), lambda _p, c0, c1: compiled.lowering(
+            x[:, c0:c1], out[c0:c1], (n, c1 - c0) + geometry[2:], False, last))
 
     def _lowered_shape(self, n: int, images_last: bool | None = None) -> tuple[int, ...]:
         """The shape of :meth:`_lower`'s ``col`` for ``n`` images (``images_last`` overrides the layout's)."""

@@ -256,6 +256,34 @@ def test_type1_images_by_the_compiled_panel_gemm(panels_chosen, g):
     assert not any(kind == "panel_gemm" and not key.startswith("panel-wgrad-") for kind, key in asked)
 
 
+@pytest.mark.parametrize("strategy, in_shape", [(1, (47, 45)), (2, (47, 45)), (1, (13, 11))],
+                         ids=["type1", "type2", "images-last"])
+def test_one_image_is_lowered_over_the_partitions_by_its_channels(monkeypatch, strategy, in_shape):
+    """A batch of one image (one batch partition) has its lowering split by ranges of channels over the partitions,
+    each range into its own rows of the lowered matrix: the same matrix, and the layer's results, as one call."""
+    from cct import native
+
+    if native.kernels() is None:
+        pytest.skip("the split is the compiled lowering's")
+    calls = []
+    monkeypatch.setattr(native, "kernels", lambda: _Spy(native._built, calls))
+    g = ConvGeometry(1, 7, 6, 1, in_shape, (3, 3), (2, 1), (1, 1), (1, 1))  # 24 x 45 cells: images first; 7 x 11 last
+    x, w, b, dy = _data(g, 4)
+    outs = []
+    for parts in (1, 3):
+        eng = LoweringEngine(strategy, workspace=Workspace())
+        eng.configure(g, np.float64)
+        with settings.override(partitions=parts):
+            calls.clear()
+            col = eng._lower(eng.workspace.part(0), x).copy()
+            assert calls.count("lowering") == parts
+            y = np.empty_like(dy)
+            eng.forward(x, w, b, y)
+        outs.append((col, y))
+    for a, b_ in zip(*outs):
+        np.testing.assert_array_equal(a, b_)
+
+
 def test_one_image_runs_the_panels_over_its_output_cells_on_every_partition(panels_chosen):
     """A batch of one image (inference) has one batch partition: its panel forward splits the image's output cells
     over the partitions instead (runs of whole tiles, one ``panel_conv_forward`` call each), with the bits of one
