@@ -75,14 +75,7 @@ from cct.device import chunk_bytes, get_array_module
 from cct.engines.base import ConvEngine, ConvGeometry, Estimate
 from cct.engines.cost_model import DEFAULT_RATES, layer_costs, pass_seconds
 from cct.engines.gemm import accumulates_in_place, gemm_threads, matmul_accumulate
-from cct.runtime.partition import (
-    batch_ranges,
-    in_partition,
-    partitions_for,
-    partitions_for_flops,
-    run_batch,
-    run_partitions,
-)
+from cct.runtime.partition import batch_ranges, in_partition, partitions_for_flops, run_batch, run_partitions
 from cct.runtime.threads import cpu_cores
 
 _DEFAULT_MAX_MB = 32.0
@@ -120,8 +113,6 @@ PANEL_MIN_FLOPS = 5e7
 # a measured choice between BLAS and the compiled panel GEMM times this many products a run: one (a few ms) is
 # within the shared machine's noise of a 10% difference
 PANEL_MEASURE_PRODUCTS = 8
-# the compiled panel GEMM's tile width (output cells): a split of an image's cells runs whole tiles
-PANEL_COLS = 32
 # forward keeps its lowered matrix for backward's weight gradient when the whole batch's is at most this big
 # (small layers, where lowering costs as much as the GEMMs), no smaller than the input it keeps a copy of (a
 # strided 1x1 kernel lowers a quarter of its input: ResNet-50's res4a_branch2a, 10 images, forward 2.1 ms
@@ -680,12 +671,11 @@ class LoweringEngine(ConvEngine):
         each range of channels into its own rows of ``out`` (the same copies)."""
         n, channels = x.shape[:2]
         geometry = self._lowering_geometry(n)
-        parts = 1 if n != 1 or in_partition() else partitions_for(channels, out.size / max(channels, 1))
-        if parts <= 1:
+        if n != 1 or in_partition():  # (a chunk of a partition: lowered as it is, no split asked for)
             compiled.lowering(x, out, geometry, False, last)
             return
-        run_partitions(batch_ranges(channels, parts), lambda _p, c0, c1: compiled.lowering(
-            x[:, c0:c1], out[c0:c1], (n, c1 - c0) + geometry[2:], False, last))
+        run_batch(channels, lambda _p, c0, c1: compiled.lowering(
+            x[:, c0:c1], out[c0:c1], (n, c1 - c0) + geometry[2:], False, last), work=out.size / max(channels, 1))
 
     def _lowered_shape(self, n: int, images_last: bool | None = None) -> tuple[int, ...]:
         """The shape of :meth:`_lower`'s ``col`` for ``n`` images (``images_last`` overrides the layout's)."""
@@ -924,22 +914,16 @@ class LoweringEngine(ConvEngine):
         """``compiled.panel_conv_forward`` on a chunk's images; outside the batch partitions (a batch of fewer
         images than partitions would need: inference of one image) each image's output cells split over the cores
         in runs of whole tiles (each cell the same sum whichever run it is in).  False where the kernel declined."""
-        geometry = self._lowering_geometry(x.shape[0])
-        cols = self._lay().cols
-        tiles = -(-cols // PANEL_COLS)
-        parts = 1 if in_partition() else partitions_for_flops(tiles, 2.0 * w.size * PANEL_COLS * x.shape[0])
-        if parts <= 1:
+        geometry, cols, width = self._lowering_geometry(x.shape[0]), self._lay().cols, compiled.PANEL_COLS
+        if in_partition():  # a chunk of a partition: one call, no split asked for
             return bool(compiled.panel_conv_forward(x, w, b, y, geometry))
-        ranges = [(t0 * PANEL_COLS, min(t1 * PANEL_COLS, cols)) for t0, t1 in batch_ranges(tiles, parts)]
-        done = [False] * len(ranges)
-
-        def run(part: int, first: int, last: int) -> None:
-            done[part] = bool(compiled.panel_conv_forward(x, w, b, y, geometry, first, last))
-        run_partitions(ranges, run)
-        if all(done):
-            return True
-        assert not any(done), "the panel kernel declines a layer whole"
-        return False
+        tiles = -(-cols // width)
+        done: list[bool] = []
+        run_batch(tiles, lambda _p, t0, t1: done.append(bool(compiled.panel_conv_forward(
+            x, w, b, y, geometry, t0 * width, min(t1 * width, cols)))),
+            parts=partitions_for_flops(tiles, 2.0 * w.size * width * x.shape[0]))
+        assert all(done) or not any(done), "the panel kernel declines a layer whole"
+        return all(done)
 
     def _direct_forward(self, y: Any) -> bool:
         """Whether forward runs one GEMM per image (and group) straight into ``y``: type 1 with big images."""

@@ -3015,7 +3015,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels", NULL, -1,
 
 /* The version of the functions' arguments and meaning: cct.native ignores a module of another version (a copy
  * left in a checkout by an older build). */
-#define CCT_KERNELS_API 18
+#define CCT_KERNELS_API 19
 /* The digest of this source (setup.py defines it): the machine's measured speeds of the kernels are kept per source */
 #ifndef CCT_KERNELS_SOURCE
 #define CCT_KERNELS_SOURCE "unknown"
@@ -3024,7 +3024,11 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels", NULL, -1,
 PyMODINIT_FUNC PyInit__kernels(void) {
     PyObject *m = PyModule_Create(&module);
     if (m && (PyModule_AddIntConstant(m, "API_VERSION", CCT_KERNELS_API) < 0 ||
-              PyModule_AddStringConstant(m, "SOURCE", CCT_KERNELS_SOURCE) < 0)) {
+              PyModule_AddStringConstant(m, "SOURCE", CCT_KERNELS_SOURCE) < 0
+#ifdef HAVE_PANEL_GEMM
+              || PyModule_AddIntConstant(m, "PANEL_COLS", PANEL_COLS) < 0  /* the tiles' width in output cells */
+#endif
+              )) {
         Py_DECREF(m);
         return NULL;
     }
