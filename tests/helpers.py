@@ -1,6 +1,8 @@
 """Helpers shared by test modules."""
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from cct.config import settings
@@ -51,6 +53,32 @@ def select_body(request, monkeypatch) -> str:
     elif native.kernels() is None:
         pytest.skip("compiled kernels not built (no C compiler at install)")
     return request.param
+
+
+def compiled_vector_widths() -> list[int]:
+    """The register widths in bytes (16, 32, 64) at which this machine runs the compiled kernels built once per
+    width — each up to its widest — or [] where the kernels were not built."""
+    from cct import native
+
+    compiled = native.kernels()
+    if compiled is None:
+        return []
+    previous = compiled.vector_width(0)
+    widest = compiled.vector_width(previous)
+    return [w for w in (16, 32, 64) if w <= widest]
+
+
+@contextlib.contextmanager
+def at_vector_width(width: int):
+    """The compiled kernels built once per register width run at ``width`` bytes inside the block."""
+    from cct import native
+
+    compiled = native.kernels()
+    previous = compiled.vector_width(width)
+    try:
+        yield
+    finally:
+        compiled.vector_width(previous)
 
 
 def run_batch_in_one_range(n: int, body, work: float = 0.0) -> int:

@@ -24,9 +24,43 @@
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(_M_X64)) && defined(__linux__)
 /* one build, each machine's widest vectors: the loader picks the clone at run time */
 #define CCT_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+/* Kernels written with GCC's vector extension at a fixed width are built once per register width instead
+ * (CCT_BY_WIDTH below): a vector wider than the target's registers is split for arithmetic but compared,
+ * selected and shuffled lane by lane in scalar code (a 16-float max-pooling scan ran 2-4x slower than numpy on
+ * an AVX2 machine). */
+#define CCT_TARGET_512 __attribute__((target("avx512f")))
+#define CCT_TARGET_256 __attribute__((target("avx2")))
+static int widest_vector_bytes(void) {
+    return __builtin_cpu_supports("avx512f") ? 64 : __builtin_cpu_supports("avx2") ? 32 : 16;
+}
 #else
 #define CCT_CLONES
+#define CCT_TARGET_512
+#define CCT_TARGET_256
+static int widest_vector_bytes(void) { return 16; }
 #endif
+/* the width the CCT_BY_WIDTH kernels run at: the machine's widest, or a narrower one set by vector_width() */
+static int vector_bytes_set = 0;
+static int vector_bytes(void) {
+    if (!vector_bytes_set) vector_bytes_set = widest_vector_bytes();
+    return vector_bytes_set;
+}
+
+/* DEFINE(NAME##_512, T, BYTES = 64, TARGET), the same at 32 and 16 bytes, and NAME with the parameters ARGS(T)
+ * calling the one of this machine's register width (vector_bytes()) with CALL, the arguments' names */
+#define CCT_BY_WIDTH(DEFINE, NAME, T, ARGS, CALL)                                                           \
+    DEFINE(NAME##_512, T, 64, CCT_TARGET_512)                                                                \
+    DEFINE(NAME##_256, T, 32, CCT_TARGET_256)                                                                \
+    DEFINE(NAME##_128, T, 16, )                                                                              \
+    static void NAME ARGS(T) {                                                                               \
+        const int bytes = vector_bytes();                                                                    \
+        if (bytes == 64)                                                                                     \
+            NAME##_512 CALL;                                                                                 \
+        else if (bytes == 32)                                                                                \
+            NAME##_256 CALL;                                                                                 \
+        else                                                                                                 \
+            NAME##_128 CALL;                                                                                 \
+    }
 
 /* short row copies as inline loops, not memcpy/memmove calls (GCC turns copy loops into library calls, which
  * cost more than the copy for the rows of a small plane) */
@@ -53,7 +87,7 @@ typedef struct {
  * lie at one fixed shift of one phase, sw apart: wide position q reads phase[t][sw·q + shift[t]].  Each offset
  * is then one long pass over the wide grid (positions past an axis's outputs read neighbouring cells and are
  * dropped), which vectorizes; the wide grid is cut to the output at the end. */
-#define SCAN_BLOCK 16  /* the scan's vector lanes (float32; float64 uses 8) */
+#define SCAN_BLOCK 16  /* the scan's widest vector lanes (float32 in 64 bytes): the wide grid is a multiple */
 
 typedef struct {
     Py_ssize_t pe[POOL_MAX_AXES];        /* phase extent per axis */
@@ -174,15 +208,16 @@ static inline void copy_row(void *restrict to, const void *restrict from, Py_ssi
         for (Py_ssize_t r = 0; r < g->rows; r++) copy_row(buf + s->row_at[r], x + r * w, w * sizeof(T));  \
     }
 
-/* One vector v of a kernel offset's cells for LANES wide positions from `cell`, sw apart (lo, hi: scratch) */
-#define SCAN_LOAD(v, lo, hi, cell, sw, LANES)                                                                \
+/* One vector v of a kernel offset's cells for LANES wide positions from `cell`, sw apart (lo, hi: scratch; EVEN:
+ * the vector's even-lanes shuffle) */
+#define SCAN_LOAD(v, lo, hi, cell, sw, LANES, EVEN)                                                              \
     do {                                                                                                     \
         if ((sw) == 1) {                                                                                     \
             memcpy(&(v), (cell), sizeof(v));                                                                 \
-        } else if ((sw) == 2) {                                                                              \
+        } else if (HAVE_SHUFFLEVECTOR && (sw) == 2) {                                                        \
             memcpy(&(lo), (cell), sizeof(lo));                                                               \
             memcpy(&(hi), (cell) + LANES, sizeof(hi));                                                       \
-            (v) = EVEN_LANES_##LANES(lo, hi);                                                                \
+            (v) = EVEN(lo, hi);                                                                              \
         } else {                                                                                             \
             for (int l_ = 0; l_ < LANES; l_++) (v)[l_] = (cell)[(sw) * l_];                                  \
         }                                                                                                    \
@@ -191,21 +226,23 @@ static inline void copy_row(void *restrict to, const void *restrict from, Py_ssi
 /* The scan one vector of wide positions at a time, its maxima and codes held in registers over the kernel
  * offsets (GCC/clang vector extensions; the clones widen them to each machine's registers).  The wide grid
  * is padded to whole vectors and each phase's block has room for the last vector's reads. */
-#define DEFINE_SCAN(NAME, T, IT, LANES)                                                                      \
-    typedef T NAME##_vec __attribute__((vector_size(LANES * sizeof(T))));                                    \
-    typedef IT NAME##_ivec __attribute__((vector_size(LANES * sizeof(T))));                                  \
+#define DEFINE_SCAN(NAME, T, BYTES, TARGET)                                                                  \
+    typedef T NAME##_vec __attribute__((vector_size(BYTES)));                                                \
+    typedef SAME_SIZE_INT_##T NAME##_ivec __attribute__((vector_size(BYTES)));                               \
     /* best[q] = max over the offsets (and -FLT_MAX) and, with code, the winning offset's code (0: none) */  \
-    CCT_CLONES static void NAME(const pool_geometry *g, const pool_scan *s, const T *buf, T *best,           \
-                                uint8_t *code, const uint8_t *codes) {                                       \
+    TARGET static void NAME(const pool_geometry *g, const pool_scan *s, const T *buf, T *best, uint8_t *code, \
+                            const uint8_t *codes) {                                                          \
+        enum { LANES = BYTES / sizeof(T) };                                                                  \
         const Py_ssize_t n = s->wide, sw = g->stride[g->nd - 1];                                             \
         for (Py_ssize_t q0 = 0; q0 < n; q0 += LANES) {                                                       \
             NAME##_vec b, v = {0}, lo, hi;                                                                   \
             NAME##_ivec cd = {0}, gt;                                                                        \
             for (int l = 0; l < LANES; l++) b[l] = (T)-FLT_MAX;                                              \
             for (Py_ssize_t t = 0; t < s->k; t++) {                                                          \
-                SCAN_LOAD(v, lo, hi, buf + s->phase[t] * s->block + s->shift[t] + sw * q0, sw, LANES);       \
+                SCAN_LOAD(v, lo, hi, buf + s->phase[t] * s->block + s->shift[t] + sw * q0, sw, LANES,    \
+                          EVEN_##T##_##BYTES);                                                           \
                 gt = v > b;                                                                                  \
-                if (code) cd = (cd & ~gt) | ((IT)codes[t] & gt);                                             \
+                if (code) cd = (cd & ~gt) | ((SAME_SIZE_INT_##T)codes[t] & gt);                             \
                 b = (NAME##_vec)(((NAME##_ivec)b & ~gt) | ((NAME##_ivec)v & gt));                            \
             }                                                                                                \
             memcpy(best + q0, &b, sizeof b);                                                                 \
@@ -214,22 +251,37 @@ static inline void copy_row(void *restrict to, const void *restrict from, Py_ssi
         }                                                                                                    \
     }
 
+typedef int32_t SAME_SIZE_INT_float;
+typedef int64_t SAME_SIZE_INT_double;
+
+/* the even lanes of (a, b) — EVEN_<T>_<BYTES>: a vector of T in BYTES — in one shuffle where the compiler has
+ * __builtin_shufflevector (GCC 12, clang); without it stride 2 takes the scan's gather loop */
 #if defined(__clang__) || __GNUC__ >= 12
-#define EVEN_LANES_16(a, b) \
-    __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)
+#define HAVE_SHUFFLEVECTOR 1
+#define EVEN_LANES_16(a, b) __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)
 #define EVEN_LANES_8(a, b) __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14)
-#else /* older GCC: the same selection by an index vector */
-typedef int32_t even_index_16 __attribute__((vector_size(64)));
-typedef int64_t even_index_8 __attribute__((vector_size(64)));
-#define EVEN_LANES_16(a, b) \
-    __builtin_shuffle(a, b, (even_index_16){0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30})
-#define EVEN_LANES_8(a, b) __builtin_shuffle(a, b, (even_index_8){0, 2, 4, 6, 8, 10, 12, 14})
+#define EVEN_LANES_4(a, b) __builtin_shufflevector(a, b, 0, 2, 4, 6)
+#define EVEN_LANES_2(a, b) __builtin_shufflevector(a, b, 0, 2)
+#else
+#define HAVE_SHUFFLEVECTOR 0
+#define EVEN_LANES_16(a, b) (a)
+#define EVEN_LANES_8(a, b) (a)
+#define EVEN_LANES_4(a, b) (a)
+#define EVEN_LANES_2(a, b) (a)
 #endif
+#define EVEN_float_64 EVEN_LANES_16
+#define EVEN_float_32 EVEN_LANES_8
+#define EVEN_float_16 EVEN_LANES_4
+#define EVEN_double_64 EVEN_LANES_8
+#define EVEN_double_32 EVEN_LANES_4
+#define EVEN_double_16 EVEN_LANES_2
 
 DEFINE_SPLIT(split_f32, float)
 DEFINE_SPLIT(split_f64, double)
-DEFINE_SCAN(scan_f32, float, int32_t, 16)
-DEFINE_SCAN(scan_f64, double, int64_t, 8)
+#define SCAN_ARGS(T) (const pool_geometry *g, const pool_scan *s, const T *buf, T *best, uint8_t *code, \
+                      const uint8_t *codes)
+CCT_BY_WIDTH(DEFINE_SCAN, scan_f32, float, SCAN_ARGS, (g, s, buf, best, code, codes))
+CCT_BY_WIDTH(DEFINE_SCAN, scan_f64, double, SCAN_ARGS, (g, s, buf, best, code, codes))
 
 #define DEFINE_CUT(NAME, T)                                                                                  \
     /* the wide grid cut to the output: maxima into ymax (and y), codes into win, row by row */             \
@@ -301,23 +353,27 @@ DEFINE_MAX_BACKWARD(max_backward_f64, double)
  * window's sum starts at the first kernel offset's cell and adds the others in row-major order (the numpy body's
  * additions), then is divided by the window's size (Caffe's divisor, padded cells counted: `size`, one plane's
  * outputs).  Planes grouped by group_planes() cover `size` once per plane of the group. */
-#define DEFINE_SUM_SCAN(NAME, T, LANES)                                                                      \
-    typedef T NAME##_vec __attribute__((vector_size(LANES * sizeof(T))));                                    \
-    CCT_CLONES static void NAME(const pool_geometry *g, const pool_scan *s, const T *buf, T *sum) {         \
+#define DEFINE_SUM_SCAN(NAME, T, BYTES, TARGET)                                                              \
+    typedef T NAME##_vec __attribute__((vector_size(BYTES)));                                                \
+    TARGET static void NAME(const pool_geometry *g, const pool_scan *s, const T *buf, T *sum) {              \
+        enum { LANES = BYTES / sizeof(T) };                                                                  \
         const Py_ssize_t n = s->wide, sw = g->stride[g->nd - 1];                                             \
         for (Py_ssize_t q0 = 0; q0 < n; q0 += LANES) {                                                       \
             NAME##_vec b = {0}, v = {0}, lo, hi;                                                             \
-            SCAN_LOAD(b, lo, hi, buf + s->phase[0] * s->block + s->shift[0] + sw * q0, sw, LANES);           \
+            SCAN_LOAD(b, lo, hi, buf + s->phase[0] * s->block + s->shift[0] + sw * q0, sw, LANES,        \
+                      EVEN_##T##_##BYTES);                                                               \
             for (Py_ssize_t t = 1; t < s->k; t++) {                                                          \
-                SCAN_LOAD(v, lo, hi, buf + s->phase[t] * s->block + s->shift[t] + sw * q0, sw, LANES);       \
+                SCAN_LOAD(v, lo, hi, buf + s->phase[t] * s->block + s->shift[t] + sw * q0, sw, LANES,    \
+                          EVEN_##T##_##BYTES);                                                           \
                 b += v;                                                                                      \
             }                                                                                                \
             memcpy(sum + q0, &b, sizeof b);                                                                  \
         }                                                                                                    \
     }
 
-DEFINE_SUM_SCAN(sum_scan_f32, float, 16)
-DEFINE_SUM_SCAN(sum_scan_f64, double, 8)
+#define SUM_SCAN_ARGS(T) (const pool_geometry *g, const pool_scan *s, const T *buf, T *sum)
+CCT_BY_WIDTH(DEFINE_SUM_SCAN, sum_scan_f32, float, SUM_SCAN_ARGS, (g, s, buf, sum))
+CCT_BY_WIDTH(DEFINE_SUM_SCAN, sum_scan_f64, double, SUM_SCAN_ARGS, (g, s, buf, sum))
 
 #define DEFINE_AVE_FORWARD(NAME, SPLIT, SUM, T)                                                              \
     /* size_rows: the output rows of one ungrouped plane (`size` has size_rows * ow values) */               \
@@ -2930,6 +2986,26 @@ out:
     return panel_done(done, &b, &v);
 }
 
+/* vector_width(bytes=0): the register width (16, 32 or 64 bytes) the width-specific kernels run at; with bytes,
+ * run them at that width from now on (0: the machine's widest) and return the previous one */
+static PyObject *vector_width(PyObject *self, PyObject *args) {
+    int bytes = 0;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "|i", &bytes)) return NULL;
+    const int widest = widest_vector_bytes(), previous = vector_bytes();
+    if (bytes != 0 && bytes != 16 && bytes != 32 && bytes != 64) {
+        PyErr_Format(PyExc_ValueError, "vector width %d bytes: expected 16, 32 or 64", bytes);
+        return NULL;
+    }
+    if (bytes > widest) {
+        PyErr_Format(PyExc_ValueError, "vector width %d bytes: this CPU's widest vectors are %d bytes", bytes, widest);
+        return NULL;
+    }
+    if (bytes) vector_bytes_set = bytes;
+    else if (PyTuple_GET_SIZE(args)) vector_bytes_set = widest;
+    return PyLong_FromLong(previous);
+}
+
 static PyMethodDef methods[] = {
     {"max_pool_forward", max_pool_forward, METH_VARARGS,
      "max_pool_forward(geometry, x, ymax, y, winners, codes): N-D MAX pooling of C-contiguous planes; y and "
@@ -2991,6 +3067,9 @@ static PyMethodDef methods[] = {
      "panel_weight_grad(x, dy, dw, geometry): dw (o, c*kh*kw) += the weight gradient of a 2-D convolution of one "
      "group (lowering() geometry, dilation 1 along the rows) over the images, by the panel GEMM's tiles on lowered "
      "panels made span by span; False (nothing done) where the CPU lacks AVX-512F or the arguments do not fit"},
+    {"vector_width", vector_width, METH_VARARGS,
+     "vector_width(bytes=0): the register width in bytes (16, 32, 64) the kernels built per width run at; with "
+     "bytes, that width from now on (0: the CPU's widest), returning the previous one"},
     {"sgd_update", sgd_update, METH_VARARGS,
      "sgd_update(w, g, h, normalize, norm, decay, l1, rate, momentum): Caffe's SGD step on w, g (the update "
      "left in it) and history h, in place"},
@@ -3015,7 +3094,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels", NULL, -1,
 
 /* The version of the functions' arguments and meaning: cct.native ignores a module of another version (a copy
  * left in a checkout by an older build). */
-#define CCT_KERNELS_API 19
+#define CCT_KERNELS_API 20
 /* The digest of this source (setup.py defines it): the machine's measured speeds of the kernels are kept per source */
 #ifndef CCT_KERNELS_SOURCE
 #define CCT_KERNELS_SOURCE "unknown"

@@ -1,6 +1,7 @@
 """Pooling against a loop transcription of Caffe's CPU semantics, including its quirks."""
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 
@@ -12,7 +13,7 @@ from cct.errors import CctError, ParamError
 from cct.gradient_check import check_gradient, setup_layer
 from cct.layers.pooling import Pooler, pooled_shape
 from cct.proto import caffe_pb2 as pb
-from tests.helpers import BODIES, select_body
+from tests.helpers import BODIES, at_vector_width, compiled_vector_widths, select_body
 
 FLT_MAX = float(np.finfo(np.float32).max)
 FLT_MIN = float(np.finfo(np.float32).tiny)
@@ -663,21 +664,26 @@ def _compare_bodies(monkeypatch, lead, in_shape, kernel, stride, pad, dilation, 
 
 
 def _same_bits_in_both_bodies(monkeypatch, method, x, lead, window, dilation, run):
-    """``run(pooler, y, dy)``'s arrays from the compiled kernels and from the numpy body (``CCT_NATIVE=0``), on the
-    same ``x`` and ``dy``: the same bits."""
+    """``run(pooler, y, dy)``'s arrays from the numpy body (``CCT_NATIVE=0``) and from the compiled kernels at
+    every vector width this machine runs (their scans are built once per width), on the same ``x`` and ``dy``:
+    the same bits."""
     results, dy = [], None
-    for compiled in (True, False):
-        if not compiled:
-            monkeypatch.setenv("CCT_NATIVE", "0")
-        pl = Pooler(method, *window, dilation=dilation)
-        assert (pl._compiled(x) is not None) == compiled
-        y = np.empty(lead + pl.out_shape, x.dtype)
-        if dy is None:
-            dy = np.random.default_rng(7).standard_normal(y.shape).astype(x.dtype)
-            dy.reshape(-1)[:2] = (-0.0, np.nan)
-        results.append(run(pl, y, dy))
-    for a, b in zip(*results):
-        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+    for width in [None] + compiled_vector_widths():
+        with monkeypatch.context() as env:
+            if width is None:
+                env.setenv("CCT_NATIVE", "0")
+            pl = Pooler(method, *window, dilation=dilation)
+            assert (pl._compiled(x) is None) == (width is None)
+            y = np.empty(lead + pl.out_shape, x.dtype)
+            if dy is None:
+                dy = np.random.default_rng(7).standard_normal(y.shape).astype(x.dtype)
+                dy.reshape(-1)[:2] = (-0.0, np.nan)
+            with contextlib.nullcontext() if width is None else at_vector_width(width):
+                results.append(run(pl, y, dy))
+    assert len(results) > 1
+    for compiled in results[1:]:
+        for a, b in zip(results[0], compiled):
+            np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
 
 
 @pytest.mark.parametrize("lead, in_shape, kernel, stride, pad, dilation, ceil", [

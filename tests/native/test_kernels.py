@@ -34,6 +34,28 @@ def test_cct_native_switches_them_off(monkeypatch):
         native.kernels()
 
 
+def test_vector_width_runs_the_kernels_built_per_width_at_any_width_the_cpu_has():
+    """The kernels built once per register width run at the CPU's widest by default; vector_width(n) picks a
+    narrower one (the tests compare each against the numpy bodies), 0 goes back to the widest, and a width that
+    is not 16, 32 or 64 bytes, or wider than the CPU's, is refused."""
+    if native._built is None:
+        pytest.skip("compiled kernels not built")
+    k = native._built
+    widest = k.vector_width()
+    assert widest in (16, 32, 64)
+    try:
+        assert k.vector_width(16) == widest and k.vector_width() == 16
+        assert k.vector_width(0) == 16 and k.vector_width() == widest
+        with pytest.raises(ValueError, match="expected 16, 32 or 64"):
+            k.vector_width(24)
+        if widest < 64:
+            with pytest.raises(ValueError, match="widest vectors"):
+                k.vector_width(2 * widest)
+        assert k.vector_width() == widest
+    finally:
+        k.vector_width(0)
+
+
 def test_the_kernels_build_is_part_of_the_machine_key(monkeypatch):
     """Speeds measured of the kernels (a panel GEMM against BLAS) are cached per build: the module carries its
     source's digest, which the machine key names (another build: every speed measured again)."""
