@@ -780,7 +780,9 @@ DEFINE_ADD_RECTIFIED(add_rectified_f64, double)
 
 #define DEFINE_RELU_BACKWARD(NAME, T)                                                                        \
     CCT_CLONES static void NAME(const T *x, const T *dy, T *dx, Py_ssize_t n) {                             \
-        for (Py_ssize_t i = 0; i < n; i++) dx[i] = dy[i] * (T)(x[i] > 0);                                   \
+        /* the quiet comparison (the same truth values, NaN not above 0): with `>`, which may raise an       \
+         * invalid-operation flag, GCC left AVX2 a scalar loop with a branch (13x slower on random signs) */  \
+        for (Py_ssize_t i = 0; i < n; i++) dx[i] = dy[i] * (T)__builtin_isgreater(x[i], (T)0);               \
     }
 DEFINE_RELU_BACKWARD(relu_backward_f32, float)
 DEFINE_RELU_BACKWARD(relu_backward_f64, double)
