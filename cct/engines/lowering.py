@@ -26,13 +26,13 @@ lowering is then an output row times the images, not one short output row.  2-D 
 at a time in a padded plane of every image's cells (CaffeNet's conv4 at 32 images, type 2: col2im 20.9 -> 5.6
 ms, lowering 8.1 -> 6.7 ms; the digits LeNet's conv2 at 64: 280 -> 75 and 94 -> 55 us).
 
-Type 1 on images first with big outputs runs one GEMM per image straight into the output; on float32 and AVX-512F
-the forward may run on the compiled panel GEMM of :mod:`cct.native` instead (one group of 2-D images: each image
-lowered span by span straight into its panels, no lowered matrix), and the weight gradient (one group, 2-D) on its
-kernel that does the same with the lowered matrix's transpose — each where measured faster for the geometry
-(:meth:`LoweringEngine._panel_forward`, :meth:`LoweringEngine._panel_weight_grad`): CaffeNet's conv1, whose 96-row
-products OpenBLAS runs at 62-70% of its peak, forward 0.57-0.74x and weight gradient 0.70-0.84x BLAS's time in the
-net.
+Type 1 on images first with big outputs runs one GEMM per image straight into the output; on float32 with AVX-512F
+(or AVX2 and FMA) the forward may run on the compiled panel GEMM of :mod:`cct.native` instead (one group of 2-D
+images: each image lowered span by span straight into its panels, no lowered matrix), and the weight gradient (one
+group, 2-D) on its kernel that does the same with the lowered matrix's transpose — each where measured faster for
+the geometry (:meth:`LoweringEngine._panel_forward`, :meth:`LoweringEngine._panel_weight_grad`): CaffeNet's conv1,
+whose 96-row products OpenBLAS runs at 62-70% of its peak, forward 0.57-0.74x and weight gradient 0.70-0.84x BLAS's
+time in the net.
 
 Generalisations: groups (one GEMM per group), dilation (offsets ``k·dil``), N-D (balanced lifts the first
 spatial axis and lowers the rest).  A lifted axis needs stride 1 (otherwise the GEMM would compute ``s``
@@ -933,13 +933,13 @@ class LoweringEngine(ConvEngine):
 
     def _panel_forward(self, y: Any, keep: bool, chunks: list[list[tuple[int, int]]]) -> bool:
         """Whether forward's type-1 products of big images run on the compiled panel GEMMs (:mod:`cct.native`,
-        float32, AVX-512F) rather than BLAS's per-image GEMM: on one group of 2-D images ``panel_conv_forward``,
-        which lowers each image span by span straight into the panels (no lowered matrix written out and read
-        back), elsewhere ``panel_gemm`` on each image's lowered matrix.  Measured once per geometry and machine
-        (both ways, the engine's own chunk forward on stand-ins in every batch partition at once:
-        :func:`cct.engines.measured.measured_choice`), since the tiles win on few output channels, a moderate
-        lowered height and many output cells — CaffeNet's conv1, 96 x 363 by 363 x 3025 — and lose elsewhere (a
-        256 x 1152 by 1152 x 169 product: 1.3x BLAS's time).  Not where forward keeps its lowered matrix (small
+        float32, AVX-512F or AVX2 with FMA) rather than BLAS's per-image GEMM: on one group of 2-D images
+        ``panel_conv_forward``, which lowers each image span by span straight into the panels (no lowered matrix
+        written out and read back), elsewhere ``panel_gemm`` on each image's lowered matrix.  Measured once per
+        geometry and machine (both ways, the engine's own chunk forward on stand-ins in every batch partition at
+        once: :func:`cct.engines.measured.measured_choice`), since the tiles win on few output channels, a moderate
+        lowered height and many output cells — CaffeNet's conv1, 96 x 363 by 363 x 3025 — and lose elsewhere (a 256
+        x 1152 by 1152 x 169 product: 1.3x BLAS's time).  Not where forward keeps its lowered matrix (small
         layers), nor for chunks of images whose products have under ``PANEL_MIN_FLOPS``."""
         g, L = self._geom(), self._lay()
         compiled = native.kernels()
@@ -961,12 +961,13 @@ class LoweringEngine(ConvEngine):
         return self._panel_choice(f"panel-fwd-{_geometry_key(g)}-n{images}", len(chunks), ways)
 
     def _panel_choice(self, key: str, parts: int, ways: Any) -> bool:
-        """Whether the panel GEMMs run for ``key``: no without AVX-512F; else ``measured_choice`` between the
-        ``"blas"`` and ``"panels"`` ways that ``ways(parts, rng, stand_in)`` makes (per batch partition:
-        ``way(p)`` gives partition p's callable), run in every partition at once; kept per engine."""
+        """Whether the panel GEMMs run for ``key``: no without them (:func:`cct.native.panel_gemms`); else
+        ``measured_choice`` between the ``"blas"`` and ``"panels"`` ways that ``ways(parts, rng, stand_in)`` makes
+        (per batch partition: ``way(p)`` gives partition p's callable), run in every partition at once; kept per
+        engine."""
         choice = self._layouts.get(key)
         if choice is None:
-            if not native.panel_gemms():  # no AVX-512F here
+            if not native.panel_gemms():  # neither AVX-512F nor AVX2 with FMA here
                 choice = "blas"
             else:
                 from cct.engines.measured import _concurrent, measured_choice, stand_in

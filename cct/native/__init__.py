@@ -15,10 +15,10 @@ numpy arrays they support (:func:`takes`) and keep their array-module bodies for
 dtypes, N-D lowering and depthwise convolution, LRN within a channel or with other powers, leaky ReLUs, the other
 update rules).
 
-They also make :func:`cct.engines.gemm.matmul_accumulate`'s call into numpy's BLAS (``out += a @ b``, beta 1)
-in one C call with the GIL released, where a ctypes call checked its operands in Python; and, on CPUs with AVX-512F,
-a float32 GEMM of their own for the products OpenBLAS runs well below its peak — few rows, a moderate inner
-dimension, many columns: a type-1 lowering's per-image forward (``panel_gemm`` on a lowered matrix;
+They also make :func:`cct.engines.gemm.matmul_accumulate`'s call into numpy's BLAS (``out += a @ b``, beta 1) in
+one C call with the GIL released, where a ctypes call checked its operands in Python; and, on CPUs with AVX-512F or
+AVX2 and FMA, a float32 GEMM of their own for the products OpenBLAS runs well below its peak — few rows, a moderate
+inner dimension, many columns: a type-1 lowering's per-image forward (``panel_gemm`` on a lowered matrix;
 ``panel_conv_forward`` lowering each image span by span straight into its panels) and its weight gradient
 (``panel_weight_grad``, the same with the lowered matrix's transpose) — which the lowering engine runs where
 measured faster (CaffeNet's conv1).
@@ -86,13 +86,14 @@ def describe() -> str:
     return ("compiled (MAX and AVE pooling of up to 8 spatial axes; LRN across channels, beta 0.75; 2-D lowering, "
             "images first or last, and its layout moves; ReLU backward, and forward after a sum; BatchNorm and Scale "
             "per channel; SoftmaxWithLoss backward; depthwise convolution; SGD update; gradients' finiteness; "
-            f"accumulating GEMM calls; {'float32 panel GEMMs' if panel_gemms() else 'no panel GEMMs: no AVX-512F'}"
+            "accumulating GEMM calls; "
+            f"{'float32 panel GEMMs' if panel_gemms() else 'no panel GEMMs: neither AVX-512F nor AVX2 with FMA'}"
             "), numpy bodies elsewhere")
 
 
 def panel_gemms() -> bool:
-    """Whether the compiled float32 panel GEMMs run on this CPU (AVX-512F): the lowering engine measures them
-    against BLAS for its big type-1 layers only then."""
+    """Whether the compiled float32 panel GEMMs run on this CPU (AVX-512F, or AVX2 with FMA): the lowering engine
+    measures them against BLAS for its big type-1 layers only then."""
     compiled = kernels()
     if compiled is None:
         return False

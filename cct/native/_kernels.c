@@ -3,11 +3,11 @@
  * with beta = 3/4 (forward and backward), the 2-D lowering of CcT's types 1 and 2 (im2col) and its adjoint
  * (col2im), ReLU's backward, BatchNorm's and Scale's passes over channel rows (each alone, and the two
  * forward as one), depthwise convolution (one input channel per group), the SGD solver's update step (and, at the
- * end, a beta = 1 GEMM call into numpy's BLAS and a float32 GEMM of their own for AVX-512F CPUs).  Each kernel
- * works on C-contiguous buffers (float32 or float64, chosen by the buffer's item size), walks one channel plane
- * (or image, or tile of channels, or value) at a time while it sits in the core's cache, and releases the GIL, so
- * the batch partitions' threads run it side by side.  Arguments are checked before any memory is touched: a
- * geometry that does not fit its buffers is a ValueError.
+ * end, a beta = 1 GEMM call into numpy's BLAS and a float32 GEMM of their own for CPUs with AVX-512F or AVX2 and
+ * FMA).  Each kernel works on C-contiguous buffers (float32 or float64, chosen by the buffer's item size), walks
+ * one channel plane (or image, or tile of channels, or value) at a time while it sits in the core's cache, and
+ * releases the GIL, so the batch partitions' threads run it side by side.  Arguments are checked before any
+ * memory is touched: a geometry that does not fit its buffers is a ValueError.
  *
  * MAX pooling (Caffe's scan): a window's maximum starts at -FLT_MAX and is replaced by each cell strictly
  * greater, kernel offsets in row-major order, so the winner is the first cell equal to the maximum and NaN
@@ -24,6 +24,11 @@
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(_M_X64)) && defined(__linux__)
 /* one build, each machine's widest vectors: the loader picks the clone at run time */
 #define CCT_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define CCT_CLONES
+#endif
+
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(_M_X64))
 /* Kernels written with GCC's vector extension at a fixed width are built once per register width instead
  * (CCT_BY_WIDTH below): a vector wider than the target's registers is split for arithmetic but compared,
  * selected and shuffled lane by lane in scalar code (a 16-float max-pooling scan ran 2-4x slower than numpy on
@@ -34,7 +39,6 @@ static int widest_vector_bytes(void) {
     return __builtin_cpu_supports("avx512f") ? 64 : __builtin_cpu_supports("avx2") ? 32 : 16;
 }
 #else
-#define CCT_CLONES
 #define CCT_TARGET_512
 #define CCT_TARGET_256
 static int widest_vector_bytes(void) { return 16; }
@@ -2511,19 +2515,39 @@ out:
  * AVX-512 kernels; OpenBLAS packs both operands of every call in its general blocking).  Here w is packed once
  * per call into blocks of 12 rows, [block][k][12]; x, a block of up to 8 panels of 32 columns at a time, into
  * [panel][k][32] (one aligned 32-value move per row and panel, its last panel's missing columns zero); each 12 x 32
- * tile of y is then 24 vector accumulators over the whole inner dimension (no partial sums written back), a row of
- * x's panel two vector loads and each of w's 12 values one broadcast for 24 fused multiply-adds.  Every value is
- * a sum over k in order, one fused multiply-add at a time, wherever its tile lies: the same bits for any split of
- * the columns.  AVX-512F only (a run-time check; elsewhere the caller keeps its BLAS call). */
+ * tile of y is then a set of vector accumulators over the whole inner dimension (no partial sums written back).
+ * Every value is a sum over k in order, one fused multiply-add at a time, wherever its tile lies: the same bits
+ * for any split of the columns.  Built twice over the same packed operands, chosen at run time by the vector width
+ * in use (vector_width()): AVX-512F, a tile as 24 accumulators (a row of x's panel two vector loads and each of
+ * w's 12 values one broadcast for 24 fused multiply-adds), and AVX2 with FMA, a tile as four 6 x 16 blocks of 12
+ * accumulators each — the same operations on every value, so the same bits.  Elsewhere (no FMA, not x86-64) the
+ * caller keeps its BLAS call. */
 #if defined(__GNUC__) && defined(__x86_64__)
 #include <immintrin.h>
 #define PANEL_ROWS 12
 #define PANEL_COLS 32
 #define PANEL_BLOCK_BYTES (512 << 10) /* the packed panels of one block of columns: in the core's L2 cache */
+#define PANEL_TARGET_512 __attribute__((target("avx512f")))
+#define PANEL_TARGET_256 __attribute__((target("avx2,fma")))
 
-__attribute__((target("avx512f"))) static void panel_tile(const float *a, const float *p, Py_ssize_t k, float *y,
-                                                          Py_ssize_t ldy, int rows, __mmask16 m0, __mmask16 m1,
-                                                          const float *bias, int load) {
+/* The panel kernels for the vector width in use: 64 (AVX-512F), 32 (AVX2 and FMA) or 0 (none here). */
+static int panel_width(void) {
+    const int bytes = vector_bytes();
+    return bytes == 64 ? 64 : bytes == 32 && __builtin_cpu_supports("fma") ? 32 : 0;
+}
+
+/* The store masks of a tile whose panel has `left` live columns (32 or more: all). */
+static inline void panel_masks(Py_ssize_t left, __mmask16 *m0, __mmask16 *m1) {
+    *m0 = left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1);
+    *m1 = left >= 32 ? 0xFFFF : left <= 16 ? 0 : (__mmask16)((1u << (left - 16)) - 1);
+}
+
+/* y[r][c] (= or, with `load`, +=) Σ_i a[i][r] · p[i][c] (+ bias[r]) for r < rows, c < live: one tile, a's values
+ * PANEL_ROWS apart per i, p's PANEL_COLS (rows past `rows` and columns past `live` computed, not stored). */
+PANEL_TARGET_512 static void panel_tile_512(const float *a, const float *p, Py_ssize_t k, float *y, Py_ssize_t ldy,
+                                            int rows, Py_ssize_t live, const float *bias, int load) {
+    __mmask16 m0, m1;
+    panel_masks(live, &m0, &m1);
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, a8 = a0,
            a9 = a0, a10 = a0, a11 = a0;
     __m512 b0 = a0, b1 = a0, b2 = a0, b3 = a0, b4 = a0, b5 = a0, b6 = a0, b7 = a0, b8 = a0, b9 = a0, b10 = a0,
@@ -2541,7 +2565,7 @@ __attribute__((target("avx512f"))) static void panel_tile(const float *a, const 
         p += PANEL_COLS;
         a += PANEL_ROWS;
     }
-    /* the rows of y the tile covers, straight from the accumulators (rows past them: computed, not stored) */
+    /* the rows of y the tile covers, straight from the accumulators */
 #define PANEL_STORE(r)                                                                                        \
     if (r < rows) {                                                                                           \
         if (load) {                                                                                           \
@@ -2560,78 +2584,23 @@ __attribute__((target("avx512f"))) static void panel_tile(const float *a, const 
 #undef PANEL_STORE
 }
 
-/* The cells of the next masked move into a panel from lane `lane`, `left` still to move: at most 16 and none past
-   the panel's end; their mask into *mask. */
-static inline Py_ssize_t panel_piece(Py_ssize_t lane, Py_ssize_t left, __mmask16 *mask) {
-    Py_ssize_t piece = left < PANEL_COLS - lane ? left : PANEL_COLS - lane;
-    if (piece > 16) piece = 16;
-    *mask = (__mmask16)((1u << piece) - 1);
-    return piece;
+/* `count` (at most 16) values from src to dst. */
+PANEL_TARGET_512 static inline void panel_move_512(float *dst, const float *src, Py_ssize_t count) {
+    const __mmask16 mask = (__mmask16)((1u << count) - 1);
+    _mm512_mask_storeu_ps(dst, mask, _mm512_maskz_loadu_ps(mask, src));
 }
 
-/* The store masks of a tile whose panel has `left` live columns (32 or more: all). */
-static inline void panel_masks(Py_ssize_t left, __mmask16 *m0, __mmask16 *m1) {
-    *m0 = left >= 16 ? 0xFFFF : (__mmask16)((1u << left) - 1);
-    *m1 = left >= 32 ? 0xFFFF : left <= 16 ? 0 : (__mmask16)((1u << (left - 16)) - 1);
-}
-
-/* Every tile of y's rows [0, m) and columns [0, cols) (rows ldy apart): y[r][32q + c] = (or with `load` +=)
- * Σ_i a[r / 12][i][r % 12] · panel[q][i][c] (+ bias[r]), i < k; a's blocks of 12 rows `astep` values apart, the
- * panels `pstep` apart.  A short last panel's lanes are computed and not stored. */
-__attribute__((target("avx512f"))) static void panel_tiles(const float *a, Py_ssize_t astep, const float *panels,
-                                                           Py_ssize_t pstep, Py_ssize_t k, Py_ssize_t m,
-                                                           Py_ssize_t cols, float *y, Py_ssize_t ldy,
-                                                           const float *bias, int load) {
-    for (Py_ssize_t rb = 0; rb * PANEL_ROWS < m; rb++) {
-        const int rows = m - rb * PANEL_ROWS < PANEL_ROWS ? (int)(m - rb * PANEL_ROWS) : PANEL_ROWS;
-        for (Py_ssize_t q = 0; q * PANEL_COLS < cols; q++) {
-            __mmask16 m0, m1;
-            panel_masks(cols - q * PANEL_COLS, &m0, &m1);
-            panel_tile(a + rb * astep, panels + q * pstep, k, y + rb * PANEL_ROWS * ldy + q * PANEL_COLS, ldy, rows,
-                       m0, m1, bias ? bias + rb * PANEL_ROWS : NULL, load);
-        }
-    }
-}
-
-/* w (m x k, rows ldw apart) packed for the tiles: blocks of 12 rows, [block][k][12], the rows past m zeros. */
-__attribute__((target("avx512f"))) static void panel_pack_rows(const float *w, Py_ssize_t ldw, Py_ssize_t m,
-                                                               Py_ssize_t k, float *wp) {
-    for (Py_ssize_t rb = 0; rb < (m + PANEL_ROWS - 1) / PANEL_ROWS; rb++)
-        for (int r = 0; r < PANEL_ROWS; r++) {
-            const Py_ssize_t row = rb * PANEL_ROWS + r;
-            float *to = wp + rb * k * PANEL_ROWS + r;
-            for (Py_ssize_t i = 0; i < k; i++) to[i * PANEL_ROWS] = row < m ? w[row * ldw + i] : 0.0f;
-        }
-}
-
-/* y (m x n, rows ldy apart) = w (m x k, rows ldw apart) @ x (k x n, rows ldx apart) (+ bias[r] on row r);
- * wp: m rounded up to 12 times k values, xp: a block's packed panels (64-byte aligned). */
-__attribute__((target("avx512f"))) static void panel_gemm_f32(float *y, Py_ssize_t ldy, const float *w,
-                                                              Py_ssize_t ldw, const float *x, Py_ssize_t ldx,
-                                                              const float *bias, Py_ssize_t m, Py_ssize_t n,
-                                                              Py_ssize_t k, float *wp, float *xp,
-                                                              Py_ssize_t block) {
-    panel_pack_rows(w, ldw, m, k, wp);  /* rows past m are zeros: computed, never stored */
-    for (Py_ssize_t j0 = 0; j0 < n; j0 += block * PANEL_COLS) {
-        const Py_ssize_t cols = n - j0 < block * PANEL_COLS ? n - j0 : block * PANEL_COLS;
-        const Py_ssize_t panels = (cols + PANEL_COLS - 1) / PANEL_COLS;
-        for (Py_ssize_t q = 0; q < panels; q++) {
-            __mmask16 m0, m1;
-            panel_masks(cols - q * PANEL_COLS, &m0, &m1);
-            const float *from = x + j0 + q * PANEL_COLS;
-            float *to = xp + q * k * PANEL_COLS;
-            for (Py_ssize_t i = 0; i < k; i++) {  /* masked loads read nothing past the row */
-                _mm512_store_ps(to + i * PANEL_COLS, _mm512_maskz_loadu_ps(m0, from + i * ldx));
-                _mm512_store_ps(to + i * PANEL_COLS + 16, _mm512_maskz_loadu_ps(m1, from + i * ldx + 16));
-            }
-        }
-        panel_tiles(wp, k * PANEL_ROWS, xp, k * PANEL_COLS, k, m, cols, y + j0, ldy, bias, 0);
-    }
+/* A panel row: `live` (at most 32) values from `from`, zeros after them (`to` 64-byte aligned). */
+PANEL_TARGET_512 static inline void panel_row_512(float *to, const float *from, Py_ssize_t live) {
+    __mmask16 m0, m1;
+    panel_masks(live, &m0, &m1);  /* masked loads read nothing past the row */
+    _mm512_store_ps(to, _mm512_maskz_loadu_ps(m0, from));
+    _mm512_store_ps(to + 16, _mm512_maskz_loadu_ps(m1, from + 16));
 }
 
 /* r[j] = column j of the 16 x 16 matrix whose row i is r[i]: values paired within 128-bit lanes, 4 x 4 blocks
  * gathered within lanes, then the lanes moved in two steps. */
-__attribute__((target("avx512f"))) static inline void panel_transpose16(__m512 *r) {
+PANEL_TARGET_512 static inline void panel_transpose16(__m512 *r) {
     __m512 t[16];
     for (int i = 0; i < 8; i++) {
         t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
@@ -2657,134 +2626,263 @@ __attribute__((target("avx512f"))) static inline void panel_transpose16(__m512 *
     }
 }
 
-/* The weight gradient of a 2-D convolution (one group, dilation 1) by the same tiles: dw (o x K, rows ldw apart)
- * += Σ over the images of dy (o x cols) @ colᵀ, col the type-1 lowering (K = c·kh·kw rows, cols = oh·ow output
- * positions).  colᵀ is never formed whole: per span of PANEL_SPAN output positions, the image's windows are copied
- * straight into panels of 32 lowered rows, panel[q][position][lane] = col[32q + lane][position] (each window row's
- * kw cells one or two masked moves from the zero-bordered image), and dy's rows into blocks of 12,
- * [position][12]; both stay in the core's L2 cache while the tiles add their sums into dw. */
-#define PANEL_SPAN 256
+/* The `rows` (at most 12) rows of dy from `from` (cols apart) over `span` positions into [position][12] at `to`,
+ * rows past them zeros: 16 positions at a time, transposed in registers. */
+PANEL_TARGET_512 static void panel_pack_dy_512(const float *from, Py_ssize_t cols, Py_ssize_t rows, float *to,
+                                               Py_ssize_t span) {
+    for (Py_ssize_t t0 = 0; t0 < span; t0 += 16) {
+        const Py_ssize_t count = span - t0 < 16 ? span - t0 : 16;
+        const __mmask16 mask = (__mmask16)((1u << count) - 1);
+        __m512 r[16];
+        for (int i = 0; i < 16; i++)
+            r[i] = i < rows ? _mm512_maskz_loadu_ps(mask, from + i * cols + t0) : _mm512_setzero_ps();
+        panel_transpose16(r);
+        for (Py_ssize_t t = 0; t < count; t++)
+            _mm512_mask_storeu_ps(to + (t0 + t) * PANEL_ROWS, (1u << PANEL_ROWS) - 1, r[t]);
+    }
+}
 
-__attribute__((target("avx512f"))) static void panel_weight_grad_f32(const float *x, const float *dy, float *dw,
-                                                                     Py_ssize_t ldw, Py_ssize_t o,
-                                                                     const Py_ssize_t *g, float *padded, float *q,
-                                                                     float *ap, Py_ssize_t *at) {
-    const Py_ssize_t n = g[0], c = g[1], h = g[2], w = g[3], kh = g[4], kw = g[5], sh = g[6], sw = g[7];
-    const Py_ssize_t ph = g[8], pw = g[9], dh = g[10], oh = g[12], ow = g[13];
-    const Py_ssize_t hp = h + 2 * ph, wp = w + 2 * pw, k = c * kh * kw, cols = oh * ow;
-    const Py_ssize_t panels = (k + PANEL_COLS - 1) / PANEL_COLS, tail = k % PANEL_COLS;
-    memset(padded, 0, c * hp * wp * sizeof(float));
-    for (Py_ssize_t img = 0; img < n; img++) {
-        for (Py_ssize_t ch = 0; ch < c; ch++)
-            for (Py_ssize_t row = 0; row < h; row++)
-                memcpy(padded + (ch * hp + row + ph) * wp + pw, x + ((img * c + ch) * h + row) * w, w * sizeof(float));
-        const float *dyi = dy + img * o * cols;
-        for (Py_ssize_t p0 = 0; p0 < cols; p0 += PANEL_SPAN) {
-            const Py_ssize_t span = cols - p0 < PANEL_SPAN ? cols - p0 : PANEL_SPAN;
-            Py_ssize_t r = p0 / ow, v = p0 % ow;
-            for (Py_ssize_t t = 0; t < span; t++) {  /* each position's window corner in the padded image */
-                at[t] = r * sh * wp + v * sw;
-                if (++v == ow) {
-                    v = 0;
-                    r++;
-                }
+/* lanes[8 - n ..]: the mask of the first n of 8 lanes */
+static const int32_t panel_lanes[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+
+PANEL_TARGET_256 static inline __m256i panel_mask8(Py_ssize_t n) {
+    return _mm256_loadu_si256((const __m256i *)(panel_lanes + 8 - (n < 0 ? 0 : n > 8 ? 8 : n)));
+}
+
+/* panel_tile_512's tile as four blocks of 6 rows by 16 columns (12 accumulators, two loads and a broadcast: the
+ * 16 registers), each value the same fused multiply-adds, addition of y and bias in the same order. */
+PANEL_TARGET_256 static void panel_tile_256(const float *a, const float *p, Py_ssize_t k, float *y, Py_ssize_t ldy,
+                                            int rows, Py_ssize_t live, const float *bias, int load) {
+    for (int half = 0; half < 2 && live > 16 * half; half++) {
+        const Py_ssize_t cols = live - 16 * half;  /* this half's live columns */
+        const __m256i k0 = panel_mask8(cols), k1 = panel_mask8(cols - 8);
+        for (int r0 = 0; r0 < rows; r0 += 6) {
+            const float *pp = p + 16 * half, *aa = a + r0;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0;
+            __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0, b4 = a0, b5 = a0;
+            for (Py_ssize_t i = 0; i < k; i++) {
+                const __m256 x0 = _mm256_load_ps(pp), x1 = _mm256_load_ps(pp + 8);
+                __m256 v;
+#define PANEL_ROW(r)                                                                                          \
+    v = _mm256_broadcast_ss(aa + r);                                                                          \
+    a##r = _mm256_fmadd_ps(v, x0, a##r);                                                                      \
+    b##r = _mm256_fmadd_ps(v, x1, b##r);
+                PANEL_ROW(0) PANEL_ROW(1) PANEL_ROW(2) PANEL_ROW(3) PANEL_ROW(4) PANEL_ROW(5)
+#undef PANEL_ROW
+                pp += PANEL_COLS;
+                aa += PANEL_ROWS;
             }
-            if (tail)  /* the last panel's lanes past k: zeros */
-                for (Py_ssize_t t = 0; t < span; t++) {
-                    float *lanes = q + (panels - 1) * PANEL_SPAN * PANEL_COLS + t * PANEL_COLS;
-                    _mm512_mask_storeu_ps(lanes + 16 * (tail >= 16), (__mmask16)~((1u << (tail % 16)) - 1),
-                                          _mm512_setzero_ps());
-                    if (tail < 16) _mm512_storeu_ps(lanes + 16, _mm512_setzero_ps());
-                }
-            /* every window row's kw cells, one piece (at most 16 cells within a panel) at a time for every position */
-            for (Py_ssize_t ch = 0; ch < c; ch++)
-                for (Py_ssize_t i = 0; i < kh; i++) {
-                    const float *corner = padded + (ch * hp + i * dh) * wp;
-                    const Py_ssize_t k0 = (ch * kh + i) * kw;
-                    for (Py_ssize_t j = 0; j < kw;) {
-                        const Py_ssize_t kk = k0 + j, lane = kk % PANEL_COLS;
-                        __mmask16 mask;
-                        const Py_ssize_t piece = panel_piece(lane, kw - j, &mask);
-                        const float *src = corner + j;
-                        float *dst = q + kk / PANEL_COLS * PANEL_SPAN * PANEL_COLS + lane;
-                        for (Py_ssize_t t = 0; t < span; t++)
-                            _mm512_mask_storeu_ps(dst + t * PANEL_COLS, mask, _mm512_maskz_loadu_ps(mask, src + at[t]));
-                        j += piece;
-                    }
-                }
-            /* dy's rows in blocks of 12, [position][12]: 16 positions of the 12 rows at a time, transposed in
-             * registers (rows past o zeros) */
-            for (Py_ssize_t rb = 0; rb * PANEL_ROWS < o; rb++) {
-                const Py_ssize_t rows = o - rb * PANEL_ROWS < PANEL_ROWS ? o - rb * PANEL_ROWS : PANEL_ROWS;
-                const float *from = dyi + rb * PANEL_ROWS * cols + p0;
-                float *to = ap + rb * PANEL_SPAN * PANEL_ROWS;
-                for (Py_ssize_t t0 = 0; t0 < span; t0 += 16) {
-                    const Py_ssize_t count = span - t0 < 16 ? span - t0 : 16;
-                    const __mmask16 mask = (__mmask16)((1u << count) - 1);
-                    __m512 r[16];
-                    for (int i = 0; i < 16; i++)
-                        r[i] = i < rows ? _mm512_maskz_loadu_ps(mask, from + i * cols + t0) : _mm512_setzero_ps();
-                    panel_transpose16(r);
-                    for (Py_ssize_t t = 0; t < count; t++)
-                        _mm512_mask_storeu_ps(to + (t0 + t) * PANEL_ROWS, (1u << PANEL_ROWS) - 1, r[t]);
-                }
-            }
-            panel_tiles(ap, PANEL_SPAN * PANEL_ROWS, q, PANEL_SPAN * PANEL_COLS, span, o, k, dw, ldw, NULL, 1);
+#define PANEL_STORE(r)                                                                                        \
+    if (r0 + r < rows) {                                                                                      \
+        float *yr = y + (r0 + r) * ldy + 16 * half;                                                           \
+        if (load) {                                                                                           \
+            a##r = _mm256_add_ps(_mm256_maskload_ps(yr, k0), a##r);                                           \
+            b##r = _mm256_add_ps(_mm256_maskload_ps(yr + 8, k1), b##r);                                       \
+        }                                                                                                     \
+        if (bias) {                                                                                           \
+            a##r = _mm256_add_ps(a##r, _mm256_set1_ps(bias[r0 + r]));                                         \
+            b##r = _mm256_add_ps(b##r, _mm256_set1_ps(bias[r0 + r]));                                         \
+        }                                                                                                     \
+        if (cols >= 16) {                                                                                     \
+            _mm256_storeu_ps(yr, a##r);                                                                       \
+            _mm256_storeu_ps(yr + 8, b##r);                                                                   \
+        } else {                                                                                              \
+            _mm256_maskstore_ps(yr, k0, a##r);                                                                \
+            _mm256_maskstore_ps(yr + 8, k1, b##r);                                                            \
+        }                                                                                                     \
+    }
+            PANEL_STORE(0) PANEL_STORE(1) PANEL_STORE(2) PANEL_STORE(3) PANEL_STORE(4) PANEL_STORE(5)
+#undef PANEL_STORE
         }
     }
 }
 
-/* The forward of a 2-D convolution (one group) by the same tiles, its lowering never formed whole: each image is
- * split by stride phase as the lowering does (im2col_f32's tables and split), then, span by span of
- * PANEL_FORWARD_PANELS panels of 32 output positions, panel[q][r][lane] = col[r][p0 + 32q + lane] is copied from the
- * phase rows (an output row's run of one kernel offset is one run of a phase row, cut at the panels' edges into
- * masked moves of up to 16 values) and the tiles write y (+ bias) from the panels while they sit in the core's L2
- * cache: no lowered matrix written out and read back. */
+/* `count` (at most 16) values from src to dst: overlapping unmasked moves (AMD's masked stores are slow) */
+PANEL_TARGET_256 static inline void panel_move_256(float *dst, const float *src, Py_ssize_t count) {
+    copy_row(dst, src, count * (Py_ssize_t)sizeof(float));
+}
+
+PANEL_TARGET_256 static inline void panel_row_256(float *to, const float *from, Py_ssize_t live) {
+    if (live >= PANEL_COLS) {
+        for (int j = 0; j < PANEL_COLS; j += 8) _mm256_store_ps(to + j, _mm256_loadu_ps(from + j));
+        return;
+    }
+    copy_row(to, from, live * (Py_ssize_t)sizeof(float));
+    for (Py_ssize_t j = live; j < PANEL_COLS; j++) to[j] = 0.0f;
+}
+
+PANEL_TARGET_256 static void panel_pack_dy_256(const float *from, Py_ssize_t cols, Py_ssize_t rows, float *to,
+                                               Py_ssize_t span) {
+    for (Py_ssize_t t = 0; t < span; t++)
+        for (Py_ssize_t i = 0; i < PANEL_ROWS; i++) to[t * PANEL_ROWS + i] = i < rows ? from[i * cols + t] : 0.0f;
+}
+
+/* The cells of the next move into a panel from lane `lane`, `left` still to move: at most 16 and none past the
+   panel's end. */
+static inline Py_ssize_t panel_piece(Py_ssize_t lane, Py_ssize_t left) {
+    const Py_ssize_t piece = left < PANEL_COLS - lane ? left : PANEL_COLS - lane;
+    return piece > 16 ? 16 : piece;
+}
+
+/* w (m x k, rows ldw apart) packed for the tiles: blocks of 12 rows, [block][k][12], the rows past m zeros. */
+static void panel_pack_rows(const float *w, Py_ssize_t ldw, Py_ssize_t m, Py_ssize_t k, float *wp) {
+    for (Py_ssize_t rb = 0; rb < (m + PANEL_ROWS - 1) / PANEL_ROWS; rb++)
+        for (int r = 0; r < PANEL_ROWS; r++) {
+            const Py_ssize_t row = rb * PANEL_ROWS + r;
+            float *to = wp + rb * k * PANEL_ROWS + r;
+            for (Py_ssize_t i = 0; i < k; i++) to[i * PANEL_ROWS] = row < m ? w[row * ldw + i] : 0.0f;
+        }
+}
+
+/* The weight gradient's lowering (panel_weight_grad_f32) is made span by span of PANEL_SPAN output positions, and
+ * the forward's (panel_conv_forward_f32) PANEL_FORWARD_PANELS panels of 32 output positions at a time. */
+#define PANEL_SPAN 256
 #define PANEL_FORWARD_PANELS 8
 
-__attribute__((target("avx512f"))) static void panel_conv_forward_f32(const float *x, const float *wp,
-                                                                      const float *bias, float *y, Py_ssize_t o,
-                                                                      const Py_ssize_t *g, float *buf,
-                                                                      Py_ssize_t pe_h, Py_ssize_t pe_w,
-                                                                      Py_ssize_t *table, float *panels,
-                                                                      Py_ssize_t first, Py_ssize_t last) {
-    const Py_ssize_t n = g[0], c = g[1], h = g[2], w = g[3], *k = g + 4;
-    const Py_ssize_t kh = k[0], kw = k[1], sh = k[2], sw = k[3], oh = k[8], ow = k[9];
-    const Py_ssize_t phase = pe_h * pe_w, chan = sh * sw * phase, rows = c * kh * kw, cols = oh * ow;
-    const Py_ssize_t span_max = PANEL_FORWARD_PANELS * PANEL_COLS, *offset = table + h + 2 * sw;
-    im2col_f32_tables(h, w, k, pe_h, pe_w, table);
-    memset(buf, 0, c * chan * sizeof(float));
-    for (Py_ssize_t img = 0; img < n; img++) {
-        im2col_f32_split(x, img, c, h, w, k, buf, phase, table);
-        float *yi = y + img * o * cols;
-        for (Py_ssize_t p0 = first; p0 < last; p0 += span_max) {
-            const Py_ssize_t span = last - p0 < span_max ? last - p0 : span_max;
-            const Py_ssize_t r0 = p0 / ow, v0 = p0 % ow;
-            for (Py_ssize_t ch = 0; ch < c; ch++)
-                for (Py_ssize_t t = 0; t < kh * kw; t++) {
-                    const float *src = buf + ch * chan + offset[t];
-                    float *dst = panels + (ch * kh * kw + t) * PANEL_COLS;
-                    Py_ssize_t at = 0, r = r0, v = v0;  /* at: the span's position; (r, v): its output cell */
-                    while (at < span) {
-                        const Py_ssize_t run = ow - v < span - at ? ow - v : span - at;
-                        const float *from = src + r * pe_w + v;
-                        for (Py_ssize_t done = 0; done < run;) {
-                            const Py_ssize_t pos = at + done, lane = pos % PANEL_COLS;
-                            __mmask16 mask;
-                            const Py_ssize_t piece = panel_piece(lane, run - done, &mask);
-                            _mm512_mask_storeu_ps(dst + pos / PANEL_COLS * rows * PANEL_COLS + lane, mask,
-                                                  _mm512_maskz_loadu_ps(mask, from + done));
-                            done += piece;
-                        }
-                        at += run;
-                        v = 0;
-                        r++;
-                    }
-                }
-            panel_tiles(wp, rows * PANEL_ROWS, panels, rows * PANEL_COLS, rows, o, span, yi + p0, cols, bias, 0);
-        }
+/* The kernels over the packed operands, built once per width W (panel_tile_W, panel_move_W, panel_row_W and
+ * panel_pack_dy_W its own steps):
+ *
+ * panel_tiles_W: every tile of y's rows [0, m) and columns [0, cols) (rows ldy apart): y[r][32q + c] = (or with
+ * `load` +=) Σ_i a[r / 12][i][r % 12] · panel[q][i][c] (+ bias[r]), i < k; a's blocks of 12 rows `astep` values
+ * apart, the panels `pstep` apart.  A short last panel's lanes are computed and not stored.
+ *
+ * panel_gemm_f32_W: y (m x n, rows ldy apart) = w (m x k, rows ldw apart) @ x (k x n, rows ldx apart) (+ bias[r]
+ * on row r); wp: m rounded up to 12 times k values, xp: a block's packed panels (64-byte aligned).
+ *
+ * panel_weight_grad_f32_W: the weight gradient of a 2-D convolution (one group, dilation 1) by the same tiles: dw
+ * (o x K, rows ldw apart) += Σ over the images of dy (o x cols) @ colᵀ, col the type-1 lowering (K = c·kh·kw rows,
+ * cols = oh·ow output positions).  colᵀ is never formed whole: per span of PANEL_SPAN output positions, the image's
+ * windows are copied straight into panels of 32 lowered rows, panel[q][position][lane] = col[32q + lane][position]
+ * (each window row's kw cells one or two moves from the zero-bordered image), and dy's rows into blocks of 12,
+ * [position][12]; both stay in the core's L2 cache while the tiles add their sums into dw.
+ *
+ * panel_conv_forward_f32_W: the forward of a 2-D convolution (one group) by the same tiles, its lowering never
+ * formed whole: each image is split by stride phase as the lowering does (im2col_f32's tables and split), then,
+ * span by span of PANEL_FORWARD_PANELS panels of 32 output positions, panel[q][r][lane] = col[r][p0 + 32q + lane]
+ * is copied from the phase rows (an output row's run of one kernel offset is one run of a phase row, cut at the
+ * panels' edges into moves of up to 16 values) and the tiles write y (+ bias) from the panels while they sit in
+ * the core's L2 cache: no lowered matrix written out and read back.  Output cells [first, last) only. */
+#define DEFINE_PANEL_KERNELS(W)                                                                               \
+    PANEL_TARGET_##W static void panel_tiles_##W(const float *a, Py_ssize_t astep, const float *panels,        \
+                                                 Py_ssize_t pstep, Py_ssize_t k, Py_ssize_t m, Py_ssize_t cols, \
+                                                 float *y, Py_ssize_t ldy, const float *bias, int load) {     \
+        for (Py_ssize_t rb = 0; rb * PANEL_ROWS < m; rb++) {                                                  \
+            const int rows = m - rb * PANEL_ROWS < PANEL_ROWS ? (int)(m - rb * PANEL_ROWS) : PANEL_ROWS;      \
+            for (Py_ssize_t q = 0; q * PANEL_COLS < cols; q++)                                                \
+                panel_tile_##W(a + rb * astep, panels + q * pstep, k, y + rb * PANEL_ROWS * ldy + q * PANEL_COLS, \
+                               ldy, rows, cols - q * PANEL_COLS, bias ? bias + rb * PANEL_ROWS : NULL, load);  \
+        }                                                                                                     \
+    }                                                                                                         \
+    PANEL_TARGET_##W static void panel_gemm_f32_##W(float *y, Py_ssize_t ldy, const float *w, Py_ssize_t ldw,  \
+                                                    const float *x, Py_ssize_t ldx, const float *bias,         \
+                                                    Py_ssize_t m, Py_ssize_t n, Py_ssize_t k, float *wp,       \
+                                                    float *xp, Py_ssize_t block) {                             \
+        panel_pack_rows(w, ldw, m, k, wp);  /* rows past m are zeros: computed, never stored */              \
+        for (Py_ssize_t j0 = 0; j0 < n; j0 += block * PANEL_COLS) {                                           \
+            const Py_ssize_t cols = n - j0 < block * PANEL_COLS ? n - j0 : block * PANEL_COLS;                \
+            for (Py_ssize_t q = 0; q * PANEL_COLS < cols; q++)                                                \
+                for (Py_ssize_t i = 0; i < k; i++)                                                            \
+                    panel_row_##W(xp + (q * k + i) * PANEL_COLS, x + i * ldx + j0 + q * PANEL_COLS,           \
+                                  cols - q * PANEL_COLS);                                                     \
+            panel_tiles_##W(wp, k * PANEL_ROWS, xp, k * PANEL_COLS, k, m, cols, y + j0, ldy, bias, 0);        \
+        }                                                                                                     \
+    }                                                                                                         \
+    PANEL_TARGET_##W static void panel_weight_grad_f32_##W(const float *x, const float *dy, float *dw,         \
+                                                           Py_ssize_t ldw, Py_ssize_t o, const Py_ssize_t *g, \
+                                                           float *padded, float *q, float *ap, Py_ssize_t *at) { \
+        const Py_ssize_t n = g[0], c = g[1], h = g[2], w = g[3], kh = g[4], kw = g[5], sh = g[6], sw = g[7];   \
+        const Py_ssize_t ph = g[8], pw = g[9], dh = g[10], oh = g[12], ow = g[13];                            \
+        const Py_ssize_t hp = h + 2 * ph, wp = w + 2 * pw, k = c * kh * kw, cols = oh * ow;                    \
+        const Py_ssize_t panels = (k + PANEL_COLS - 1) / PANEL_COLS, tail = k % PANEL_COLS;                    \
+        memset(padded, 0, c * hp * wp * sizeof(float));                                                       \
+        for (Py_ssize_t img = 0; img < n; img++) {                                                            \
+            for (Py_ssize_t ch = 0; ch < c; ch++)                                                             \
+                for (Py_ssize_t row = 0; row < h; row++)                                                      \
+                    memcpy(padded + (ch * hp + row + ph) * wp + pw, x + ((img * c + ch) * h + row) * w,       \
+                           w * sizeof(float));                                                                \
+            const float *dyi = dy + img * o * cols;                                                           \
+            for (Py_ssize_t p0 = 0; p0 < cols; p0 += PANEL_SPAN) {                                            \
+                const Py_ssize_t span = cols - p0 < PANEL_SPAN ? cols - p0 : PANEL_SPAN;                      \
+                Py_ssize_t r = p0 / ow, v = p0 % ow;                                                          \
+                for (Py_ssize_t t = 0; t < span; t++) { /* each position's window corner in the padded image */ \
+                    at[t] = r * sh * wp + v * sw;                                                             \
+                    if (++v == ow) {                                                                          \
+                        v = 0;                                                                                \
+                        r++;                                                                                  \
+                    }                                                                                         \
+                }                                                                                             \
+                if (tail) /* the last panel's lanes past k: zeros */                                          \
+                    for (Py_ssize_t t = 0; t < span; t++)                                                     \
+                        memset(q + ((panels - 1) * PANEL_SPAN + t) * PANEL_COLS + tail, 0,                    \
+                               (PANEL_COLS - tail) * sizeof(float));                                          \
+                /* every window row's kw cells, one piece (at most 16 cells within a panel) at a time */      \
+                for (Py_ssize_t ch = 0; ch < c; ch++)                                                         \
+                    for (Py_ssize_t i = 0; i < kh; i++) {                                                     \
+                        const float *corner = padded + (ch * hp + i * dh) * wp;                               \
+                        const Py_ssize_t k0 = (ch * kh + i) * kw;                                             \
+                        for (Py_ssize_t j = 0; j < kw;) {                                                     \
+                            const Py_ssize_t kk = k0 + j, lane = kk % PANEL_COLS;                             \
+                            const Py_ssize_t piece = panel_piece(lane, kw - j);                               \
+                            const float *src = corner + j;                                                    \
+                            float *dst = q + kk / PANEL_COLS * PANEL_SPAN * PANEL_COLS + lane;                \
+                            for (Py_ssize_t t = 0; t < span; t++)                                             \
+                                panel_move_##W(dst + t * PANEL_COLS, src + at[t], piece);                     \
+                            j += piece;                                                                       \
+                        }                                                                                     \
+                    }                                                                                         \
+                for (Py_ssize_t rb = 0; rb * PANEL_ROWS < o; rb++) /* dy's rows in blocks of 12 */            \
+                    panel_pack_dy_##W(dyi + rb * PANEL_ROWS * cols + p0, cols,                                \
+                                      o - rb * PANEL_ROWS < PANEL_ROWS ? o - rb * PANEL_ROWS : PANEL_ROWS,    \
+                                      ap + rb * PANEL_SPAN * PANEL_ROWS, span);                               \
+                panel_tiles_##W(ap, PANEL_SPAN * PANEL_ROWS, q, PANEL_SPAN * PANEL_COLS, span, o, k, dw, ldw,  \
+                                NULL, 1);                                                                     \
+            }                                                                                                 \
+        }                                                                                                     \
+    }                                                                                                         \
+    PANEL_TARGET_##W static void panel_conv_forward_f32_##W(const float *x, const float *wp, const float *bias, \
+                                                            float *y, Py_ssize_t o, const Py_ssize_t *g,      \
+                                                            float *buf, Py_ssize_t pe_h, Py_ssize_t pe_w,     \
+                                                            Py_ssize_t *table, float *panels,                 \
+                                                            Py_ssize_t first, Py_ssize_t last) {              \
+        const Py_ssize_t n = g[0], c = g[1], h = g[2], w = g[3], *k = g + 4;                                  \
+        const Py_ssize_t kh = k[0], kw = k[1], sh = k[2], sw = k[3], oh = k[8], ow = k[9];                    \
+        const Py_ssize_t phase = pe_h * pe_w, chan = sh * sw * phase, rows = c * kh * kw, cols = oh * ow;     \
+        const Py_ssize_t span_max = PANEL_FORWARD_PANELS * PANEL_COLS, *offset = table + h + 2 * sw;           \
+        im2col_f32_tables(h, w, k, pe_h, pe_w, table);                                                        \
+        memset(buf, 0, c * chan * sizeof(float));                                                             \
+        for (Py_ssize_t img = 0; img < n; img++) {                                                            \
+            im2col_f32_split(x, img, c, h, w, k, buf, phase, table);                                          \
+            float *yi = y + img * o * cols;                                                                   \
+            for (Py_ssize_t p0 = first; p0 < last; p0 += span_max) {                                          \
+                const Py_ssize_t span = last - p0 < span_max ? last - p0 : span_max;                          \
+                const Py_ssize_t r0 = p0 / ow, v0 = p0 % ow;                                                  \
+                for (Py_ssize_t ch = 0; ch < c; ch++)                                                         \
+                    for (Py_ssize_t t = 0; t < kh * kw; t++) {                                                \
+                        const float *src = buf + ch * chan + offset[t];                                       \
+                        float *dst = panels + (ch * kh * kw + t) * PANEL_COLS;                                \
+                        Py_ssize_t at = 0, r = r0, v = v0; /* at: the span's position; (r, v): its output cell */ \
+                        while (at < span) {                                                                   \
+                            const Py_ssize_t run = ow - v < span - at ? ow - v : span - at;                   \
+                            const float *from = src + r * pe_w + v;                                           \
+                            for (Py_ssize_t done = 0; done < run;) {                                          \
+                                const Py_ssize_t pos = at + done, lane = pos % PANEL_COLS;                    \
+                                const Py_ssize_t piece = panel_piece(lane, run - done);                       \
+                                panel_move_##W(dst + pos / PANEL_COLS * rows * PANEL_COLS + lane, from + done, piece); \
+                                done += piece;                                                                \
+                            }                                                                                 \
+                            at += run;                                                                        \
+                            v = 0;                                                                            \
+                            r++;                                                                              \
+                        }                                                                                     \
+                    }                                                                                         \
+                panel_tiles_##W(wp, rows * PANEL_ROWS, panels, rows * PANEL_COLS, rows, o, span, yi + p0, cols, \
+                                bias, 0);                                                                     \
+            }                                                                                                 \
+        }                                                                                                     \
     }
-}
+
+DEFINE_PANEL_KERNELS(512)
+DEFINE_PANEL_KERNELS(256)
 #define HAVE_PANEL_GEMM 1
 #endif
 
@@ -2838,7 +2936,8 @@ static PyObject *panel_gemm(PyObject *self, PyObject *args) {
             goto out;
 #ifdef HAVE_PANEL_GEMM
     Py_ssize_t ld[3];
-    int fits = __builtin_cpu_supports("avx512f");
+    const int width = panel_width();
+    int fits = width != 0;
     for (int i = 0; i < 3 && fits; i++) fits = panel_operand(&v[i], &ld[i]);
     if (fits && count == 4)
         fits = v[3].ndim == 1 && v[3].itemsize == 4 && v[3].format && strcmp(v[3].format, "f") == 0 &&
@@ -2863,8 +2962,9 @@ static PyObject *panel_gemm(PyObject *self, PyObject *args) {
         return PyErr_NoMemory();
     }
     Py_BEGIN_ALLOW_THREADS
-    panel_gemm_f32(v[0].buf, ld[0], v[1].buf, ld[1], v[2].buf, ld[2], count == 4 ? v[3].buf : NULL, m, n, k, packed,
-                   packed + wbytes / 4, block);
+    (width == 64 ? panel_gemm_f32_512 : panel_gemm_f32_256)(v[0].buf, ld[0], v[1].buf, ld[1], v[2].buf, ld[2],
+                                                            count == 4 ? v[3].buf : NULL, m, n, k, packed,
+                                                            packed + wbytes / 4, block);
     Py_END_ALLOW_THREADS
     panel_scratch_trim();
 #endif
@@ -2898,7 +2998,8 @@ static PyObject *panel_weight_grad(PyObject *self, PyObject *args) {
     Py_ssize_t ldw;
     const Py_ssize_t n = g[0], c = g[1], h = g[2], w = g[3], kh = g[4], kw = g[5], oh = g[12], ow = g[13];
     const Py_ssize_t hp = h + 2 * g[8], wp = w + 2 * g[9];
-    if (!__builtin_cpu_supports("avx512f") || !panel_operand(&v, &ldw) || v.shape[1] != c * kh * kw || g[11] != 1 ||
+    const int width = panel_width();
+    if (!width || !panel_operand(&v, &ldw) || v.shape[1] != c * kh * kw || g[11] != 1 ||
         pad_h != hp || pad_w != wp || item_size(ox) != 4)
         goto out;
     const Py_ssize_t o = v.shape[0], k = v.shape[1];
@@ -2918,8 +3019,9 @@ static PyObject *panel_weight_grad(PyObject *self, PyObject *args) {
         goto out;
     }
     Py_BEGIN_ALLOW_THREADS
-    panel_weight_grad_f32(x, dy, v.buf, ldw, o, g, scratch, scratch + pbytes / 4, scratch + (pbytes + qbytes) / 4,
-                          (Py_ssize_t *)(scratch + (pbytes + qbytes + abytes) / 4));
+    (width == 64 ? panel_weight_grad_f32_512 : panel_weight_grad_f32_256)(
+        x, dy, v.buf, ldw, o, g, scratch, scratch + pbytes / 4, scratch + (pbytes + qbytes) / 4,
+        (Py_ssize_t *)(scratch + (pbytes + qbytes + abytes) / 4));
     Py_END_ALLOW_THREADS
     panel_scratch_trim();
 #endif
@@ -2947,7 +3049,8 @@ static PyObject *panel_conv_forward(PyObject *self, PyObject *args) {
 #ifdef HAVE_PANEL_GEMM
     Py_ssize_t ldw;
     const Py_ssize_t n = g[0], c = g[1], h = g[2], w = g[3], *k = g + 4;
-    if (!__builtin_cpu_supports("avx512f") || !panel_operand(&v, &ldw) || v.shape[1] != c * k[0] * k[1] ||
+    const int width = panel_width();
+    if (!width || !panel_operand(&v, &ldw) || v.shape[1] != c * k[0] * k[1] ||
         item_size(ox) != 4)
         goto out;
     const Py_ssize_t o = v.shape[0], rows = v.shape[1], cols = k[8] * k[9];
@@ -2979,8 +3082,8 @@ static PyObject *panel_conv_forward(PyObject *self, PyObject *args) {
     float *wp = scratch + (bbytes + tbytes) / 4;
     Py_BEGIN_ALLOW_THREADS
     panel_pack_rows(v.buf, ldw, o, rows, wp);
-    panel_conv_forward_f32(x, wp, bias, y, o, g, scratch, pe_h, pe_w, (Py_ssize_t *)(scratch + bbytes / 4),
-                           wp + wbytes / 4, first, last);
+    (width == 64 ? panel_conv_forward_f32_512 : panel_conv_forward_f32_256)(
+        x, wp, bias, y, o, g, scratch, pe_h, pe_w, (Py_ssize_t *)(scratch + bbytes / 4), wp + wbytes / 4, first, last);
     Py_END_ALLOW_THREADS
     panel_scratch_trim();
 #endif
@@ -3059,16 +3162,18 @@ static PyMethodDef methods[] = {
      "(nothing done) where the BLAS cannot take them or set_gemm was not called for their type"},
     {"panel_gemm", panel_gemm, METH_VARARGS,
      "panel_gemm(y, w, x, bias): y = w @ x (+ bias per row) on float32 2-D views unit-strided along their rows, by "
-     "12 x 32 tiles over packed panels; False (nothing done) where the CPU lacks AVX-512F or the arrays do not fit"},
+     "12 x 32 tiles over packed panels; False (nothing done) where the CPU has neither AVX-512F nor AVX2 with FMA "
+     "(or the vector width in use is 16 bytes) or the arrays do not fit"},
     {"panel_conv_forward", panel_conv_forward, METH_VARARGS,
      "panel_conv_forward(x, w, bias, y, geometry, first=0, last=-1): y = the 2-D convolution of x with w (o, c*kh*kw) "
      "(+ bias) for one group (lowering() geometry) on each image's output cells [first, last) (-1: all), lowered span "
-     "by span into the panel GEMM's panels; False (nothing done) where the CPU lacks AVX-512F or the arguments do not "
-     "fit"},
+     "by span into the panel GEMM's panels; False (nothing done) where the CPU has neither AVX-512F nor "
+     "AVX2 with FMA or the arguments do not fit"},
     {"panel_weight_grad", panel_weight_grad, METH_VARARGS,
      "panel_weight_grad(x, dy, dw, geometry): dw (o, c*kh*kw) += the weight gradient of a 2-D convolution of one "
      "group (lowering() geometry, dilation 1 along the rows) over the images, by the panel GEMM's tiles on lowered "
-     "panels made span by span; False (nothing done) where the CPU lacks AVX-512F or the arguments do not fit"},
+     "panels made span by span; False (nothing done) where the CPU has neither AVX-512F nor AVX2 with FMA or the "
+     "arguments do not fit"},
     {"vector_width", vector_width, METH_VARARGS,
      "vector_width(bytes=0): the register width in bytes (16, 32, 64) the kernels built per width run at; with "
      "bytes, that width from now on (0: the CPU's widest), returning the previous one"},

@@ -188,7 +188,7 @@ def panels_chosen(monkeypatch, tmp_path):
     from cct.engines import measured
 
     if not native.panel_gemms():
-        pytest.skip("the panel GEMMs run on AVX-512F with the compiled kernels")
+        pytest.skip("the panel GEMMs run on AVX-512F or AVX2 with FMA, with the compiled kernels")
     monkeypatch.setenv("CCT_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(lowering, "PANEL_MIN_FLOPS", 0)
     asked, calls = [], []

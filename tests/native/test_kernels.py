@@ -11,6 +11,7 @@ import pytest
 
 from cct import native
 from cct.errors import CctError
+from tests.helpers import at_vector_width, compiled_vector_widths
 
 
 def test_built_where_a_c_compiler_is():
@@ -356,7 +357,7 @@ def test_panel_gemm_is_the_product(kernels, m, k, n, with_bias):
     a column block of several panels), an empty sum; the values outside y's view untouched; each value a sum over
     k whatever columns a call covers (the same bits computed on a split of the columns)."""
     if not native.panel_gemms():
-        pytest.skip("the panel GEMM runs on AVX-512F")
+        pytest.skip("the panel GEMMs run on AVX-512F or AVX2 with FMA")
     from cct.compare.tolerance import assert_close
 
     rng = np.random.default_rng(m * 7 + k)
@@ -379,7 +380,7 @@ def test_panel_gemm_declines_what_it_does_not_take(kernels):
     """False, nothing written, for float64, a view strided along its rows and shapes that do not chain; a
     non-array argument is an error."""
     if not native.panel_gemms():
-        pytest.skip("the panel GEMM runs on AVX-512F")
+        pytest.skip("the panel GEMMs run on AVX-512F or AVX2 with FMA")
     w, x = np.ones((4, 3), np.float32), np.ones((3, 5), np.float32)
     y = np.zeros((4, 5), np.float32)
     assert not kernels.panel_gemm(y.astype(np.float64), w.astype(np.float64), x.astype(np.float64), None)
@@ -395,7 +396,7 @@ def test_panel_weight_grad_declines_what_it_does_not_take(kernels):
     """The panels' weight gradient: False, dw untouched, for a dilation along the columns, a dw whose columns are not
     the lowered rows, and float64; buffers smaller than the geometry says are an error."""
     if not native.panel_gemms():
-        pytest.skip("the panel GEMM runs on AVX-512F")
+        pytest.skip("the panel GEMMs run on AVX-512F or AVX2 with FMA")
     x, dy = np.ones((1, 2, 6, 6), np.float32), np.ones((1, 3, 4, 4), np.float32)
     dw = np.zeros((3, 18), np.float32)
     geometry = (1, 2, 6, 6, 3, 3, 1, 1, 0, 0, 1, 1, 4, 4)
@@ -411,6 +412,36 @@ def test_panel_weight_grad_declines_what_it_does_not_take(kernels):
         kernels.panel_weight_grad(x[:, :1].copy(), dy, dw, geometry)
 
 
+def test_panel_kernels_make_the_same_bits_at_every_vector_width(kernels):
+    """The panel kernels are built for AVX-512F and for AVX2 with FMA over the same packed operands, each value
+    the same fused multiply-adds in the same order: at every width this CPU runs (``vector_width``) the product,
+    the forward lowered into the panels and the weight gradient are the same bits; at 16 bytes they decline."""
+    if not native.panel_gemms():
+        pytest.skip("the panel GEMMs run on AVX-512F or AVX2 with FMA")
+    rng = np.random.default_rng(3)
+    w, x = rng.standard_normal((25, 363), dtype=np.float32), rng.standard_normal((363, 301), dtype=np.float32)
+    bias = rng.standard_normal(25, dtype=np.float32)
+    n, c, o, (h, wd), oh, ow = 2, 3, 14, (23, 25), 11, 12
+    geometry = (n, c, h, wd, 5, 5, 2, 2, 1, 1, 1, 1, oh, ow)
+    xc = rng.standard_normal((n, c, h, wd), dtype=np.float32)
+    wc = rng.standard_normal((o, c * 25), dtype=np.float32)
+    dy = rng.standard_normal((n, o, oh, ow), dtype=np.float32)
+    results = []
+    for width in [wd_ for wd_ in compiled_vector_widths() if wd_ >= 32]:
+        with at_vector_width(width):
+            y, yc, dw = np.empty((25, 301), np.float32), np.empty((n, o, oh, ow), np.float32), np.ones_like(wc)
+            assert kernels.panel_gemm(y, w, x, bias)
+            assert kernels.panel_conv_forward(xc, wc, bias[:o], yc, geometry)
+            assert kernels.panel_weight_grad(xc, dy, dw, geometry)
+        results.append((y, yc, dw))
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+    with at_vector_width(16):
+        y = np.zeros((25, 301), np.float32)
+        assert not kernels.panel_gemm(y, w, x, bias) and not y.any()
+
+
 @pytest.mark.parametrize("geometry", [
     # n, c, o, (h, w), kernel, stride, pad, dilation: spans cut inside output rows, rows past o, wide kernels
     (2, 3, 96, (35, 37), (11, 11), (4, 4), (0, 0), (1, 1)),
@@ -423,7 +454,7 @@ def test_panel_conv_forward_is_the_convolution(kernels, geometry):
     """The forward lowered span by span into the panels: the float64 definition's values (bias added) for strides,
     padding and dilation along either axis."""
     if not native.panel_gemms():
-        pytest.skip("the panel GEMM runs on AVX-512F")
+        pytest.skip("the panel GEMMs run on AVX-512F or AVX2 with FMA")
     from cct.compare.tolerance import assert_close
     from cct.engines import ConvGeometry
     from tests.engines import reference as ref
