@@ -38,13 +38,18 @@ class NetCore:
     # ---- construction --------------------------------------------------------------------------
     def _init_net(self, param: pb.NetParameter, source: str = "<net>", executor: Executor | None = None) -> None:
         """Build the net from ``param``; ``executor`` runs its passes (default: the plain serial loop).  The
-        engines its layers measure to choose (autotuning) share one bounded budget, logged with its total."""
+        engines its layers measure to choose (autotuning) share one bounded budget, logged with its total; a net
+        that runs no backward — TEST phase without ``force_backward``: ``cct test``, a solver's test nets, a
+        deploy net in pycaffe — chooses each convolution by its forward time (its backward still runs if asked
+        for, on the engine chosen)."""
         from cct.engines.autotune import measuring_session
+        from cct.engines.base import choosing_for_forward_only
         from cct.engines.choice import engines_for
 
         # layers run on a device (GPU mode) choose their engines for it, measuring nothing on the host
         device_xp = executor.layer_array_module() if executor is not None else None
-        with measuring_session() as ledger, engines_for(device_xp):
+        inference = param.state.phase == pb.TEST and not param.force_backward
+        with measuring_session() as ledger, engines_for(device_xp), choosing_for_forward_only(inference):
             self._build(param, source, executor)
         if ledger.measured or ledger.skipped:
             log.info("Engine autotuning (%s): %d layer(s) measured in %.2f s%s; cached for the next runs",

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from cct.config import settings
-from cct.engines.base import ConvEngine, ConvGeometry
+from cct.engines.base import ConvEngine, ConvGeometry, forward_only
 from cct.engines.cost_model import DEFAULT_RATES, MachineRates, layer_costs
 from cct.engines.measured import (
     _charged,
@@ -240,9 +240,14 @@ def geometry_key(g: ConvGeometry, dtype: Any) -> str:
             f"-d{'x'.join(map(str, g.dilation))}-{np.dtype(dtype).name}-{_threads_key()}")
 
 
+def _passes_key() -> str:
+    """The end of a measurement's cache key: which passes it timed (the forward alone, or a training step)."""
+    return "-fwd" if forward_only() else ""
+
+
 def lowering_key(g: ConvGeometry, dtype: Any) -> str:
     """The cache key of :func:`autotune`'s measurement of the lowerings on ``g``."""
-    return f"{geometry_key(g, dtype)}-v{LOWERING_MEASURE_VERSION}"
+    return f"{geometry_key(g, dtype)}-v{LOWERING_MEASURE_VERSION}{_passes_key()}"
 
 
 def _rates_key() -> str:
@@ -394,7 +399,9 @@ def _largest_buffer(g: ConvGeometry, strategy: int) -> int:
 def _measure_engines(engines: dict[Any, ConvEngine], g: ConvGeometry, dtype: Any, rounds: int,
                      settle: float = 0.0, warm: bool = False) -> dict[Any, float]:
     """Best seconds of one training step of ``g`` — forward, then backward (data and weights) — for each
-    engine, every step on operands no earlier step saw (only the FFT engine's reuse within a step counts).
+    engine (of the forward alone while choosing for a net that runs no backward:
+    :func:`cct.engines.base.choosing_for_forward_only`), every step on operands no earlier step saw (only the FFT
+    engine's reuse within a step counts).
 
     ``settle`` = 0 (engines on the same threads: the lowerings): one warm-up step each (plans, workspaces;
     none when the engines are ``warm`` from an earlier measurement of ``g``), then ``rounds`` rounds
@@ -413,7 +420,7 @@ def _measure_engines(engines: dict[Any, ConvEngine], g: ConvGeometry, dtype: Any
     dy = stand_in(rng, (g.num, g.out_channels) + g.out_shape, dtype)
     y, dx, dw = np.empty_like(dy), np.empty_like(x), np.zeros_like(w)
     first = [float(a.flat[0]) for a in (x, w, dy)]
-    steps = [0]
+    steps, backward = [0], not forward_only()
 
     def step(eng: ConvEngine) -> float:
         # as in training, each step's input, weights and output gradient differ from every earlier step's (so
@@ -424,7 +431,8 @@ def _measure_engines(engines: dict[Any, ConvEngine], g: ConvGeometry, dtype: Any
             a.flat[0] = v + 0.01 * steps[0]
         t = time.perf_counter()
         eng.forward(x, w, None, y)
-        eng.backward(x, dy, w, dx, dw)
+        if backward:
+            eng.backward(x, dy, w, dx, dw)
         return time.perf_counter() - t
 
     for eng in engines.values():
@@ -460,7 +468,8 @@ def autotune(g: ConvGeometry, dtype: Any = np.float32, candidates: Any = None,
     (one round in a net's fast measurement), those within ``LOWERING_RECHECK_WINDOW`` of the fastest measured
     as often again in the other order, each keeping its best, then those within ``LOWERING_WHOLE_WINDOW`` on the
     whole batch where that takes at most ``LOWERING_WHOLE_SECONDS`` (their times from it); cached per geometry,
-    dtype and thread setting."""
+    dtype and thread setting.  Of the forward alone while choosing for a net that runs no backward
+    (:func:`cct.engines.base.choosing_for_forward_only`; cached apart)."""
     from cct.engines.lowering import strategy_fallback
 
     wanted = [s for s in (candidates or (1, 2, 3)) if strategy_fallback(s, g) is None]
@@ -514,7 +523,8 @@ def _autotune_lowerings(g: ConvGeometry, dtype: Any, wanted: list[int], images: 
 def autotune_conv_engine(g: ConvGeometry, dtype: Any = np.float32, strategy: int = 1,
                          predicted: float | None = None, fft: bool = True,
                          winograd: bool = False) -> dict[str, float] | None:
-    """Seconds of one forward + backward (data and weights) of the whole layer ``g`` with the lowering engine
+    """Seconds of one forward + backward (data and weights) — of the forward alone while choosing for a net that
+    runs no backward (cached apart) — of the whole layer ``g`` with the lowering engine
     (lowering ``strategy``, type 1 where it does not apply), with the FFT engine (``fft``) in its layouts whose
     predictions are within ``FFT_LAYOUT_WINDOW`` of each other (else the predicted one) and with the Winograd
     engine (``winograd``) in both tile sizes: ``{"lowering": s, "fft full": s, "fft lifted": s, "winograd 4": s,
@@ -537,7 +547,7 @@ def autotune_conv_engine(g: ConvGeometry, dtype: Any = np.float32, strategy: int
 
     strategy = strategy if strategy_fallback(strategy, g) is None else 1
     key = f"{geometry_key(g, dtype)}-lowering{strategy}" + ("" if fft else "-nofft") \
-        + ("-winograd" if winograd else "") + f"-v{ENGINE_MEASURE_VERSION}"
+        + ("-winograd" if winograd else "") + f"-v{ENGINE_MEASURE_VERSION}{_passes_key()}"
     cached = _read_cache().get("conv_engine", {}).get(key)
     if cached and "lowering" in cached and (not fft or any(k.startswith("fft ") for k in cached)) \
             and (not winograd or any(k.startswith("winograd ") for k in cached)):
@@ -595,10 +605,10 @@ def _measure_conv_engines(g: ConvGeometry, dtype: Any, strategy: int, predicted:
 
     if predicted is None:
         rates = machine_rates()
-        lowering = {e.variant: e.seconds for e in LoweringEngine.estimates(g, dtype, rates)}
+        lowering = {e.variant: e.chosen_seconds for e in LoweringEngine.estimates(g, dtype, rates)}
         predicted = lowering[f"lowering {strategy}"]
         if fft:
-            predicted = max(predicted, min(e.seconds for e in FFTEngine.estimates(g, dtype, rates)))
+            predicted = max(predicted, min(e.chosen_seconds for e in FFTEngine.estimates(g, dtype, rates)))
     effort = _effort()
     engines: dict[str, ConvEngine] = {"lowering": LoweringEngine(strategy, workspace=Workspace())}
     if fft:
@@ -682,8 +692,8 @@ def _record_model_error(g: ConvGeometry, dtype: Any, strategy: int, measured: di
     from cct.engines.winograd import WinogradEngine
 
     rates = machine_rates()
-    if rates is DEFAULT_RATES:  # not calibrated here: an error against the defaults says nothing of the model
-        return
+    if rates is DEFAULT_RATES or forward_only():  # not calibrated here: an error against the defaults says nothing
+        return  # of the model; the errors kept are of training steps (a forward's would be another model's)
     predicted = {e.variant: e.seconds for e in FFTEngine.estimates(g, dtype, rates)}
     predicted.update({e.variant: e.seconds for e in LoweringEngine.estimates(g, dtype, rates)})
     predicted.update({e.variant: e.seconds for e in WinogradEngine.estimates(g, dtype, rates)})

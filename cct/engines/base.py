@@ -2,11 +2,40 @@
 cost (see :mod:`cct.engines` for the engines and how layers get them)."""
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+# whether the engines being chosen will run the forward pass alone (a net that runs no backward: TEST phase
+# without force_backward), so that each convolution is chosen by its forward time, not a training step's
+_forward_only: ContextVar[bool] = ContextVar("cct_forward_only", default=False)
+
+
+def forward_only() -> bool:
+    """Whether the engine choices made now are for a net that runs the forward pass alone."""
+    return _forward_only.get()
+
+
+@contextlib.contextmanager
+def choosing_for_forward_only(flag: bool) -> Iterator[None]:
+    """Within the block the engines are chosen (predicted, measured, cached) for the forward pass alone when
+    ``flag``, else for a training step (forward and backward)."""
+    token = _forward_only.set(bool(flag))
+    try:
+        yield
+    finally:
+        _forward_only.reset(token)
+
+
+def chosen_seconds(forward: float, backward: float) -> float:
+    """The time an engine choice weighs: ``forward`` alone under :func:`choosing_for_forward_only`, else the
+    training step's ``forward + backward``."""
+    return forward if forward_only() else forward + backward
 
 
 @dataclass(frozen=True)
@@ -76,6 +105,12 @@ class Estimate:
     def seconds(self) -> float:
         """Forward + backward (data and weights): one training step of the layer."""
         return self.forward_seconds + self.backward_seconds
+
+    @property
+    def chosen_seconds(self) -> float:
+        """What an engine choice weighs (:func:`chosen_seconds`): the forward alone for a net that runs no
+        backward, else :attr:`seconds`."""
+        return chosen_seconds(self.forward_seconds, self.backward_seconds)
 
 
 class ConvEngine(ABC):

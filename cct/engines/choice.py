@@ -56,7 +56,7 @@ import numpy as np
 from cct.config import settings
 from cct.engines import conv_engine_class, create_conv_engine
 from cct.engines.autotune import autotune, autotune_conv_engine, machine_rates, model_errors, net_ledger
-from cct.engines.base import ConvEngine, ConvGeometry
+from cct.engines.base import ConvEngine, ConvGeometry, choosing_for_forward_only, forward_only
 from cct.engines.cost_model import MachineRates, estimate_seconds, layer_costs
 from cct.errors import CctError
 
@@ -143,7 +143,9 @@ class SelectedEngine(ConvEngine):
       with the reason in :meth:`describe`.
 
     Every engine call goes to :attr:`inner`; other attributes (``strategy``, ``reuses``, ...) are read from
-    it too.  :attr:`reason` says why this engine runs ("" when the setting named it)."""
+    it too.  :attr:`reason` says why this engine runs ("" when the setting named it).  An engine created while a
+    net that runs no backward is built (:func:`cct.engines.base.choosing_for_forward_only`) is chosen, at every
+    geometry, by the forward's time alone (:attr:`forward_only`)."""
 
     def __init__(self, choice: str = "auto", source: str = "default", lowering: int | str = "auto",
                  lowering_source: str = "default"):
@@ -155,6 +157,7 @@ class SelectedEngine(ConvEngine):
         self.inner: ConvEngine | None = None
         self.reason = ""
         self._key: tuple[Any, ...] | None = None
+        self.forward_only = forward_only()
 
     @property  # type: ignore[override]
     def name(self) -> str:
@@ -176,6 +179,10 @@ class SelectedEngine(ConvEngine):
         key = (geometry, dtype, xp if xp is not None else np)
         if key == self._key and self.inner is not None:
             return False
+        with choosing_for_forward_only(self.forward_only):
+            return self._configure(geometry, dtype, xp, key)
+
+    def _configure(self, geometry: ConvGeometry, dtype: Any, xp: Any, key: tuple[Any, ...]) -> bool:
         choice, reason = choose_conv_engine(geometry, dtype, xp, self.choice, self.source, self.lowering)
         name, _, layout = choice.partition(" ")  # "fft lifted" / "winograd 2": a measured layout or tile
         tile = int(layout) if name == "winograd" and layout else None
@@ -273,21 +280,29 @@ def fft_applies(g: ConvGeometry, xp: Any = None) -> tuple[bool, str]:
     return FFTEngine.supports(g)
 
 
+def _decided(how: str) -> str:
+    """``how`` a prediction or a measurement decided a layer's engine or lowering, naming the pass it weighed
+    where that was the forward alone (a net that runs no backward): ``cost model, forward pass``."""
+    return f"{how}, forward pass" if forward_only() else how
+
+
 def predicted_fft_seconds(g: ConvGeometry, dtype: Any = np.float32, rates: MachineRates | None = None) -> float:
-    """The FFT engine's predicted forward+backward seconds for ``g`` (its own model at ``rates``, default the
-    machine's as cached; nothing measured)."""
+    """The FFT engine's predicted forward+backward seconds for ``g`` (the forward's while choosing for a net that
+    runs no backward), its faster layout (its own model at ``rates``, default the machine's as cached; nothing
+    measured)."""
     from cct.engines.fft import FFTEngine
 
-    est = FFTEngine.estimate(g, np.dtype(dtype).itemsize, rates or machine_rates())
-    return float(est[est["choice"]]["seconds"])
+    return min((e.chosen_seconds for e in FFTEngine.estimates(g, dtype, rates or machine_rates())),
+               default=float("inf"))
 
 
 def predicted_winograd_seconds(g: ConvGeometry, dtype: Any = np.float32, rates: MachineRates | None = None) -> float:
-    """The Winograd engine's predicted forward+backward seconds for ``g``, its faster tile (its own model at
-    ``rates``, default the machine's as cached; nothing measured)."""
+    """The Winograd engine's predicted forward+backward seconds for ``g`` (the forward's while choosing for a net
+    that runs no backward), its faster tile (its own model at ``rates``, default the machine's as cached; nothing
+    measured)."""
     from cct.engines.winograd import WinogradEngine
 
-    return min(e.seconds for e in WinogradEngine.estimates(g, dtype, rates or machine_rates()))
+    return min(e.chosen_seconds for e in WinogradEngine.estimates(g, dtype, rates or machine_rates()))
 
 
 def _lowering_prediction(g: ConvGeometry, lowering: int | str, rates: MachineRates | None = None) -> float:
@@ -377,13 +392,13 @@ def choose_conv_engine(g: ConvGeometry, dtype: Any = np.float32, xp: Any = None,
     if fft and tune is not True:  # else the usual case: the layer's log line shows both predictions
         fft = t_low - t_fft / FAST_MEASURE_WINDOW >= PREFER_TYPE1_SECONDS
     if tune is False and (fft or wino_sized):
-        return _engine_by_models(g, dtype, t_low, "engine by cost model", fft, wino_sized)
+        return _engine_by_models(g, dtype, t_low, _decided("engine by cost model"), fft, wino_sized)
     if not fft and not wino:
         return "lowering", fft_why
     strategy = choose_strategy(g, dtype)[0] if lowering == "auto" else int(lowering)
     measured = autotune_conv_engine(g, dtype, strategy, max(t_low, t_fft), fft=fft, winograd=wino)
     if measured is None:  # the net's measuring budget is spent: the calibrated models decide
-        return _engine_by_models(g, dtype, t_low, "engine by cost model, autotune budget spent", fft, wino)
+        return _engine_by_models(g, dtype, t_low, _decided("engine by cost model, autotune budget spent"), fft, wino)
     # a measured tie keeps the lowering engine (Caffe's summation order, no spectra or tiles to hold): another
     # engine qualifies when the lowering engine takes over MEASURED_PREFER_FRACTION longer (no absolute floor: a
     # layer measured at all is one where the models saw PREFER_TYPE1_SECONDS to gain, and a 16->16 3^3 layer's
@@ -406,7 +421,7 @@ def choose_conv_engine(g: ConvGeometry, dtype: Any = np.float32, xp: Any = None,
         name = tiles[0]
     if ledger and kept.get(name, 0) > KEPT_BYTES:
         ledger.kept += kept[name]
-    return name, "engine autotuned: " + ", ".join(f"{k} {t * 1e3:.3g} ms" for k, t in measured.items())
+    return name, _decided("engine autotuned") + ": " + ", ".join(f"{k} {t * 1e3:.3g} ms" for k, t in measured.items())
 
 
 def _depthwise_by_models(g: ConvGeometry, dtype: Any, t_low: float, rates: Any) -> tuple[str, str]:
@@ -414,9 +429,10 @@ def _depthwise_by_models(g: ConvGeometry, dtype: Any, t_low: float, rates: Any) 
     the lowering's (one tiny GEMM per group: 5-17x slower on MobileNet's layers at 16 images, 2 cores)."""
     from cct.engines.depthwise import DepthwiseEngine
 
-    t_dw = DepthwiseEngine.estimates(g, dtype, rates)[0].seconds
+    t_dw = DepthwiseEngine.estimates(g, dtype, rates)[0].chosen_seconds
     name = "depthwise" if t_dw < t_low else "lowering"
-    return name, f"engine by cost model (depthwise {t_dw * 1e3:.3g} ms, lowering {t_low * 1e3:.3g} ms predicted)"
+    return name, (_decided("engine by cost model")
+                  + f" (depthwise {t_dw * 1e3:.3g} ms, lowering {t_low * 1e3:.3g} ms predicted)")
 
 
 def _engine_by_models(g: ConvGeometry, dtype: Any, t_low: float, why: str, fft: bool = True,
@@ -436,8 +452,8 @@ def _engine_by_models(g: ConvGeometry, dtype: Any, t_low: float, why: str, fft: 
     if fft:
         from cct.engines.fft import FFTEngine
 
-        est = FFTEngine.estimate(g, np.dtype(dtype).itemsize, rates)
-        layouts = {f"fft {k}": est[k]["seconds"] * errors.get(f"fft {k}", 1.0) for k in ("full", "lifted") if k in est}
+        layouts = {e.variant: e.chosen_seconds * errors.get(e.variant, 1.0)
+                   for e in FFTEngine.estimates(g, dtype, rates)}
         name = min(layouts, key=layouts.__getitem__)
         predicted[name] = layouts[name]
         if _fft_predicted_faster(g, dtype, low, layouts[name], name.split()[1]):
@@ -445,7 +461,8 @@ def _engine_by_models(g: ConvGeometry, dtype: Any, t_low: float, why: str, fft: 
     if winograd:
         from cct.engines.winograd import WinogradEngine
 
-        tiles = {e.variant: e.seconds * errors.get(e.variant, 1.0) for e in WinogradEngine.estimates(g, dtype, rates)}
+        tiles = {e.variant: e.chosen_seconds * errors.get(e.variant, 1.0)
+                 for e in WinogradEngine.estimates(g, dtype, rates)}
         name = min(tiles, key=tiles.__getitem__)
         smallest = min(tiles, key=lambda k: int(k.split()[1]))
         if tiles[smallest] <= WINOGRAD_TILE_WINDOW * tiles[name]:
@@ -525,12 +542,12 @@ def choose_strategy(g: ConvGeometry, dtype: Any = np.float32, xp: Any = None) ->
     if tune is True:
         measured = autotune(g, dtype)
         if measured is not None:
-            return min(measured, key=measured.__getitem__), "autotuned"
+            return min(measured, key=measured.__getitem__), _decided("autotuned")
     best = min(predicted, key=predicted.__getitem__)
     # nothing measurable to gain (where a close call would be measured: even at the model's error): keep Caffe's
     # summation order
     if predicted[1] - predicted[best] / (AUTOTUNE_WINDOW if tune == "auto" else 1.0) < PREFER_TYPE1_SECONDS:
-        return 1, "cost model"
+        return 1, _decided("cost model")
     # at this machine's rates, each lowering's prediction scaled by its model's measured error here
     errors = model_errors()
     predicted = {s: t * errors.get(f"lowering {s}", 1.0)
@@ -541,12 +558,12 @@ def choose_strategy(g: ConvGeometry, dtype: Any = np.float32, xp: Any = None) ->
         if len(close) > 1:
             measured = autotune(g, dtype, close)
             if measured is not None:
-                return min(measured, key=measured.__getitem__), "autotuned"
-            return best, "cost model, autotune budget spent"
-        return best, "cost model"
+                return min(measured, key=measured.__getitem__), _decided("autotuned")
+            return best, _decided("cost model, autotune budget spent")
+        return best, _decided("cost model")
     if predicted[1] - predicted[best] < max(PREFER_TYPE1_SECONDS, PREFER_TYPE1_FRACTION * predicted[best]):
         best = 1  # a close call: keep type 1, Caffe's own summation order
-    return best, "cost model"
+    return best, _decided("cost model")
 
 
 def describe_layer_engine(layer: Any) -> str:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from cct.engines.base import ConvGeometry
+from cct.engines.base import ConvGeometry, chosen_seconds
 
 
 @dataclass(frozen=True)
@@ -154,8 +154,9 @@ def pass_seconds(cost: LoweringCost, rates: MachineRates = DEFAULT_RATES, parts:
 
 
 def estimate_seconds(cost: LoweringCost, rates: MachineRates = DEFAULT_RATES, parts: int = 1) -> float:
-    """Predicted time of one forward + backward (:func:`pass_seconds`, summed)."""
-    return sum(pass_seconds(cost, rates, parts))
+    """Predicted time of one forward + backward (:func:`pass_seconds`, summed) — of the forward alone while
+    choosing for a net that runs no backward (:func:`cct.engines.base.choosing_for_forward_only`)."""
+    return chosen_seconds(*pass_seconds(cost, rates, parts))
 
 
 def channel_ratio(g: ConvGeometry) -> float:

@@ -385,3 +385,73 @@ def test_every_engine_prices_a_geometry_through_one_contract():
     big = estimate_convolution(ConvGeometry(16, 16, 32, 1, (12, 12), (3, 3), (1, 1), (1, 1), (1, 1)))
     assert big["lowering 1"].seconds > est["lowering 1"].seconds
     assert big["lowering 1"].workspace_bytes > est["lowering 1"].workspace_bytes
+
+
+def test_a_net_that_runs_no_backward_chooses_each_convolution_by_its_forward_time(monkeypatch, tmp_path):
+    """TEST phase without force_backward (``cct test``, a solver's test nets, a deploy net in pycaffe): the models
+    predict the forward alone (a lowering with the cheaper forward wins where its backward would have lost it the
+    training step), the layer says so, and a TRAIN net, or a TEST one with force_backward, keeps the training
+    step's choice."""
+    from cct.engines.base import Estimate, choosing_for_forward_only, forward_only
+
+    # type 1: forward 50 ms, backward 200; type 2: 100 and 50; type 3: 300 and 300 (the models alone)
+    passes = {1: (0.05, 0.2), 2: (0.1, 0.05), 3: (0.3, 0.3)}
+    monkeypatch.setattr(choice, "layer_costs", lambda g, s, per_image_lifting=False: s)
+    monkeypatch.setattr(cost_model, "pass_seconds", lambda s, rates=None, parts=1: passes[s])
+    monkeypatch.setattr(choice, "machine_rates", lambda calibrate_if_missing=False: cost_model.DEFAULT_RATES)
+    settings.set("autotune", False)
+    use_flags("auto", conv_engine="lowering")
+    g = _geo(64, 64)
+    assert not forward_only() and choice.choose_strategy(g) == (2, "cost model")
+    with choosing_for_forward_only(True):
+        assert forward_only() and choice.predicted_seconds(g) == {1: 0.05, 2: 0.1, 3: 0.3}
+        assert choice.choose_strategy(g) == (1, "cost model, forward pass")
+        assert Estimate("lowering", "lowering 2", 0.1, 0.05, 0).chosen_seconds == 0.1
+    assert Estimate("lowering", "lowering 2", 0.25, 0.5, 0).chosen_seconds == 0.75
+
+    net_file = tmp_path / "net.prototxt"
+    conv = ('layer { name: "conv" type: "Convolution" bottom: "data" top: "conv" '
+            'convolution_param { num_output: 64 kernel_size: 3 pad: 1 } }')
+    for phase, force, forward in (("TEST", False, True), ("TRAIN", False, False), ("TEST", True, False)):
+        net_file.write_text(f'force_backward: {str(force).lower()}\n'
+                            'layer { name: "data" type: "Input" top: "data" '
+                            'input_param { shape { dim: 2 dim: 64 dim: 32 dim: 32 } } }\n' + conv)
+        net = cct.Net(str(net_file), getattr(cct, phase))
+        layer = net.layers[1]
+        assert layer.engine.forward_only == forward
+        assert layer.engine.strategy == (1 if forward else 2)
+        assert ("(cost model, forward pass)" in choice.describe_layer_engine(layer)) == forward
+        net.blobs["data"].reshape(1, 64, 32, 32)  # chosen again at the new geometry, for the same passes
+        net.reshape()
+        assert layer.engine.strategy == (1 if forward else 2)
+
+
+def test_a_forward_only_measurement_times_the_forward_alone_and_is_kept_apart(monkeypatch):
+    """The lowerings measured for a net that runs no backward: forward steps only, cached under a key of their
+    own (a training net's measurement of the same layer is another), and no model error recorded (the errors
+    kept are of training steps)."""
+    from cct.engines.base import choosing_for_forward_only
+
+    g = ConvGeometry(8, 8, 8, 1, (12, 12), (3, 3), (1, 1), (1, 1), (1, 1))
+    backward_calls = []
+    real_backward = LoweringEngine.backward
+
+    def spy(self, *args, **kwargs):
+        backward_calls.append(1)
+        return real_backward(self, *args, **kwargs)
+
+    monkeypatch.setattr(LoweringEngine, "backward", spy)
+    recorded = []
+    calibrated = replace(cost_model.DEFAULT_RATES)  # rates of this machine's (not the defaults): errors recorded
+    monkeypatch.setattr(autotune, "machine_rates", lambda calibrate_if_missing=False: calibrated)
+    monkeypatch.setattr(autotune, "_write_cache", lambda entry, real=autotune._write_cache: (
+        recorded.extend(entry), real(entry)))
+    with choosing_for_forward_only(True):
+        key = autotune.lowering_key(g, np.float32)
+        assert key.endswith("-fwd") and autotune.autotune(g, np.float32, [1, 2])
+    assert not backward_calls and "model_error" not in recorded
+    cached = json.loads(measured.cache_path().read_text())["autotune"]
+    assert set(cached) == {key}
+    assert autotune.autotune(g, np.float32, [1, 2]) and backward_calls
+    assert set(json.loads(measured.cache_path().read_text())["autotune"]) == {key, autotune.lowering_key(g, np.float32)}
+    assert "model_error" in recorded
