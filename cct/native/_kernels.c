@@ -214,7 +214,7 @@ static inline void copy_row(void *restrict to, const void *restrict from, Py_ssi
 
 /* One vector v of a kernel offset's cells for LANES wide positions from `cell`, sw apart (lo, hi: scratch; EVEN:
  * the vector's even-lanes shuffle) */
-#define SCAN_LOAD(v, lo, hi, cell, sw, LANES, EVEN)                                                              \
+#define SCAN_LOAD(v, lo, hi, cell, sw, LANES, EVEN)                                                          \
     do {                                                                                                     \
         if ((sw) == 1) {                                                                                     \
             memcpy(&(v), (cell), sizeof(v));                                                                 \
@@ -228,8 +228,8 @@ static inline void copy_row(void *restrict to, const void *restrict from, Py_ssi
     } while (0)
 
 /* The scan one vector of wide positions at a time, its maxima and codes held in registers over the kernel
- * offsets (GCC/clang vector extensions; the clones widen them to each machine's registers).  The wide grid
- * is padded to whole vectors and each phase's block has room for the last vector's reads. */
+ * offsets (GCC/clang vector extensions, BYTES wide: built for each register width by CCT_BY_WIDTH).  The wide
+ * grid is padded to whole vectors of the widest and each phase's block has room for the last vector's reads. */
 #define DEFINE_SCAN(NAME, T, BYTES, TARGET)                                                                  \
     typedef T NAME##_vec __attribute__((vector_size(BYTES)));                                                \
     typedef SAME_SIZE_INT_##T NAME##_ivec __attribute__((vector_size(BYTES)));                               \
@@ -243,10 +243,10 @@ static inline void copy_row(void *restrict to, const void *restrict from, Py_ssi
             NAME##_ivec cd = {0}, gt;                                                                        \
             for (int l = 0; l < LANES; l++) b[l] = (T)-FLT_MAX;                                              \
             for (Py_ssize_t t = 0; t < s->k; t++) {                                                          \
-                SCAN_LOAD(v, lo, hi, buf + s->phase[t] * s->block + s->shift[t] + sw * q0, sw, LANES,    \
-                          EVEN_##T##_##BYTES);                                                           \
+                SCAN_LOAD(v, lo, hi, buf + s->phase[t] * s->block + s->shift[t] + sw * q0, sw, LANES,        \
+                          EVEN_##T##_##BYTES);                                                               \
                 gt = v > b;                                                                                  \
-                if (code) cd = (cd & ~gt) | ((SAME_SIZE_INT_##T)codes[t] & gt);                             \
+                if (code) cd = (cd & ~gt) | ((SAME_SIZE_INT_##T)codes[t] & gt);                              \
                 b = (NAME##_vec)(((NAME##_ivec)b & ~gt) | ((NAME##_ivec)v & gt));                            \
             }                                                                                                \
             memcpy(best + q0, &b, sizeof b);                                                                 \
@@ -367,8 +367,8 @@ DEFINE_MAX_BACKWARD(max_backward_f64, double)
             SCAN_LOAD(b, lo, hi, buf + s->phase[0] * s->block + s->shift[0] + sw * q0, sw, LANES,        \
                       EVEN_##T##_##BYTES);                                                               \
             for (Py_ssize_t t = 1; t < s->k; t++) {                                                          \
-                SCAN_LOAD(v, lo, hi, buf + s->phase[t] * s->block + s->shift[t] + sw * q0, sw, LANES,    \
-                          EVEN_##T##_##BYTES);                                                           \
+                SCAN_LOAD(v, lo, hi, buf + s->phase[t] * s->block + s->shift[t] + sw * q0, sw, LANES,        \
+                          EVEN_##T##_##BYTES);                                                               \
                 b += v;                                                                                      \
             }                                                                                                \
             memcpy(sum + q0, &b, sizeof b);                                                                  \
