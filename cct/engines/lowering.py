@@ -979,12 +979,12 @@ class LoweringEngine(ConvEngine):
         return choice == "panels"
 
     def _panel_weight_grad(self, dy: Any, chunks: list[list[tuple[int, int]]]) -> bool:
-        """Whether backward's weight gradient runs on the compiled kernel that lowers each image span by span
-        straight into the panel GEMM's panels and adds the tiles' sums into the accumulator (``panel_weight_grad``:
-        float32, AVX-512F; type 1, images first, one group, 2-D, no column dilation) rather than lowering each chunk
-        for BLAS: measured once per geometry and machine (both ways, lowering included, on stand-in chunks in every
-        batch partition at once: :func:`cct.engines.measured.measured_choice`).  It wins where OpenBLAS's GEMM with
-        a short dimension runs well below its rate — CaffeNet's conv1, 96 outputs by 363 lowered rows — and the
+        """Whether backward's weight gradient runs on the compiled kernel that lowers each image span by span straight
+        into the panel GEMM's panels and adds the tiles' sums into the accumulator (``panel_weight_grad``: float32,
+        AVX-512F or AVX2 with FMA; type 1, images first, one group, 2-D, no column dilation) rather than lowering each
+        chunk for BLAS: measured once per geometry and machine (both ways, lowering included, on stand-in chunks in
+        every batch partition at once: :func:`cct.engines.measured.measured_choice`).  It wins where OpenBLAS's GEMM
+        with a short dimension runs well below its rate — CaffeNet's conv1, 96 outputs by 363 lowered rows — and the
         lowered matrix would leave the caches."""
         g, L = self._geom(), self._lay()
         compiled = native.kernels()

@@ -83,7 +83,9 @@ def describe() -> str:
         return "numpy bodies (compiled kernels not built: no C compiler at install)"
     if kernels() is None:
         return "numpy bodies (compiled kernels off: CCT_NATIVE=0)"
-    return ("compiled (MAX and AVE pooling of up to 8 spatial axes; LRN across channels, beta 0.75; 2-D lowering, "
+    width = {64: "AVX-512", 32: "AVX2", 16: "SSE"}.get(_built.vector_width(), "?")
+    return (f"compiled, {width} vectors (MAX and AVE pooling of up to 8 spatial axes; LRN across channels, beta 0.75; "
+            "2-D lowering, "
             "images first or last, and its layout moves; ReLU backward, and forward after a sum; BatchNorm and Scale "
             "per channel; SoftmaxWithLoss backward; depthwise convolution; SGD update; gradients' finiteness; "
             "accumulating GEMM calls; "

@@ -37,8 +37,8 @@ def test_cct_native_switches_them_off(monkeypatch):
 
 def test_vector_width_runs_the_kernels_built_per_width_at_any_width_the_cpu_has():
     """The kernels built once per register width run at the CPU's widest by default; vector_width(n) picks a
-    narrower one (the tests compare each against the numpy bodies), 0 goes back to the widest, and a width that
-    is not 16, 32 or 64 bytes, or wider than the CPU's, is refused."""
+    narrower one (the tests compare each against the numpy bodies; ``cct device_query`` names it), 0 goes back to
+    the widest, and a width that is not 16, 32 or 64 bytes, or wider than the CPU's, is refused."""
     if native._built is None:
         pytest.skip("compiled kernels not built")
     k = native._built
@@ -46,6 +46,7 @@ def test_vector_width_runs_the_kernels_built_per_width_at_any_width_the_cpu_has(
     assert widest in (16, 32, 64)
     try:
         assert k.vector_width(16) == widest and k.vector_width() == 16
+        assert native.describe().startswith("compiled, SSE vectors")  # what cct device_query shows
         assert k.vector_width(0) == 16 and k.vector_width() == widest
         with pytest.raises(ValueError, match="expected 16, 32 or 64"):
             k.vector_width(24)
