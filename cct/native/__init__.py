@@ -84,11 +84,10 @@ def describe() -> str:
     if kernels() is None:
         return "numpy bodies (compiled kernels off: CCT_NATIVE=0)"
     width = {64: "AVX-512", 32: "AVX2", 16: "SSE"}.get(_built.vector_width(), "?")
-    return (f"compiled, {width} vectors (MAX and AVE pooling of up to 8 spatial axes; LRN across channels, beta 0.75; "
-            "2-D lowering, "
-            "images first or last, and its layout moves; ReLU backward, and forward after a sum; BatchNorm and Scale "
-            "per channel; SoftmaxWithLoss backward; depthwise convolution; SGD update; gradients' finiteness; "
-            "accumulating GEMM calls; "
+    return (f"compiled, {width} vectors (MAX and AVE pooling of up to 8 spatial axes; LRN across channels, "
+            "beta 0.75; 2-D lowering, images first or last, and its layout moves; ReLU backward, and forward after a "
+            "sum; BatchNorm and Scale per channel; SoftmaxWithLoss backward; depthwise convolution; SGD update; "
+            "gradients' finiteness; accumulating GEMM calls; "
             f"{'float32 panel GEMMs' if panel_gemms() else 'no panel GEMMs: neither AVX-512F nor AVX2 with FMA'}"
             "), numpy bodies elsewhere")
 
