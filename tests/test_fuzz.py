@@ -5,7 +5,7 @@ never a traceback, never an "internal error".
 The mutants are seeded (the same on every machine).  Each kind runs in one worker process (``python -m
 tests.test_fuzz KIND SEED COUNT FOLDER``) under an address-space limit, so that a mutated ``num_output: 1e9`` is
 a MemoryError (reported as one line) rather than a machine that swaps; a per-mutant alarm turns a hang into a
-failure.
+failure.  The workers of the kinds a session runs start together, as many at a time as the process has cores.
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -241,19 +242,39 @@ def worker(kind: str, seed: int, count: int, folder: Path) -> list[dict]:
 
 
 def _limit_memory() -> None:
+    """This process's address space at most ``MEMORY_LIMIT`` (the worker's first step; Linux)."""
+    if not sys.platform.startswith("linux"):
+        return
     import resource
 
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_fuzzed_inputs_fail_as_one_line_naming_the_file(kind, tmp_path):
+def _run_worker(kind: str, folder: Path) -> subprocess.CompletedProcess:
     root = Path(__file__).resolve().parent.parent
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
                OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
-    r = subprocess.run([sys.executable, "-m", "tests.test_fuzz", kind, str(SEED), str(COUNT), str(tmp_path)],
-                       cwd=root, env=env, capture_output=True, text=True, timeout=COUNT * PER_MUTANT_S,
-                       preexec_fn=_limit_memory if sys.platform.startswith("linux") else None)
+    return subprocess.run([sys.executable, "-m", "tests.test_fuzz", kind, str(SEED), str(COUNT), str(folder)],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=COUNT * PER_MUTANT_S)
+
+
+@pytest.fixture(scope="module")
+def fuzz_runs(request, tmp_path_factory):
+    """The worker of every kind the session runs, started at once, as many at a time as this process has cores
+    (each worker is one thread of mutants, most of their time the command line's start-up): a future per kind."""
+    test = test_fuzzed_inputs_fail_as_one_line_naming_the_file.__name__
+    kinds = [item.callspec.params["kind"] for item in request.session.items
+             if getattr(item, "originalname", None) == test and item.module.__name__ == __name__]
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    pool = ThreadPoolExecutor(max_workers=max(1, min(cores, len(kinds))))
+    futures = {kind: pool.submit(_run_worker, kind, tmp_path_factory.mktemp(f"fuzz-{kind}")) for kind in kinds}
+    yield futures
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_fuzzed_inputs_fail_as_one_line_naming_the_file(kind, fuzz_runs, tmp_path):
+    r = fuzz_runs[kind].result() if kind in fuzz_runs else _run_worker(kind, tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     results = json.loads(r.stdout.strip().splitlines()[-1])
     assert len(results) == COUNT
@@ -277,5 +298,6 @@ def test_fuzzed_inputs_fail_as_one_line_naming_the_file(kind, tmp_path):
 
 
 if __name__ == "__main__":
+    _limit_memory()
     kind, seed, count, folder = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
     print(json.dumps(worker(kind, seed, count, folder)))
