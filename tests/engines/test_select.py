@@ -349,8 +349,9 @@ def test_autotune_measures_one_chunk_of_the_layer(monkeypatch):
     times = autotune.autotune(g, np.float32, [2, 3])
     assert set(times) == {2, 3} and all(t > 0 for t in times.values())
     # 1024 GEMM columns per partition at 144 per image: 8 images each, 16 of the 64
-    assert sizes[2:4] == [16, 16] and set(sizes[4:]) <= {16}  # (after each engine's configure on the layer;
-    # a close call is measured again)
+    assert sizes[2:4] == [16, 16] and set(sizes[4:]) <= {16, 64}  # (after each engine's configure on the layer;
+    # a close call is measured again on the chunk, then on the whole batch: which lowerings are close is the
+    # machine's timing)
     cached = json.loads(measured.cache_path().read_text())["autotune"][autotune.lowering_key(g, np.float32)]
     assert set(cached) == {"2", "3"}
     # enough images for 64 MB of buffers: more than a partition's chunk (32 images), so one chunk each
