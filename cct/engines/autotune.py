@@ -22,6 +22,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -93,6 +94,12 @@ FFT_LAYOUT_WINDOW = 1.5
 # budget allowing)
 FAST_BUDGET_SECONDS = 2.0
 FAST_BUDGET_ITERATIONS = 2.0
+# ... and, for a net built to run many iterations (a solver's training net: :func:`expecting_iterations`), this
+# share of them: a close call left to the models runs its choice for the whole run (CaffeNet's solver, 450000
+# iterations, a fresh cache on a 2-core AMD EPYC: conv3-conv5 had been left to the models, conv4 on Winograd's
+# F(4x4,3x3) at 388 ms a step where the FFT measured runs it in 217, the iteration 1768-1818 ms against 1571-1594;
+# the solver is built in 36 s instead of 8, the machine's calibration included)
+RUN_BUDGET_FRACTION = 0.01
 # ... with steps of at least this many predicted seconds: at fewer images the FFT engine's once-per-batch kernel
 # transforms and the lowering engine's per-chunk overheads weigh more than in the layer (CaffeNet's conv2 at 64
 # images: measured on 5 images the FFT engine took 1.8x its per-image time at 64 and lowering 1.2x, on 20 within
@@ -136,6 +143,8 @@ class Ledger:
 
     mode: str = "fast"
     budget: float = FAST_BUDGET_SECONDS
+    # the deferred measurements' budget in iterations of the layers awaiting them (measure_deferred)
+    iterations: float = field(default_factory=lambda: FAST_BUDGET_ITERATIONS)
     spent: float = 0.0
     measured: int = 0
     skipped: int = 0
@@ -184,10 +193,10 @@ class Ledger:
 
     def measure_deferred(self) -> None:
         """The deferred choices (:meth:`defer`), largest first, each measuring while the budget lasts — at least
-        ``FAST_BUDGET_ITERATIONS`` times their layers' predicted seconds — (the first layer of a geometry measures
-        it, the others find it in the cache)."""
+        :attr:`iterations` times their layers' predicted seconds — (the first layer of a geometry measures it, the
+        others find it in the cache)."""
         entries = sorted(self.deferred.values(), key=lambda entry: -entry[0])
-        self.budget = max(self.budget, FAST_BUDGET_ITERATIONS * sum(entry[0] for entry in entries))
+        self.budget = max(self.budget, self.iterations * sum(entry[0] for entry in entries))
         self.deferred = {}
         for _seconds, calls in entries:
             for again in calls:
@@ -203,16 +212,36 @@ def _put_off() -> bool:
     return False
 
 
+_run_iterations: ContextVar[int | None] = ContextVar("cct_run_iterations", default=None)
+
+
+@contextlib.contextmanager
+def expecting_iterations(iterations: int) -> Iterator[None]:
+    """A net built within the block runs about ``iterations`` iterations (a solver's training net, ``max_iter``):
+    its fast measuring budget is at least ``RUN_BUDGET_FRACTION`` of them, in iterations of the layers awaiting a
+    measurement."""
+    token = _run_iterations.set(iterations)
+    try:
+        yield
+    finally:
+        _run_iterations.reset(token)
+
+
 @contextlib.contextmanager
 def measuring_session() -> Iterator[Ledger]:
-    """The budget of the measurements made while a net is built (nested nets share the outer one's)."""
+    """The budget of the measurements made while a net is built (nested nets share the outer one's): with
+    ``-autotune fast``, ``FAST_BUDGET_SECONDS`` or ``FAST_BUDGET_ITERATIONS`` iterations of the layers awaiting a
+    measurement, whichever is more, or ``RUN_BUDGET_FRACTION`` of the iterations the net is built to run
+    (:func:`expecting_iterations`) where that is more still."""
     outer = _ledger.get()
     if outer is not None:
         yield outer
         return
     full = settings.get("autotune") is True
+    run = _run_iterations.get() or 0
     ledger = Ledger("full", math.inf, engine_seconds=ENGINE_AUTOTUNE_SECONDS, engine_rounds=ENGINE_AUTOTUNE_ROUNDS,
-                    lowering_rounds=AUTOTUNE_ROUNDS) if full else Ledger("fast", FAST_BUDGET_SECONDS)
+                    lowering_rounds=AUTOTUNE_ROUNDS) if full else Ledger(
+        "fast", FAST_BUDGET_SECONDS, iterations=max(FAST_BUDGET_ITERATIONS, RUN_BUDGET_FRACTION * run))
     token = _ledger.set(ledger)
     try:
         yield ledger

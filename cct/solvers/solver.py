@@ -265,7 +265,10 @@ class Solver(abc.ABC):
         if p.HasField("net"):
             log.info("Creating training net from net file: %s", p.net)
             net_param, source = self._read_net("net", p.net), p.net
-        net = self._build_net(net_param, pb.TRAIN, p.train_state, source)
+        from cct.engines.autotune import expecting_iterations
+
+        with expecting_iterations(p.max_iter):  # its engines run the whole training: measured more
+            net = self._build_net(net_param, pb.TRAIN, p.train_state, source)
         for weights in p.weights:
             load_net_weights(net, weights)
         return net

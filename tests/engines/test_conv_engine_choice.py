@@ -2,6 +2,7 @@
 measured, cached autotune, the forced-FFT errors, and what a layer and ``cct time`` report."""
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 
@@ -674,6 +675,36 @@ def test_deferred_choices_run_largest_geometry_first_within_a_budget_of_their_si
     ledger.defer("d", 2.0, lambda: calls.append("d1"))
     ledger.measure_deferred()
     assert calls[-1] == "d1" and ledger.budget == pytest.approx(autotune.FAST_BUDGET_ITERATIONS * 2.0)
+
+
+@pytest.mark.parametrize("run,iterations", [(None, autotune.FAST_BUDGET_ITERATIONS),
+                                            (100, autotune.FAST_BUDGET_ITERATIONS), (450000, 4500.0)])
+def test_a_net_built_for_a_long_run_measures_a_share_of_its_iterations(run, iterations):
+    """A net built within ``expecting_iterations(n)`` (a solver's training net) may spend ``RUN_BUDGET_FRACTION``
+    of n iterations of the layers awaiting a measurement, where that is more than the usual budget; the nets built
+    after the block get the usual one."""
+    settings.set("autotune", "fast")
+    block = autotune.expecting_iterations(run) if run is not None else contextlib.nullcontext()
+    with block, autotune.measuring_session() as ledger:
+        ledger.defer("a", 0.5, lambda: None)
+    assert ledger.iterations == pytest.approx(iterations)
+    assert ledger.budget == pytest.approx(max(autotune.FAST_BUDGET_SECONDS, iterations * 0.5))
+    with autotune.measuring_session() as after:
+        pass
+    assert after.iterations == autotune.FAST_BUDGET_ITERATIONS
+    settings.reset()
+
+
+def test_a_solver_builds_its_training_net_for_max_iter_iterations(monkeypatch):
+    """The solver's training net gets the budget of its ``max_iter`` (:func:`autotune.expecting_iterations`); its
+    test nets the usual one."""
+    from cct import solvers
+    from tests.solvers.helpers import tiny_solver_param
+
+    seen = []
+    monkeypatch.setattr(autotune.Ledger, "measure_deferred", lambda self: seen.append(self.iterations))
+    solvers.create_solver(tiny_solver_param(max_iter=300000, test_iter=[1], test_interval=100))
+    assert seen == [pytest.approx(autotune.RUN_BUDGET_FRACTION * 300000), autotune.FAST_BUDGET_ITERATIONS]
 
 
 def test_calibration_probes_take_turns_and_keep_their_best():
