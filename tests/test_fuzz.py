@@ -260,8 +260,8 @@ def _run_worker(kind: str, folder: Path) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def fuzz_runs(request, tmp_path_factory):
-    """The worker of every kind the session runs, started at once, as many at a time as this process has cores
-    (each worker is one thread of mutants, most of their time the command line's start-up): a future per kind."""
+    """The worker of every kind the session runs, as many at a time as this process has cores (each runs its
+    mutants one after another on one BLAS thread): a future per kind."""
     test = test_fuzzed_inputs_fail_as_one_line_naming_the_file.__name__
     kinds = [item.callspec.params["kind"] for item in request.session.items
              if getattr(item, "originalname", None) == test and item.module.__name__ == __name__]
