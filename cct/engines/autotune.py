@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from cct import log
 from cct.config import settings
 from cct.engines.base import ConvEngine, ConvGeometry, forward_only
 from cct.engines.cost_model import DEFAULT_RATES, MachineRates, layer_costs
@@ -194,10 +195,14 @@ class Ledger:
     def measure_deferred(self) -> None:
         """The deferred choices (:meth:`defer`), largest first, each measuring while the budget lasts — at least
         :attr:`iterations` times their layers' predicted seconds — (the first layer of a geometry measures it, the
-        others find it in the cache)."""
+        others find it in the cache).  Says so first where the budget allows a minute or more (a training net's:
+        the measurements may take that long before the first iteration)."""
         entries = sorted(self.deferred.values(), key=lambda entry: -entry[0])
         self.budget = max(self.budget, self.iterations * sum(entry[0] for entry in entries))
         self.deferred = {}
+        if entries and self.budget - self.spent >= 60:
+            log.info("Measuring the engines of %d layer geometr%s, largest first, within %.0f s (cached for the next "
+                     "runs)", len(entries), "y" if len(entries) == 1 else "ies", self.budget - self.spent)
         for _seconds, calls in entries:
             for again in calls:
                 again()
