@@ -101,6 +101,10 @@ FAST_BUDGET_ITERATIONS = 2.0
 # F(4x4,3x3) at 388 ms a step where the FFT measured runs it in 217, the iteration 1768-1818 ms against 1571-1594;
 # the solver is built in 36 s instead of 8, the machine's calibration included)
 RUN_BUDGET_FRACTION = 0.01
+# a layer's measurement takes about this many of its steps (see above); where the deferred ones may take
+# ANNOUNCED_SECONDS or more, the log says so before they start
+MEASURE_STEPS = 12
+ANNOUNCED_SECONDS = 10.0
 # ... with steps of at least this many predicted seconds: at fewer images the FFT engine's once-per-batch kernel
 # transforms and the lowering engine's per-chunk overheads weigh more than in the layer (CaffeNet's conv2 at 64
 # images: measured on 5 images the FFT engine took 1.8x its per-image time at 64 and lowering 1.2x, on 20 within
@@ -195,14 +199,16 @@ class Ledger:
     def measure_deferred(self) -> None:
         """The deferred choices (:meth:`defer`), largest first, each measuring while the budget lasts — at least
         :attr:`iterations` times their layers' predicted seconds — (the first layer of a geometry measures it, the
-        others find it in the cache).  Says so first where the budget allows a minute or more (a training net's:
-        the measurements may take that long before the first iteration)."""
+        others find it in the cache).  Says so first where that may take ``ANNOUNCED_SECONDS`` or more (a training
+        net's first run: ``MEASURE_STEPS`` of each layer's predicted steps, within the budget)."""
         entries = sorted(self.deferred.values(), key=lambda entry: -entry[0])
-        self.budget = max(self.budget, self.iterations * sum(entry[0] for entry in entries))
+        total = sum(entry[0] for entry in entries)
+        self.budget = max(self.budget, self.iterations * total)
         self.deferred = {}
-        if entries and self.budget - self.spent >= 60:
-            log.info("Measuring the engines of %d layer geometr%s, largest first, within %.0f s (cached for the next "
-                     "runs)", len(entries), "y" if len(entries) == 1 else "ies", self.budget - self.spent)
+        expected = min(MEASURE_STEPS * total, self.budget - self.spent)
+        if expected >= ANNOUNCED_SECONDS:
+            log.info("Measuring the engines of %d layer geometr%s, largest first: about %.0f s, cached for the next "
+                     "runs", len(entries), "y" if len(entries) == 1 else "ies", expected)
         for _seconds, calls in entries:
             for again in calls:
                 again()
