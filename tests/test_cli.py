@@ -326,6 +326,22 @@ def test_data_tools_are_dispatched(monkeypatch):
     assert calls == [("convert", ["--shuffle", "root/", "list.txt", "db"]), ("mean", ["db", "mean.binaryproto"])]
 
 
+def test_time_measures_every_close_call_as_a_long_run_does(tmp_path, monkeypatch):
+    """``cct time`` builds its net as a long training run would choose its engines: an unbounded measuring budget
+    (``expecting_iterations(inf)``), so that it times what training runs."""
+    from cct.engines import autotune
+
+    seen = []
+    monkeypatch.setattr(autotune.Ledger, "measure_deferred", lambda self: seen.append(self.iterations))
+    model = tmp_path / "net.prototxt"
+    model.write_text('layer { name: "d" type: "Input" top: "x" '
+                     'input_param { shape { dim: 2 dim: 3 dim: 6 dim: 6 } } }\n'
+                     'layer { name: "c" type: "Convolution" bottom: "x" top: "y" '
+                     'convolution_param { num_output: 2 kernel_size: 3 } }\n')
+    rc, _ = run("time", "-model", str(model), "-iterations", "1")
+    assert rc == 0 and seen == [float("inf")]
+
+
 def test_time_prints_the_engine_of_each_conv_layer(tmp_path):
     model = tmp_path / "net.prototxt"
     model.write_text('layer { name: "d" type: "Input" top: "x" '

@@ -2,8 +2,11 @@
 averaged over ``-iterations`` (whole microseconds per layer, whole milliseconds per iteration and in total),
 the engine every convolution runs, and which max pooling's backward line includes the in-place ReLU's below it
 and which BatchNorm's forward and backward lines the in-place Scale's (and the in-place ReLU's) above it (one step
-in training: the other lines read 0)."""
+in training: the other lines read 0).  The net's engines are chosen as a long training run chooses them: every
+close call of the models measured (:func:`cct.engines.autotune.expecting_iterations`; cached for the next runs)."""
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -19,6 +22,7 @@ FLAGS: list = []
 
 def main(flags: Flags) -> int:
     from cct.bench.timing import device_synchronizer, time_layers
+    from cct.engines.autotune import expecting_iterations
     from cct.engines.choice import describe_layer_engine
     from cct.pycaffe import Net
 
@@ -27,8 +31,11 @@ def main(flags: Flags) -> int:
     net_phase = phase(flags.phase)
     factory = planned_factory(flags)
     use_single_device(parse_gpus(flags.gpu))
-    net = Net(flags.model, net_phase, level=flags.level, stages=stages(flags.stage),
-              executor=factory() if factory else None)
+    # timed as a long training run runs it: every close call the models leave is measured now (once: cached), not
+    # only those the fast autotune's usual budget pays for
+    with expecting_iterations(math.inf):
+        net = Net(flags.model, net_phase, level=flags.level, stages=stages(flags.stage),
+                  executor=factory() if factory else None)
     sharing = share_as_the_command_line_does(net, every_layer=True)
     if sharing is not None:
         log.info("%s", sharing.describe())

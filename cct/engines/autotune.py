@@ -203,7 +203,8 @@ class Ledger:
         net's first run: ``MEASURE_STEPS`` of each layer's predicted steps, within the budget)."""
         entries = sorted(self.deferred.values(), key=lambda entry: -entry[0])
         total = sum(entry[0] for entry in entries)
-        self.budget = max(self.budget, self.iterations * total)
+        if total > 0:  # (an infinite run's budget: every one)
+            self.budget = max(self.budget, self.iterations * total)
         self.deferred = {}
         expected = min(MEASURE_STEPS * total, self.budget - self.spent)
         if expected >= ANNOUNCED_SECONDS:
@@ -223,14 +224,14 @@ def _put_off() -> bool:
     return False
 
 
-_run_iterations: ContextVar[int | None] = ContextVar("cct_run_iterations", default=None)
+_run_iterations: ContextVar[float | None] = ContextVar("cct_run_iterations", default=None)
 
 
 @contextlib.contextmanager
-def expecting_iterations(iterations: int) -> Iterator[None]:
-    """A net built within the block runs about ``iterations`` iterations (a solver's training net, ``max_iter``):
-    its fast measuring budget is at least ``RUN_BUDGET_FRACTION`` of them, in iterations of the layers awaiting a
-    measurement."""
+def expecting_iterations(iterations: float) -> Iterator[None]:
+    """A net built within the block runs about ``iterations`` iterations (a solver's training net, ``max_iter``;
+    ``math.inf``: ``cct time``, which times the net as a long run runs it): its fast measuring budget is at least
+    ``RUN_BUDGET_FRACTION`` of them, in iterations of the layers awaiting a measurement."""
     token = _run_iterations.set(iterations)
     try:
         yield

@@ -15,8 +15,8 @@ cost models (:func:`cct.engines.estimate_convolution`).
   candidates on the layer's geometry (forward + backward, at its first reshape; cached) — where the models leave
   a close call, within a budget per net (:data:`cct.engines.autotune.FAST_BUDGET_SECONDS`, or twice the predicted
   time of the layers awaiting a measurement where that is more, or for a solver's training net 1% of ``max_iter``
-  times it; the largest layers measured first, the rest go by the calibrated models, scaled by their measured
-  error), for every layer, or never (the models alone).
+  times it, for ``cct time``'s net no limit; the largest layers measured first, the rest go by the calibrated
+  models, scaled by their measured error), for every layer, or never (the models alone).
 
 Engine ``auto`` per layer (:func:`choose_conv_engine`, ZNN's layerwise autotuning): the lowering engine where
 the FFT engine does not apply, the layer is strided, or the FFT engine cannot plausibly save

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import re
 
 import numpy as np
@@ -678,7 +679,8 @@ def test_deferred_choices_run_largest_geometry_first_within_a_budget_of_their_si
 
 
 @pytest.mark.parametrize("run,iterations", [(None, autotune.FAST_BUDGET_ITERATIONS),
-                                            (100, autotune.FAST_BUDGET_ITERATIONS), (450000, 4500.0)])
+                                            (100, autotune.FAST_BUDGET_ITERATIONS), (450000, 4500.0),
+                                            (math.inf, math.inf)])
 def test_a_net_built_for_a_long_run_measures_a_share_of_its_iterations(run, iterations):
     """A net built within ``expecting_iterations(n)`` (a solver's training net) may spend ``RUN_BUDGET_FRACTION``
     of n iterations of the layers awaiting a measurement, where that is more than the usual budget — saying so
@@ -692,7 +694,10 @@ def test_a_net_built_for_a_long_run_measures_a_share_of_its_iterations(run, iter
     assert ledger.budget == pytest.approx(max(autotune.FAST_BUDGET_SECONDS, iterations * 2.0))
     said = [m for m in messages(buf.getvalue()) if m.startswith("Measuring the engines")]
     assert said == (["Measuring the engines of 1 layer geometry, largest first: about 24 s, cached for the next "
-                     "runs"] if run == 450000 else [])
+                     "runs"] if run in (450000, math.inf) else [])
+    with autotune.expecting_iterations(math.inf), autotune.measuring_session() as idle:
+        pass  # nothing awaiting a measurement: the budget stays finite
+    assert idle.budget == autotune.FAST_BUDGET_SECONDS
     with autotune.measuring_session() as after:
         pass
     assert after.iterations == autotune.FAST_BUDGET_ITERATIONS
