@@ -30,7 +30,7 @@ import numpy as np
 
 from cct import log
 from cct.config import settings
-from cct.engines.base import ConvEngine, ConvGeometry, forward_only
+from cct.engines.base import ConvEngine, ConvGeometry, forward_only, scoped_value
 from cct.engines.cost_model import DEFAULT_RATES, MachineRates, layer_costs
 from cct.engines.measured import (
     _charged,
@@ -227,16 +227,11 @@ def _put_off() -> bool:
 _run_iterations: ContextVar[float | None] = ContextVar("cct_run_iterations", default=None)
 
 
-@contextlib.contextmanager
-def expecting_iterations(iterations: float) -> Iterator[None]:
+def expecting_iterations(iterations: float) -> contextlib.AbstractContextManager[None]:
     """A net built within the block runs about ``iterations`` iterations (a solver's training net, ``max_iter``;
     ``math.inf``: ``cct time``, which times the net as a long run runs it): its fast measuring budget is at least
     ``RUN_BUDGET_FRACTION`` of them, in iterations of the layers awaiting a measurement."""
-    token = _run_iterations.set(iterations)
-    try:
-        yield
-    finally:
-        _run_iterations.reset(token)
+    return scoped_value(_run_iterations, iterations)
 
 
 @contextlib.contextmanager

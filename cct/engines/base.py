@@ -7,9 +7,22 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
+
+T = TypeVar("T")
+
+
+@contextlib.contextmanager
+def scoped_value(var: ContextVar[T], value: T) -> Iterator[None]:
+    """``var`` set to ``value`` within the block (this thread or task), restored after it."""
+    token = var.set(value)
+    try:
+        yield
+    finally:
+        var.reset(token)
+
 
 # whether the engines being chosen will run the forward pass alone (a net that runs no backward: TEST phase
 # without force_backward), so that each convolution is chosen by its forward time, not a training step's
@@ -21,15 +34,10 @@ def forward_only() -> bool:
     return _forward_only.get()
 
 
-@contextlib.contextmanager
-def choosing_for_forward_only(flag: bool) -> Iterator[None]:
+def choosing_for_forward_only(flag: bool) -> contextlib.AbstractContextManager[None]:
     """Within the block the engines are chosen (predicted, measured, cached) for the forward pass alone when
     ``flag``, else for a training step (forward and backward)."""
-    token = _forward_only.set(bool(flag))
-    try:
-        yield
-    finally:
-        _forward_only.reset(token)
+    return scoped_value(_forward_only, bool(flag))
 
 
 def chosen_seconds(forward: float, backward: float) -> float:

@@ -48,7 +48,7 @@ Lowering ``auto`` per layer (:func:`choose_strategy`):
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
 
@@ -57,7 +57,7 @@ import numpy as np
 from cct.config import settings
 from cct.engines import conv_engine_class, create_conv_engine
 from cct.engines.autotune import autotune, autotune_conv_engine, machine_rates, model_errors, net_ledger
-from cct.engines.base import ConvEngine, ConvGeometry, choosing_for_forward_only, forward_only
+from cct.engines.base import ConvEngine, ConvGeometry, choosing_for_forward_only, forward_only, scoped_value
 from cct.engines.cost_model import MachineRates, estimate_seconds, layer_costs
 from cct.errors import CctError
 
@@ -232,16 +232,11 @@ class SelectedEngine(ConvEngine):
 _engines_for: ContextVar[Any] = ContextVar("cct_engines_for", default=None)
 
 
-@contextlib.contextmanager
-def engines_for(xp: Any) -> Iterator[None]:
+def engines_for(xp: Any) -> contextlib.AbstractContextManager[None]:
     """Within the block (``xp`` not None) layers configure their engines for arrays of ``xp``, whatever module
     their own blobs are on: a net built to run its layers on a GPU (Caffe's GPU mode, where the device's copies of
     the layers run the passes) chooses as they will, and measures nothing on the host."""
-    token = _engines_for.set(xp)
-    try:
-        yield
-    finally:
-        _engines_for.reset(token)
+    return scoped_value(_engines_for, xp)
 
 
 def configure_engine(engine: ConvEngine, geometry: ConvGeometry, dtype: Any, xp: Any,
