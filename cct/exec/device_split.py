@@ -428,7 +428,7 @@ class DeviceSplitRunner(LayerRunner):
         with blas_threads(threads), first.thread_context():
             if threads >= cpu_cores():
                 return run()
-            partition._body(lambda _p, _a, _b: result.append(run()), 0, 0, 0)
+            partition.run_concurrently(1, lambda _k: result.append(run()))
         return result[0]
 
     # ---- the per-layer plan --------------------------------------------------------------------

@@ -79,6 +79,73 @@ def test_concurrent_partition_runs_restore_the_interval_once_all_are_done():
     assert sys.getswitchinterval() == before
 
 
+def test_more_calls_than_cores_each_run_once_inside_a_partition():
+    seen, lock = [], threading.Lock()
+
+    def body(k):
+        with lock:
+            seen.append((k, partition.in_partition()))
+
+    for count in (2, 3, 4 * partition.cpu_cores() + 1):
+        seen.clear()
+        partition.run_concurrently(count, body)
+        assert sorted(seen) == [(k, True) for k in range(count)]
+    assert not partition.in_partition()
+
+
+def test_an_exception_is_raised_after_every_call_has_finished():
+    finished, slow_may_end = [], threading.Event()
+
+    def body(k):
+        if k == 0:
+            raise KeyError("the caller's own call")
+        if k == 1:
+            assert slow_may_end.wait(10)
+        finished.append(k)
+
+    threading.Timer(0.2, slow_may_end.set).start()
+    with pytest.raises(KeyError, match="the caller's own call"):
+        partition.run_concurrently(3, body)
+    assert sorted(finished) == [1, 2]
+
+    def two_fail(k):
+        if k:
+            raise ValueError(k)
+
+    with pytest.raises(ValueError):
+        partition.run_concurrently(3, two_fail)
+    partition.run_concurrently(3, lambda k: None)  # the partition threads are all back at work
+
+
+def test_a_call_inside_a_partition_leaves_it_marked():
+    marks = []
+
+    def body(k):
+        partition.run_concurrently(1, lambda _k: None)
+        marks.append(partition.in_partition())
+
+    partition.run_concurrently(2, body)
+    assert marks == [True, True]
+
+
+def test_a_forked_child_runs_partitions_on_threads_of_its_own():
+    import multiprocessing as mp
+
+    partition.run_concurrently(2, lambda k: None)  # the parent's partition threads exist before the fork
+    ctx = mp.get_context("fork")
+    child = ctx.Process(target=_child_runs_partitions)
+    child.start()
+    child.join(30)
+    if child.exitcode is None:
+        child.kill()
+    assert child.exitcode == 0
+
+
+def _child_runs_partitions() -> None:
+    barrier = threading.Barrier(2, timeout=10)
+    partition.run_concurrently(2, lambda k: barrier.wait())
+
+
 @pytest.mark.parametrize("cores, parts, threads", [(16, 1, 16), (16, 2, 1), (16, 8, 1), (16, 16, 1), (2, 1, 2),
                                                    (2, 2, 1)])
 def test_concurrent_partitions_run_one_blas_thread_each(monkeypatch, cores, parts, threads):
