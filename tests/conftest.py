@@ -12,6 +12,15 @@ from cct import log
 from cct.config import settings
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto`` (pyproject's addopts): a worker per core, at most 4 — each test's own BLAS and partition
+    threads use the cores too, and every worker holds its own nets in memory."""
+    from cct.runtime.threads import cpu_cores
+
+    return min(cpu_cores(), 4)
+
+
 @pytest.fixture(autouse=True)
 def _isolated_settings(tmp_path, monkeypatch):
     monkeypatch.setenv("CCT_CACHE_DIR", str(tmp_path / "cache"))
