@@ -347,9 +347,13 @@ def test_a_replica_trains_only_through_data_parallel(source):
 def test_concurrent_replicas_never_run_blas_with_more_threads_than_they_were_given(source, monkeypatch):
     """Replicas on cpu:1 and cpu:2 compute at the same time in two threads, each asking for its device's BLAS
     threads around every layer: the process-wide count seen inside any layer never exceeds what that replica
-    was given, and it is back where it was after training (one owner keeps the books: cct.runtime.threads)."""
+    was given, and it is back where it was after training (one owner keeps the books: cct.runtime.threads).
+    Two cores whatever the machine has: a replica's whole-batch layers run on at most the machine's cores."""
+    from cct.exec import device_split
     from cct.layers.inner_product import InnerProductLayer
     from cct.runtime.threads import BUDGET
+
+    monkeypatch.setattr(device_split, "cpu_cores", lambda: 2)
 
     seen: list[tuple[int | None, int]] = []
     real = InnerProductLayer.forward
