@@ -78,6 +78,7 @@ def format_bytes(n: float) -> str:
 
 
 def _lowering_bytes(g: ConvGeometry, strategy: int, itemsize: int) -> int:
+    from cct import native
     from cct.engines.gemm import accumulates_in_place
     from cct.engines.lowering import DIRECT_MIN_COLS, FUSED_LIFT_MIN_COLS, lowers_images_last, partition_lowered_bytes
     from cct.inference.runner import LOWERED_BYTES
@@ -99,6 +100,11 @@ def _lowering_bytes(g: ConvGeometry, strategy: int, itemsize: int) -> int:
     # type 2 with the images innermost: the GEMMs add into the output's rows (no GEMM result; the lifted output)
     by_rows = f == 1 and last and in_place
     per_image = lowered + (0 if direct or fused or by_rows else result) + (0 if fused else lifting)
+    # the input copied, zero-padded along the lowered axes (and with the images innermost), before an N-D
+    # lowering: not for type 3 (one move) nor where the compiled 2-D im2col reads the input as it lies
+    if f < nd and not (nd == 2 and itemsize in (4, 8) and native.kernels() is not None) and (
+            last or any(g.pad[f:])):
+        per_image += C * math.prod(g.in_shape[:f]) * math.prod(i + 2 * p for i, p in zip(g.in_shape[f:], g.pad[f:]))
     M, K = kF * (O // G), (C // G) * kL
     parts = partitions_for_flops(g.num, 2.0 * M * K * cols)
     budget = partition_lowered_bytes(LOWERED_BYTES, parts)
