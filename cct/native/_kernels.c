@@ -98,7 +98,8 @@ typedef struct {
     Py_ssize_t row_stride[POOL_MAX_AXES];  /* a phase block's stride per axis but the last */
     Py_ssize_t wide_stride[POOL_MAX_AXES]; /* the wide grid's stride per axis */
     Py_ssize_t phases, block, wide, k;   /* phase count, one phase's block, wide grid (whole vectors), offsets */
-    Py_ssize_t *phase, *shift;           /* per kernel offset (row-major) */
+    Py_ssize_t *phase, *shift, *at;      /* per kernel offset (row-major): its phase, its shift in the phase's
+                                          * block, and both as one place in the phase buffer */
     int dense;                           /* the wide grid is the output grid (pe_i = out_i past axis 0) */
     Py_ssize_t *row_at, *out_at;         /* per image row its place in the phase buffer; per output row its wide
                                           * position (worked out once per call: a plane's rows are then copies
@@ -135,10 +136,11 @@ static int scan_setup(const pool_geometry *g, pool_scan *s) {
     s->k = 1;
     for (Py_ssize_t i = 0; i < nd; i++) s->k *= g->kernel[i];
     s->wide = (wide + SCAN_BLOCK - 1) / SCAN_BLOCK * SCAN_BLOCK;
-    s->phase = malloc((2 * s->k + g->rows + g->out_rows) * sizeof(Py_ssize_t));
+    s->phase = malloc((3 * s->k + g->rows + g->out_rows) * sizeof(Py_ssize_t));
     if (!s->phase) return -1;
     s->shift = s->phase + s->k;
-    s->row_at = s->shift + s->k;
+    s->at = s->shift + s->k;
+    s->row_at = s->at + s->k;
     s->out_at = s->row_at + g->rows;
     for (Py_ssize_t t = 0; t < s->k; t++) {
         Py_ssize_t rest = t, phase = 0, shift = 0, phase_mult = 1;
@@ -161,6 +163,7 @@ static int scan_setup(const pool_geometry *g, pool_scan *s) {
     s->block = block;
     if (g->stride[last] * (s->wide + SCAN_BLOCK) + max_shift > s->block)
         s->block = g->stride[last] * (s->wide + SCAN_BLOCK) + max_shift;
+    for (Py_ssize_t t = 0; t < s->k; t++) s->at[t] = s->phase[t] * s->block + s->shift[t];
     Py_ssize_t idx[POOL_MAX_AXES] = {0};
     for (Py_ssize_t r = 0; r < g->rows; r++, next_index(idx, g->in, last)) {
         /* padded row (u_0·s_0 + a_0, ...) is row (u_0, ...) of phase (a_0, ...) */
@@ -227,9 +230,27 @@ static inline void copy_row(void *restrict to, const void *restrict from, Py_ssi
         }                                                                                                    \
     } while (0)
 
-/* The scan one vector of wide positions at a time, its maxima and codes held in registers over the kernel
- * offsets (GCC/clang vector extensions, BYTES wide: built for each register width by CCT_BY_WIDTH).  The wide
- * grid is padded to whole vectors of the widest and each phase's block has room for the last vector's reads. */
+/* The scan SCAN_UNROLL vectors of wide positions at a time, their maxima and codes held in registers over the
+ * kernel offsets (GCC/clang vector extensions, BYTES wide: built for each register width by CCT_BY_WIDTH).  Each
+ * offset's compare and select waits on the previous offset's for the same vector; several independent vectors
+ * keep the core busy meanwhile (every window still sees its offsets in order: the same maxima and codes).  The
+ * wide grid is padded to whole vectors of the widest and each phase's block has room for the last vector's
+ * reads. */
+#define SCAN_UNROLL 4
+/* one offset's cells (at `cell`, u vectors on) against the maximum bx and its code cdx */
+#define SCAN_STEP(bx, cdx, u, EVEN)                                                                          \
+    do {                                                                                                     \
+        SCAN_LOAD(v, lo, hi, cell + sw * LANES * (u), sw, LANES, EVEN);                                      \
+        gt = v > bx;                                                                                         \
+        if (code) cdx = (cdx & ~gt) | ((ITYPE)codes[t] & gt);                                                \
+        bx = (VEC)(((IVEC)bx & ~gt) | ((IVEC)v & gt));                                                       \
+    } while (0)
+#define SCAN_KEEP(bx, cdx, u)                                                                                \
+    do {                                                                                                     \
+        memcpy(best + q0 + LANES * (u), &bx, sizeof bx);                                                     \
+        if (code)                                                                                            \
+            for (int l = 0; l < LANES; l++) code[q0 + LANES * (u) + l] = (uint8_t)cdx[l];                    \
+    } while (0)
 #define DEFINE_SCAN(NAME, T, BYTES, TARGET)                                                                  \
     typedef T NAME##_vec __attribute__((vector_size(BYTES)));                                                \
     typedef SAME_SIZE_INT_##T NAME##_ivec __attribute__((vector_size(BYTES)));                               \
@@ -237,21 +258,37 @@ static inline void copy_row(void *restrict to, const void *restrict from, Py_ssi
     TARGET static void NAME(const pool_geometry *g, const pool_scan *s, const T *buf, T *best, uint8_t *code, \
                             const uint8_t *codes) {                                                          \
         enum { LANES = BYTES / sizeof(T) };                                                                  \
+        typedef NAME##_vec VEC;                                                                              \
+        typedef NAME##_ivec IVEC;                                                                            \
+        typedef SAME_SIZE_INT_##T ITYPE;                                                                     \
         const Py_ssize_t n = s->wide, sw = g->stride[g->nd - 1];                                             \
-        for (Py_ssize_t q0 = 0; q0 < n; q0 += LANES) {                                                       \
-            NAME##_vec b, v = {0}, lo, hi;                                                                   \
-            NAME##_ivec cd = {0}, gt;                                                                        \
-            for (int l = 0; l < LANES; l++) b[l] = (T)-FLT_MAX;                                              \
+        VEC least, v = {0}, lo, hi;                                                                          \
+        IVEC gt;                                                                                             \
+        for (int l = 0; l < LANES; l++) least[l] = (T)-FLT_MAX;                                              \
+        Py_ssize_t q0 = 0;                                                                                   \
+        for (; q0 + SCAN_UNROLL * LANES <= n; q0 += SCAN_UNROLL * LANES) {                                   \
+            VEC b0 = least, b1 = least, b2 = least, b3 = least;                                              \
+            IVEC c0 = {0}, c1 = {0}, c2 = {0}, c3 = {0};                                                     \
             for (Py_ssize_t t = 0; t < s->k; t++) {                                                          \
-                SCAN_LOAD(v, lo, hi, buf + s->phase[t] * s->block + s->shift[t] + sw * q0, sw, LANES,        \
-                          EVEN_##T##_##BYTES);                                                               \
-                gt = v > b;                                                                                  \
-                if (code) cd = (cd & ~gt) | ((SAME_SIZE_INT_##T)codes[t] & gt);                              \
-                b = (NAME##_vec)(((NAME##_ivec)b & ~gt) | ((NAME##_ivec)v & gt));                            \
+                const T *cell = buf + s->at[t] + sw * q0;                                                    \
+                SCAN_STEP(b0, c0, 0, EVEN_##T##_##BYTES);                                                    \
+                SCAN_STEP(b1, c1, 1, EVEN_##T##_##BYTES);                                                    \
+                SCAN_STEP(b2, c2, 2, EVEN_##T##_##BYTES);                                                    \
+                SCAN_STEP(b3, c3, 3, EVEN_##T##_##BYTES);                                                    \
             }                                                                                                \
-            memcpy(best + q0, &b, sizeof b);                                                                 \
-            if (code)                                                                                        \
-                for (int l = 0; l < LANES; l++) code[q0 + l] = (uint8_t)cd[l];                               \
+            SCAN_KEEP(b0, c0, 0);                                                                            \
+            SCAN_KEEP(b1, c1, 1);                                                                            \
+            SCAN_KEEP(b2, c2, 2);                                                                            \
+            SCAN_KEEP(b3, c3, 3);                                                                            \
+        }                                                                                                    \
+        for (; q0 < n; q0 += LANES) {                                                                        \
+            VEC b0 = least;                                                                                  \
+            IVEC c0 = {0};                                                                                   \
+            for (Py_ssize_t t = 0; t < s->k; t++) {                                                          \
+                const T *cell = buf + s->at[t] + sw * q0;                                                    \
+                SCAN_STEP(b0, c0, 0, EVEN_##T##_##BYTES);                                                    \
+            }                                                                                                \
+            SCAN_KEEP(b0, c0, 0);                                                                            \
         }                                                                                                    \
     }
 
@@ -282,17 +319,17 @@ typedef int64_t SAME_SIZE_INT_double;
 
 DEFINE_SPLIT(split_f32, float)
 DEFINE_SPLIT(split_f64, double)
-#define SCAN_ARGS(T) (const pool_geometry *g, const pool_scan *s, const T *buf, T *best, uint8_t *code, \
+#define SCAN_ARGS(T) (const pool_geometry *g, const pool_scan *s, const T *buf, T *best, uint8_t *code,      \
                       const uint8_t *codes)
 CCT_BY_WIDTH(DEFINE_SCAN, scan_f32, float, SCAN_ARGS, (g, s, buf, best, code, codes))
 CCT_BY_WIDTH(DEFINE_SCAN, scan_f64, double, SCAN_ARGS, (g, s, buf, best, code, codes))
 
 #define DEFINE_CUT(NAME, T)                                                                                  \
-    /* the wide grid cut to the output: maxima into ymax (and y), codes into win, row by row */             \
+    /* the wide grid cut to the output: maxima into ymax (and y), codes into win, row by row */              \
     CCT_CLONES CCT_INLINE_COPIES static void NAME(const pool_geometry *g, const pool_scan *s,                \
                                                   const T *restrict best, const uint8_t *restrict code,      \
                                                   T *restrict ymax, T *restrict y, uint8_t *restrict win) {  \
-        const Py_ssize_t ow = s->dense ? g->out_plane : g->out[g->nd - 1], rows = s->dense ? 1 : g->out_rows;  \
+        const Py_ssize_t ow = s->dense ? g->out_plane : g->out[g->nd - 1], rows = s->dense ? 1 : g->out_rows; \
         for (Py_ssize_t r = 0; r < rows; r++) {                                                              \
             const T *b = best + s->out_at[r];                                                                \
             const uint8_t *c = code + s->out_at[r];                                                          \
@@ -325,7 +362,7 @@ DEFINE_MAX_FORWARD(max_forward_f64, split_f64, scan_f64, cut_f64, double)
 /* dx[plane, start(o) + delta[code[o]]] += dy[o] (times ymax[o] > 0 with positive), windows in order;
  * start(o): the window's first (possibly padded) cell, Σ (o_i·s_i - p_i)·(input stride of axis i). */
 #define DEFINE_MAX_BACKWARD(NAME, T)                                                                         \
-    static void NAME(const pool_geometry *g, const T *dy, const T *ymax, const uint8_t *win,               \
+    static void NAME(const pool_geometry *g, const T *dy, const T *ymax, const uint8_t *win,                 \
                      const int64_t *delta, T *dx, int accumulate, int positive) {                            \
         const Py_ssize_t last = g->nd - 1, ow = g->out[last], sw = g->stride[last];                          \
         Py_ssize_t in_stride[POOL_MAX_AXES];                                                                 \
@@ -357,21 +394,47 @@ DEFINE_MAX_BACKWARD(max_backward_f64, double)
  * window's sum starts at the first kernel offset's cell and adds the others in row-major order (the numpy body's
  * additions), then is divided by the window's size (Caffe's divisor, padded cells counted: `size`, one plane's
  * outputs).  Planes grouped by group_planes() cover `size` once per plane of the group. */
+/* one offset's cells (at `cell`, u vectors on) added to the sum bx */
+#define SUM_STEP(bx, u, EVEN)                                                                                \
+    do {                                                                                                     \
+        SCAN_LOAD(v, lo, hi, cell + sw * LANES * (u), sw, LANES, EVEN);                                      \
+        bx += v;                                                                                             \
+    } while (0)
 #define DEFINE_SUM_SCAN(NAME, T, BYTES, TARGET)                                                              \
     typedef T NAME##_vec __attribute__((vector_size(BYTES)));                                                \
     TARGET static void NAME(const pool_geometry *g, const pool_scan *s, const T *buf, T *sum) {              \
         enum { LANES = BYTES / sizeof(T) };                                                                  \
         const Py_ssize_t n = s->wide, sw = g->stride[g->nd - 1];                                             \
-        for (Py_ssize_t q0 = 0; q0 < n; q0 += LANES) {                                                       \
-            NAME##_vec b = {0}, v = {0}, lo, hi;                                                             \
-            SCAN_LOAD(b, lo, hi, buf + s->phase[0] * s->block + s->shift[0] + sw * q0, sw, LANES,        \
-                      EVEN_##T##_##BYTES);                                                               \
+        NAME##_vec v = {0}, lo, hi;                                                                          \
+        Py_ssize_t q0 = 0;                                                                                   \
+        for (; q0 + SCAN_UNROLL * LANES <= n; q0 += SCAN_UNROLL * LANES) {                                   \
+            NAME##_vec b0, b1, b2, b3;                                                                       \
+            const T *cell = buf + s->at[0] + sw * q0;                                                        \
+            SCAN_LOAD(b0, lo, hi, cell, sw, LANES, EVEN_##T##_##BYTES);                                      \
+            SCAN_LOAD(b1, lo, hi, cell + sw * LANES, sw, LANES, EVEN_##T##_##BYTES);                         \
+            SCAN_LOAD(b2, lo, hi, cell + sw * LANES * 2, sw, LANES, EVEN_##T##_##BYTES);                     \
+            SCAN_LOAD(b3, lo, hi, cell + sw * LANES * 3, sw, LANES, EVEN_##T##_##BYTES);                     \
             for (Py_ssize_t t = 1; t < s->k; t++) {                                                          \
-                SCAN_LOAD(v, lo, hi, buf + s->phase[t] * s->block + s->shift[t] + sw * q0, sw, LANES,        \
-                          EVEN_##T##_##BYTES);                                                               \
-                b += v;                                                                                      \
+                cell = buf + s->at[t] + sw * q0;                                                             \
+                SUM_STEP(b0, 0, EVEN_##T##_##BYTES);                                                         \
+                SUM_STEP(b1, 1, EVEN_##T##_##BYTES);                                                         \
+                SUM_STEP(b2, 2, EVEN_##T##_##BYTES);                                                         \
+                SUM_STEP(b3, 3, EVEN_##T##_##BYTES);                                                         \
             }                                                                                                \
-            memcpy(sum + q0, &b, sizeof b);                                                                  \
+            memcpy(sum + q0, &b0, sizeof b0);                                                                \
+            memcpy(sum + q0 + LANES, &b1, sizeof b1);                                                        \
+            memcpy(sum + q0 + LANES * 2, &b2, sizeof b2);                                                    \
+            memcpy(sum + q0 + LANES * 3, &b3, sizeof b3);                                                    \
+        }                                                                                                    \
+        for (; q0 < n; q0 += LANES) {                                                                        \
+            NAME##_vec b0;                                                                                   \
+            const T *cell = buf + s->at[0] + sw * q0;                                                        \
+            SCAN_LOAD(b0, lo, hi, cell, sw, LANES, EVEN_##T##_##BYTES);                                      \
+            for (Py_ssize_t t = 1; t < s->k; t++) {                                                          \
+                cell = buf + s->at[t] + sw * q0;                                                             \
+                SUM_STEP(b0, 0, EVEN_##T##_##BYTES);                                                         \
+            }                                                                                                \
+            memcpy(sum + q0, &b0, sizeof b0);                                                                \
         }                                                                                                    \
     }
 
