@@ -205,6 +205,7 @@ class RunMemory:
 def layer_scratch(lp: pb.LayerParameter, shapes: Mapping[str, BlobShape], primitive: str | None,
                   itemsize: int = 4) -> tuple[int, int]:
     """(scratch bytes while the layer runs, bytes it keeps between runs) of one layer of a run."""
+    from cct import native
     from cct.inference.fov import MPF_TYPE, pool_kernel
     from cct.inference.mpf import fragment_temp_bytes
 
@@ -226,13 +227,18 @@ def layer_scratch(lp: pb.LayerParameter, shapes: Mapping[str, BlobShape], primit
             chunk = min(whole, max(whole // max(x.batch, 1), MAX_POOL_CHUNK_BYTES))
             return 0, chunk + chunk // 2 + top
         return 0, x.count * itemsize + top  # AVE/STOCHASTIC: a padded copy of the input, and the output
-    if t in ("BatchNorm", "ReLU", "Dropout", "Split", "Concat", "Crop", "Input"):
+    # the numpy bodies of the per-channel layers (where the compiled kernels do not run) compute in place through
+    # numpy's buffer for overlapping operands
+    overlap = np.getbufsize() * itemsize if in_place and native.kernels() is None else 0
+    if t == "BatchNorm":
+        return overlap, 0
+    if t in ("ReLU", "Dropout", "Split", "Concat", "Crop", "Input"):
         return 0, 0
     if t == "Eltwise":
         op = lp.eltwise_param.operation
         return (top * 3 // 2 if op == pb.EltwiseParameter.MAX else (top if in_place else 0)), 0
     if t in ("Scale", "PReLU"):
-        return (top if in_place else 0), 0
+        return (top + overlap if in_place else 0), 0
     return top, 0  # other element-wise layers: one temporary of their top at most
 
 
