@@ -666,11 +666,13 @@ class LoweringEngine(ConvEngine):
         return out
 
     def _compiled_lowering(self, compiled: Any, x: Any, out: Any, last: bool) -> None:
-        """The compiled im2col of ``x`` into ``out`` (images first, or ``last``); one image outside the batch
-        partitions (inference of one image: the batch has one partition) has its channels lowered over the cores,
-        each range of channels into its own rows of ``out`` (the same copies)."""
+        """The compiled im2col of ``x`` into ``out`` (images first, or ``last``: for one image the same bytes, and
+        lowered as images first, whole rows at a time); one image outside the batch partitions (inference of one
+        image: the batch has one partition) has its channels lowered over the cores, each range of channels into
+        its own rows of ``out`` (the same copies)."""
         n, channels = x.shape[:2]
         geometry = self._lowering_geometry(n)
+        last = last and n > 1
         if n != 1 or in_partition():  # (a chunk of a partition: lowered as it is, no split asked for)
             compiled.lowering(x, out, geometry, False, last)
             return

@@ -710,8 +710,8 @@ DEFINE_COL2IM(col2im_f64, double)
  * n). One channel at a time, the image moved into a zero-padded plane of (row, column, image) cells; each kernel
  * offset's output cell then reads a run of n values. */
 #define DEFINE_IM2COL_LAST(NAME, T)                                                                          \
-    static void NAME(const T *x, T *col, Py_ssize_t n, Py_ssize_t c, Py_ssize_t h, Py_ssize_t w,            \
-                     const Py_ssize_t *k, T *plane, Py_ssize_t hp, Py_ssize_t wp) {                          \
+    CCT_INLINE_COPIES static void NAME(const T *x, T *col, Py_ssize_t n, Py_ssize_t c, Py_ssize_t h,         \
+                                       Py_ssize_t w, const Py_ssize_t *k, T *plane, Py_ssize_t hp, Py_ssize_t wp) {\
         const Py_ssize_t kh = k[0], kw = k[1], sh = k[2], sw = k[3], ph = k[4], pw = k[5], dh = k[6], dw = k[7]; \
         const Py_ssize_t oh = k[8], ow = k[9];                                                               \
         memset(plane, 0, hp * wp * n * sizeof(T));                                                           \
@@ -731,9 +731,9 @@ DEFINE_COL2IM(col2im_f64, double)
                         const T *src = plane + ((r * sh + i * dh) * wp + j * dw) * n;                        \
                         if (sw == 1) /* the row's cells follow each other: one run of ow·n values */         \
                             memcpy(dst, src, ow * n * sizeof(T));                                            \
-                        else                                                                                 \
+                        else /* n values a cell: a loop, not a library call per cell (4 bytes at one image) */ \
                             for (Py_ssize_t q = 0; q < ow; q++)                                              \
-                                memcpy(dst + q * n, src + q * sw * n, n * sizeof(T));                        \
+                                for (Py_ssize_t v = 0; v < n; v++) dst[q * n + v] = src[q * sw * n + v];     \
                     }                                                                                        \
         }                                                                                                    \
     }
