@@ -3,8 +3,8 @@
 Run:   python benchmarks/partition_handoff.py [--calls 2000] [--rounds 7]
 :func:`cct.runtime.partition.run_concurrently` runs ``fn(k)`` for ``k < p``, the first in the calling thread and
 the others on persistent threads, and returns when all are done; a layer pays that hand-off on every call it
-splits into partitions (CaffeNet's training iteration makes about 80 such calls, one image's inference on a
-16-core machine several hundred of 16 partitions).  Both sides run empty calls, so the figure is the hand-off
+splits into partitions (CaffeNet's training iteration makes about 80 such calls, one image of Inception-v3 about
+25 on a 16-core machine, of up to 13 partitions).  Both sides run empty calls, so the figure is the hand-off
 alone: the baseline submits ``p - 1`` tasks to a ``concurrent.futures.ThreadPoolExecutor`` of ``cores - 1``
 threads and waits on their futures (what ``run_concurrently`` did before it had threads of its own).  Rounds
 alternate the two; medians of microseconds per call, and the ratio cct/executor, for ``p`` from 2 to
