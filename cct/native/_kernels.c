@@ -390,16 +390,17 @@ DEFINE_MAX_FORWARD(max_forward_f64, split_f64, scan_f64, cut_f64, double)
 DEFINE_MAX_BACKWARD(max_backward_f32, float)
 DEFINE_MAX_BACKWARD(max_backward_f64, double)
 
-/* AVE pooling forward: MAX's phase buffer (zero outside the image: padding adds nothing) and wide grid; each
- * window's sum starts at the first kernel offset's cell and adds the others in row-major order (the numpy body's
- * additions), then is divided by the window's size (Caffe's divisor, padded cells counted: `size`, one plane's
- * outputs).  Planes grouped by group_planes() cover `size` once per plane of the group. */
 /* one offset's cells (at `cell`, u vectors on) added to the sum bx */
 #define SUM_STEP(bx, u, EVEN)                                                                                \
     do {                                                                                                     \
         SCAN_LOAD(v, lo, hi, cell + sw * LANES * (u), sw, LANES, EVEN);                                      \
         bx += v;                                                                                             \
     } while (0)
+/* AVE pooling forward: MAX's phase buffer (zero outside the image: padding adds nothing) and wide grid; each
+ * window's sum starts at the first kernel offset's cell and adds the others in row-major order (the numpy body's
+ * additions), then is divided by the window's size (Caffe's divisor, padded cells counted: `size`, one plane's
+ * outputs).  Planes grouped by group_planes() cover `size` once per plane of the group.  SCAN_UNROLL independent
+ * sums at a time (see DEFINE_SCAN). */
 #define DEFINE_SUM_SCAN(NAME, T, BYTES, TARGET)                                                              \
     typedef T NAME##_vec __attribute__((vector_size(BYTES)));                                                \
     TARGET static void NAME(const pool_geometry *g, const pool_scan *s, const T *buf, T *sum) {              \
