@@ -153,9 +153,11 @@ class _Crew:
     queue.  A hand-off is a queue put per task and one lock per call, where a ``ThreadPoolExecutor`` makes a
     future, a work item and a condition per task (``benchmarks/partition_handoff.py``, 2-core AMD EPYC: 28
     against 40 us a call of 2 partitions, 33 against 83 of 4; ``run_concurrently`` took 55 and 84 us on the
-    executor).  CaffeNet's training iteration makes about 80 such calls; one image of Inception-v3 18 on 2 cores
-    and, with 16 cores, 25 of up to 13 partitions (on a 16-core Xeon the executor's hand-off of 16 partitions took
-    304 us)."""
+    executor; on a 16-core Xeon 50-59 against 206-260 us a call of 16 partitions, 35-44 against 25-32 of 2).
+    CaffeNet's training iteration makes about 80 such calls; one image of Inception-v3 18 on 2 cores and, with 16
+    cores, 25 of up to 13 partitions.  One queue, not one per thread: with task k always on thread k, 16
+    partitions took 259-296 us on that Xeon (every thread woken, each taking the interpreter in turn, where the
+    first threads awake drain one queue) and nets gained nothing."""
 
     def __init__(self) -> None:
         self._tasks: queue.SimpleQueue[tuple[_Call, int]] = queue.SimpleQueue()
