@@ -223,7 +223,7 @@ def shared_workspace(dtype: Any = np.float32, xp: Any = np) -> Workspace:
     table = getattr(_registry, "table", None)
     if table is None:
         table = _registry.table = {}
-    key = (np.dtype(dtype).str, getattr(xp, "__name__", str(xp)))
+    key = (np.dtype(dtype).str, getattr(xp, "__name__", None) or str(xp))
     ref = table.get(key)
     ws = ref() if ref is not None else None
     if ws is None:
@@ -483,7 +483,7 @@ class LoweringEngine(ConvEngine):
         if self._private is not None:
             return self._private
         ws = shared_workspace(dtype, xp)
-        self._shared[(np.dtype(dtype).str, getattr(xp, "__name__", str(xp)))] = ws
+        self._shared[(np.dtype(dtype).str, getattr(xp, "__name__", None) or str(xp))] = ws
         return ws
 
     def _space(self, like: Any) -> Workspace:

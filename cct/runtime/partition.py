@@ -60,7 +60,15 @@ PARTITION_SWITCH_INTERVAL = 5e-4
 # with 512 KiB and 1.4 and 3.7 ms with 128 KiB ones (each block a few Python calls)
 BLOCK_BYTES = 1 << 20
 
-_local = threading.local()
+
+class _Mark(threading.local):
+    """Whether the thread runs a partition body (a class default: no lookup that fails and raises in a thread that
+    never set it — ``in_partition`` is asked some twenty times a LeNet iteration)."""
+
+    active = False
+
+
+_local = _Mark()
 
 
 def partitions_for(n: int, work: float = float("inf")) -> int:
@@ -99,7 +107,7 @@ def batch_ranges(n: int, parts: int) -> list[tuple[int, int]]:
 
 def in_partition() -> bool:
     """Whether the calling thread is running a partition body."""
-    return getattr(_local, "active", False)
+    return _local.active
 
 
 def blas_threads_per_partition(parts: int) -> int:
@@ -116,7 +124,7 @@ def blas_threads_per_partition(parts: int) -> int:
 
 def _inside(fn: Callable[[int], None], k: int) -> None:
     """``fn(k)`` marked as running inside a partition (in whatever thread calls)."""
-    was = getattr(_local, "active", False)
+    was = _local.active
     _local.active = True
     try:
         fn(k)

@@ -110,6 +110,13 @@ def _knob(lib: Any) -> Knob:
     return lib.get_num_threads, lambda n: _set_threads(lib, n)
 
 
+class _Requests(threading.local):
+    """A thread's :func:`blas_threads` requests, innermost last (a class default: a thread that never made one reads
+    None without a failed lookup)."""
+
+    stack: list[int] | None = None
+
+
 class ThreadBudget:
     """The owner of the BLAS libraries' process-wide thread count (see the module docstring)."""
 
@@ -117,7 +124,7 @@ class ThreadBudget:
         self._lock = threading.Lock()
         self._active: dict[int, int] = {}  # requested count -> blocks inside it, all threads
         self._saved: list[tuple[Knob, int]] | None = None  # each library's count before the first request
-        self._local = threading.local()
+        self._local = _Requests()
         self._libs: list[Any] | None = None
         self._modules = 0
         self._knob_libs: list[Any] | None = None
@@ -161,10 +168,11 @@ class ThreadBudget:
                 self._known = {id(put): count for (_, put), count in self._saved}
             active[n] = active.get(n, 0) + 1
             self._set(min(active))
-        try:
-            self._local.stack.append(n)
-        except AttributeError:
+        stack = self._local.stack
+        if stack is None:
             self._local.stack = [n]
+        else:
+            stack.append(n)
 
     def release(self, n: int) -> None:
         n = max(1, int(n))
@@ -188,7 +196,7 @@ class ThreadBudget:
 
     def thread_budget(self) -> int | None:
         """The calling thread's innermost request, or None outside any."""
-        stack = getattr(self._local, "stack", None)
+        stack = self._local.stack
         return stack[-1] if stack else None
 
     def process_count(self) -> int:

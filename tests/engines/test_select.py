@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 from dataclasses import asdict, replace
 
 import numpy as np
@@ -67,6 +68,23 @@ def test_settings_flags_and_errors():
         use_flags("4", None)
     with pytest.raises(CctError, match="partitions must be"):
         use_flags(None, "0")
+
+
+def test_settings_follow_the_environment_as_it_changes(monkeypatch):
+    monkeypatch.delenv("CCT_PARTITIONS", raising=False)
+    assert (settings.get("partitions"), settings.source("partitions")) == (None, "default")
+    monkeypatch.setenv("CCT_PARTITIONS", "3")
+    assert (settings.get("partitions"), settings.source("partitions")) == (3, "CCT_PARTITIONS")
+    monkeypatch.setenv("CCT_PARTITIONS", "5")
+    assert settings.get("partitions") == 5
+    monkeypatch.setenv("CCT_PARTITIONS", "none of these")
+    with pytest.raises(CctError, match="CCT_PARTITIONS: partitions must be"):
+        settings.get("partitions")
+    monkeypatch.delenv("CCT_PARTITIONS")
+    assert settings.get("partitions") is None
+    # an environment that is a plain mapping (no dictionary of bytes behind it) is read through the mapping
+    monkeypatch.setattr(os, "environ", {"CCT_PARTITIONS": "4"})
+    assert settings.get("partitions") == 4
 
 
 def test_describe_layer_engine():
