@@ -3,12 +3,12 @@
 Run:   python benchmarks/caffenet_profile.py [--batch 64] [--iters 3] [--lowering auto] [--partitions auto]
        (``env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python ...`` lets numpy's OpenBLAS pick its own kernels,
        e.g. AVX-512, where the environment pins them; the script prints what it ran with.)
-Prints: one line per layer with its median forward and backward milliseconds, its share of the iteration and
-what engine it runs (``describe_layer_engine``) — the executor's fused pairs (:mod:`cct.exec.fusion`: a max
-pooling and the in-place ReLU below it, backward) timed as one step on the pooling layer, as a training
-iteration runs them; then the time of the solver's update (SGD, momentum 0.9, weight decay 5e-4: what
-``cct train`` runs after each backward), the share of the layers other than
-Convolution and InnerProduct, each convolution's backward/forward ratio, the iteration total, the bytes held
+Prints: one line per layer with its median forward and backward milliseconds, its share of the iteration and what
+engine it runs (``describe_layer_engine``) — the executor's fused pairs (:mod:`cct.exec.fusion`: a convolution and
+the in-place ReLU after it, forward, timed on the convolution; a max pooling and the in-place ReLU below it,
+backward, timed on the pooling) as one step, as a training iteration runs them; then the time of the solver's update
+(SGD, momentum 0.9, weight decay 5e-4: what ``cct train`` runs after each backward), the share of the layers other
+than Convolution and InnerProduct, each convolution's backward/forward ratio, the iteration total, the bytes held
 in the convolution workspace (shared by all conv layers: ``shared_workspace_bytes``) and the peak RSS.
 The ``others ms`` column is the CPU time, during the layer's forward and backward, of the threads Python did
 not start (OpenBLAS's workers, scipy.fft's; Linux only): the batch partitions run their BLAS calls on one thread
@@ -93,16 +93,23 @@ def main() -> None:
     bwd = [[] for _ in range(n)]
     others = [[] for _ in range(n)]
     upd, total = [], []
-    # the executor's fused pairs run as one step, timed as the pooling's: what a training iteration runs
+    # the executor's fused steps run as one, timed as their first layer's forward (a convolution and the ReLU
+    # after it) or their pooling's backward (and the ReLU below it): what a training iteration runs
     pairs = net.executor.fused_backward_pairs() if hasattr(net.executor, "fused_backward_pairs") else {}
+    fused_forward: dict[int, int] = {}  # a layer whose forward a fused step runs -> the step's first layer
     for it in range(args.iters + 1):
         t0 = time.perf_counter()
         cpu = [0.0] * n
-        for i in range(n):
+        i = 0
+        while i < n:
             c, t = other_threads_cpu_seconds(), time.perf_counter()
-            net.forward_from_to(i, i)
+            following, _ = net.executor.forward_step(net, i, 0, n - 1)
             fwd[i].append(time.perf_counter() - t)
             cpu[i] += other_threads_cpu_seconds() - c
+            for j in range(i + 1, following):
+                fwd[j].append(0.0)
+                fused_forward[j] = i
+            i = following
         net.clear_param_diffs()
         i = n - 1
         while i >= 0:
@@ -125,11 +132,13 @@ def main() -> None:
                 lst.clear()
     tot = statistics.median(total)
     print(f"{'layer':<10}{'type':<18}{'fwd ms':>9}{'bwd ms':>9}{'share':>8}{'others ms':>10}  engine")
-    fused_into = {r: f"backward in {net.layers[p].name}" for p, r in pairs.items()}
+    fused_into = {r: [f"backward in {net.layers[p].name}"] for p, r in pairs.items()}
+    for j, i in fused_forward.items():
+        fused_into.setdefault(j, []).insert(0, f"forward in {net.layers[i].name}")
     for i, layer in enumerate(net.layers):
         f, b = statistics.median(fwd[i]) * 1e3, statistics.median(bwd[i]) * 1e3
         o = statistics.median(others[i]) * 1e3
-        note = f"fused: {fused_into[i]}" if i in fused_into else describe_layer_engine(layer)
+        note = f"fused: {', '.join(fused_into[i])}" if i in fused_into else describe_layer_engine(layer)
         print(f"{layer.name:<10}{layer.type:<18}{f:9.1f}{b:9.1f}{(f + b) / tot / 10:7.1f}%{o:10.1f}  {note}")
     print(f"CPU time of threads Python did not start (OpenBLAS's, scipy.fft's workers), all layers: "
           f"{sum(statistics.median(o) for o in others) * 1e3:.1f} ms an iteration")

@@ -11,6 +11,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from cct.elementwise import rectify
+
 T = TypeVar("T")
 
 
@@ -166,6 +168,14 @@ class ConvEngine(ABC):
     @abstractmethod
     def forward(self, x: Any, w: Any, b: Any | None, y: Any) -> Any:
         """``y[...] = conv(x, w) (+ b broadcast over the channel axis)``; returns ``y``."""
+
+    def forward_rectified(self, x: Any, w: Any, b: Any | None, y: Any) -> Any:
+        """:meth:`forward`, then ``y = max(y, 0)`` — a plain ReLU in place right after the convolution, run as one
+        step with it (:mod:`cct.exec.fusion`): the bits of the two layers one after the other.  Here the forward and
+        then the ReLU's own pass over ``y``; an engine that writes ``y`` in a pass of its own rectifies there, or each
+        part of ``y`` while it is still in the cache."""
+        self.forward(x, w, b, y)
+        return rectify(y)
 
     @abstractmethod
     def backward(self, x: Any, dy: Any, w: Any, dx: Any | None, dw: Any | None) -> None:

@@ -222,6 +222,9 @@ class SelectedEngine(ConvEngine):
     def forward(self, x: Any, w: Any, b: Any | None, y: Any) -> Any:
         return self._engine().forward(x, w, b, y)
 
+    def forward_rectified(self, x: Any, w: Any, b: Any | None, y: Any) -> Any:
+        return self._engine().forward_rectified(x, w, b, y)
+
     def backward(self, x: Any, dy: Any, w: Any, dx: Any | None, dw: Any | None) -> None:
         self._engine().backward(x, dy, w, dx, dw)
 

@@ -65,8 +65,10 @@ from typing import Any
 
 import numpy as np
 
+from cct import native
 from cct.config import settings
 from cct.device import get_array_module
+from cct.elementwise import relu_into
 from cct.engines.base import ConvEngine, ConvGeometry, Estimate
 from cct.engines.cost_model import DEFAULT_RATES, MachineRates, gemm_seconds
 from cct.engines.fft_plan import FFTPlan, fft_workers, positions, transform_size
@@ -552,6 +554,13 @@ class FFTEngine(ConvEngine):
     # ---- the engine interface ------------------------------------------------------------------------
     def forward(self, x: Any, w: Any, b: Any | None, y: Any) -> Any:
         """``y = conv(x, w) (+ b)``: per frequency and group ``Y(rows, Og) = conj(ξ^)(rows, [k0·]Cg) · κ^ᵀ``."""
+        return self._forward(x, w, b, y, False)
+
+    def forward_rectified(self, x: Any, w: Any, b: Any | None, y: Any) -> Any:
+        """:meth:`forward`, the output rectified in the pass that adds the bias (one compiled pass for both)."""
+        return self._forward(x, w, b, y, True)
+
+    def _forward(self, x: Any, w: Any, b: Any | None, y: Any, rectify: bool) -> Any:
         self._check_host(x, w, y)
         g, keep = self._geom(), self._strided()
         xs, ks = self._spectrum("x", x), self._spectrum("w", w)
@@ -562,12 +571,20 @@ class FFTEngine(ConvEngine):
             full = np.empty(y.shape[:2] + g.out_shape, dtype=y.dtype)
             self._put(z, self._pos_y, g.out_shape, full)
             y[...] = full[keep]
-        if b is not None:  # over the images in the batch partitions (CaffeNet's conv2: 48 MB of outputs)
-            bias = b.reshape((-1,) + (1,) * g.num_spatial_axes)
+        if b is not None or rectify:  # over the images in the batch partitions (CaffeNet's conv2: 48 MB of outputs)
+            compiled = native.kernels_for(y, *(() if b is None else (b,)))
+            bias = None if b is None else b.reshape((-1,) + (1,) * g.num_spatial_axes)
+            cells = math.prod(y.shape[2:])
 
-            def add(_part: int, n0: int, n1: int) -> None:
-                y[n0:n1] += bias
-            run_batch(y.shape[0], add, work=float(math.prod(y.shape[1:])))
+            def finish(_part: int, n0: int, n1: int) -> None:
+                if compiled is not None and n1 > n0:  # the bias and the ReLU in one pass
+                    compiled.add_bias(y[n0:n1], b, y.shape[1], cells, rectify)
+                    return
+                if bias is not None:
+                    y[n0:n1] += bias
+                if rectify:
+                    relu_into(y[n0:n1], y[n0:n1])
+            run_batch(y.shape[0], finish, work=float(math.prod(y.shape[1:])))
         return y
 
     def backward(self, x: Any, dy: Any, w: Any, dx: Any | None, dw: Any | None) -> None:

@@ -72,6 +72,7 @@ import numpy as np
 from cct import native
 from cct.config import settings
 from cct.device import chunk_bytes, get_array_module
+from cct.elementwise import relu_into
 from cct.engines.base import ConvEngine, ConvGeometry, Estimate
 from cct.engines.cost_model import DEFAULT_RATES, layer_costs, pass_seconds
 from cct.engines.gemm import accumulates_in_place, gemm_threads, matmul_accumulate
@@ -123,14 +124,15 @@ KEEP_LOWERED_MAX_BYTES = 4 << 20
 STRATEGY_NAMES = {1: "expensive lowering", 2: "balanced", 3: "expensive lifting"}
 
 
-def images_first_copy(dst: Any, src: Any, bias: Any | None = None) -> None:
-    """``dst`` (n, C, *cells) = ``src`` (C, *cells, n) moved, plus ``bias`` (C,) per channel when given — by the
-    compiled tiled transposition where it takes the arrays (numpy's strided copy ran 2-7x a plain copy's time)."""
+def images_first_copy(dst: Any, src: Any, bias: Any | None = None, rectify: bool = False) -> None:
+    """``dst`` (n, C, *cells) = ``src`` (C, *cells, n) moved, plus ``bias`` (C,) per channel when given, then
+    (``rectify``) ``max(dst, 0)`` as the ReLU layer's — by the compiled tiled transposition where it takes the arrays
+    (numpy's strided copy ran 2-7x a plain copy's time; it rectifies each row as it writes it)."""
     n = dst.shape[0]
     compiled = native.kernels_for(dst, src, *(() if bias is None else (bias,)))
     if compiled is not None and n:
         rows = src.size // n
-        compiled.transpose(src, dst, rows, n, bias, max(1, rows // max(1, dst.shape[1])))
+        compiled.transpose(src, dst, rows, n, bias, max(1, rows // max(1, dst.shape[1])), rectify)
         return
     xp = get_array_module(dst)
     moved = xp.moveaxis(src, -1, 0)
@@ -138,6 +140,8 @@ def images_first_copy(dst: Any, src: Any, bias: Any | None = None) -> None:
         xp.copyto(dst, moved)
     else:
         xp.add(moved, bias.reshape((len(bias),) + (1,) * (dst.ndim - 2)), out=dst)
+    if rectify:
+        relu_into(dst, dst)
 
 
 def lifted_axes(strategy: int, num_spatial: int) -> int:
@@ -890,15 +894,18 @@ class LoweringEngine(ConvEngine):
 
     # ---- per chunk bodies ----------------------------------------------------------------------
     def _forward_chunk(self, ws: dict[str, Any], x: Any, wm: Any, b: Any | None, y: Any,
-                       keep: tuple[int, int] | None = None, panels: bool = False) -> None:
+                       keep: tuple[int, int] | None = None, panels: bool = False, rectify: bool = False) -> None:
         """One chunk's forward; ``keep``: the chunk's image range, under which its lowered matrix — lowered
         straight into the kept buffer, not copied there — and a copy of its input are kept for
         :meth:`_kept_lowered`; ``panels``: the products by the compiled panel GEMMs (:meth:`_panel_forward`; one
-        group of 2-D images lowered span by span into their panels, no lowered matrix)."""
+        group of 2-D images lowered span by span into their panels, no lowered matrix); ``rectify``: then ``y =
+        max(y, 0)`` (:meth:`forward_rectified`), in the pass that writes ``y`` where there is one of cct's own (the
+        panel tiles, the compiled move into images first, an image's bias), else over the chunk's ``y`` while it is
+        in the cache."""
         L = self._lay()
         if panels and keep is None and L.G == 1 and self._geom().num_spatial_axes == 2:
             compiled = native.kernels_for(x, y, *(() if b is None else (b,)))  # contiguous float32 arrays
-            if compiled is not None and self._panel_conv_forward(compiled, x, wm[0], b, y):
+            if compiled is not None and self._panel_conv_forward(compiled, x, wm[0], b, y, rectify):
                 return
         out = None
         if keep is not None:
@@ -910,19 +917,21 @@ class LoweringEngine(ConvEngine):
             xp.copyto(kept[1], x)
             out = kept[2]
         col = self._lower(ws, x, out).reshape(L.G, L.K, x.shape[0] * L.cols)
-        self._forward_lowered(ws, col, wm, b, y, panels)
+        if not self._forward_lowered(ws, col, wm, b, y, panels, rectify) and rectify:
+            relu_into(y, y)
 
-    def _panel_conv_forward(self, compiled: Any, x: Any, w: Any, b: Any | None, y: Any) -> bool:
-        """``compiled.panel_conv_forward`` on a chunk's images; outside the batch partitions (a batch of fewer
-        images than partitions would need: inference of one image) each image's output cells split over the cores
-        in runs of whole tiles (each cell the same sum whichever run it is in).  False where the kernel declined."""
+    def _panel_conv_forward(self, compiled: Any, x: Any, w: Any, b: Any | None, y: Any, rectify: bool = False) -> bool:
+        """``compiled.panel_conv_forward`` on a chunk's images (``rectify``: its tiles store ``max(y, 0)``); outside
+        the batch partitions (a batch of fewer images than partitions would need: inference of one image) each
+        image's output cells split over the cores in runs of whole tiles (each cell the same sum whichever run it is
+        in).  False where the kernel declined."""
         geometry, cols, width = self._lowering_geometry(x.shape[0]), self._lay().cols, compiled.PANEL_COLS
         if in_partition():  # a chunk of a partition: one call, no split asked for
-            return bool(compiled.panel_conv_forward(x, w, b, y, geometry))
+            return bool(compiled.panel_conv_forward(x, w, b, y, geometry, 0, -1, rectify))
         tiles = -(-cols // width)
         done: list[bool] = []
         run_batch(tiles, lambda _p, t0, t1: done.append(bool(compiled.panel_conv_forward(
-            x, w, b, y, geometry, t0 * width, min(t1 * width, cols)))),
+            x, w, b, y, geometry, t0 * width, min(t1 * width, cols), rectify))),
             parts=partitions_for_flops(tiles, 2.0 * w.size * width * x.shape[0]))
         assert all(done) or not any(done), "the panel kernel declines a layer whole"
         return all(done)
@@ -1030,9 +1039,10 @@ class LoweringEngine(ConvEngine):
         return kept[2].reshape(L.G, L.K, x.shape[0] * L.cols)
 
     def _forward_lowered(self, ws: dict[str, Any], col: Any, wm: Any, b: Any | None, y: Any,
-                         panels: bool = False) -> None:
+                         panels: bool = False, rectify: bool = False) -> bool:
         """``y`` (n, O, *out) from the lowered ``col`` (G, K, n·cols): GEMM, lift, transpose (+ bias);
-        ``panels``: the per-image products of big type-1 images by the compiled panel GEMM."""
+        ``panels``: the per-image products of big type-1 images by the compiled panel GEMM.  ``rectify``: ``y =
+        max(y, 0)`` where a pass of this writes ``y`` (returns True), else left to the caller (False)."""
         g, L = self._geom(), self._lay()
         xp = get_array_module(y)
         n = y.shape[0]
@@ -1042,26 +1052,28 @@ class LoweringEngine(ConvEngine):
             col4 = col.reshape(L.G, L.K, n, L.cols)
             yv = y.reshape(n, L.G, L.Og, L.cols)
             compiled = native.kernels() if panels else None
-            if compiled is not None:  # the bias added as each tile is stored
+            if compiled is not None:  # the bias added (and the value rectified) as each tile is stored
                 gb = [None if b is None else b[gi * L.Og:(gi + 1) * L.Og] for gi in range(L.G)]
-                if all(compiled.panel_gemm(yv[i, gi], wm[gi], col4[gi, :, i], gb[gi])
+                if all(compiled.panel_gemm(yv[i, gi], wm[gi], col4[gi, :, i], gb[gi], rectify)
                        for i in range(n) for gi in range(L.G)):
-                    return
+                    return rectify
             bias = None if b is None else b.reshape((L.O,) + (1,) * g.num_spatial_axes)
             for i in range(n):
                 for gi in range(L.G):
                     np.matmul(wm[gi], col4[gi, :, i], out=yv[i, gi])
                 if bias is not None:
                     y[i] += bias
-            return
+                if rectify:
+                    relu_into(y[i], y[i])
+            return rectify
         if _lifts_per_image(L, g, y.dtype, xp) and y.flags.c_contiguous:
             self._forward_lifting_gemms(col, wm, b, y)
-            return
+            return False
         if self._lifts_by_gemms(y.dtype, xp):
             yt = self._view(ws, "yT", L.yt_shape(n, g.out_shape), y).reshape(L.G, L.Og, -1)
             self._lift_by_gemms(col, wm, [(gi, 0, yt[gi]) for gi in range(L.G)], math.prod(L.outL) * n, assign=True)
-            images_first_copy(y, yt.reshape((L.O,) + g.out_shape + (n,)), b)
-            return
+            images_first_copy(y, yt.reshape((L.O,) + g.out_shape + (n,)), b, rectify)
+            return rectify
         z = self._view(ws, "z", (L.G, L.M, n * L.cols), y)
         for gi in range(L.G):
             xp.matmul(wm[gi], col[gi], out=z[gi])
@@ -1071,13 +1083,14 @@ class LoweringEngine(ConvEngine):
         else:
             yt = z
         if L.images_last:
-            images_first_copy(y, yt.reshape((L.O,) + g.out_shape + (n,)), b)
-            return
+            images_first_copy(y, yt.reshape((L.O,) + g.out_shape + (n,)), b, rectify)
+            return rectify
         src = xp.moveaxis(yt.reshape((L.O, n) + g.out_shape), 0, 1)
         if b is None:
             xp.copyto(y, src)
         else:
             xp.add(src, b.reshape((1, L.O) + (1,) * g.num_spatial_axes), out=y)
+        return False
 
     # ---- pointwise (1x1 kernel, no padding): nothing to lower but a stride's subsample ------------------------
     # Image by image the GEMMs read and write the arrays where they lie; ``batched`` (where measured faster:
@@ -1397,6 +1410,13 @@ class LoweringEngine(ConvEngine):
 
     # ---- the engine interface -----------------------------------------------------------------
     def forward(self, x: Any, w: Any, b: Any | None, y: Any) -> Any:
+        return self._forward(x, w, b, y, False)
+
+    def forward_rectified(self, x: Any, w: Any, b: Any | None, y: Any) -> Any:
+        """:meth:`forward`, each chunk's output rectified as it is written (:meth:`_forward_chunk`)."""
+        return self._forward(x, w, b, y, True)
+
+    def _forward(self, x: Any, w: Any, b: Any | None, y: Any, rectify: bool) -> Any:
         wm = self._weight_matrix(w)
         L = self._lay()
         xp = get_array_module(x)
@@ -1404,8 +1424,12 @@ class LoweringEngine(ConvEngine):
         if L.pointwise and y.flags.c_contiguous:
             batched = not self._pointwise_per_image(chunks, x.dtype, "forward", xp)
             self._kept.clear()
-            self._run(self._space(x), chunks,
-                      lambda ws, part, n0, n1: self._pointwise_forward(ws, x[n0:n1], wm, b, y[n0:n1], batched))
+
+            def pointwise(ws: dict[str, Any], part: int, n0: int, n1: int) -> None:
+                self._pointwise_forward(ws, x[n0:n1], wm, b, y[n0:n1], batched)
+                if rectify:
+                    relu_into(y[n0:n1], y[n0:n1])
+            self._run(self._space(x), chunks, pointwise)
             return y
         lowered = L.G * L.K * x.shape[0] * L.cols
         keep = self._trains and lowered * x.itemsize <= KEEP_LOWERED_MAX_BYTES and x.size <= lowered
@@ -1414,7 +1438,7 @@ class LoweringEngine(ConvEngine):
         panels = self._panel_forward(y, keep, chunks)
         self._run(self._space(x), chunks,
                   lambda ws, part, n0, n1: self._forward_chunk(ws, x[n0:n1], wm, b, y[n0:n1],
-                                                               (n0, n1) if keep else None, panels))
+                                                               (n0, n1) if keep else None, panels, rectify))
         return y
 
     def _weight_accumulators(self, space: Workspace, dw: Any | None, chunks: list[list[tuple[int, int]]],

@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from cct.elementwise import relu_into
 from cct.engines.base import ConvEngine, ConvGeometry, Estimate
 from cct.engines.cost_model import DEFAULT_RATES, gemm_seconds
 from cct.engines.gemm import matmul_accumulate
@@ -281,9 +282,11 @@ class WinogradEngine(ConvEngine):
         np.copyto(buf[:, p0:e0, p1:e1], x.transpose(0, 2, 3, 1))
         return buf
 
-    def _conv(self, part: int, x: Any, u: Any, pad: tuple[int, int], y: Any, bias: Any | None) -> None:
+    def _conv(self, part: int, x: Any, u: Any, pad: tuple[int, int], y: Any, bias: Any | None,
+              rectify: bool = False) -> None:
         """``y`` (n, O, Ho, Wo) = the 3x3 correlation of ``x`` (n, C, H, W) padded by ``pad`` with the
-        transformed kernels ``u`` (G, a², Cg, Og), plus ``bias``."""
+        transformed kernels ``u`` (G, a², Cg, Og), plus ``bias``; then (``rectify``) ``max(y, 0)``, the chunk
+        still in the cache."""
         m, a = self.tile, self.tile + 2
         aa = self._constants(x.dtype)[1]
         n = x.shape[0]
@@ -304,6 +307,8 @@ class WinogradEngine(ConvEngine):
             np.copyto(y, cells)
         else:
             np.add(cells, bias.reshape(1, o, 1, 1), out=y)
+        if rectify:
+            relu_into(y, y)
 
     def _tiles(self, part: int, x: Any, pad: tuple[int, int], th: int, tw: int) -> Any:
         """``V`` (a², n·th·tw, C): the transformed input tiles ``Bᵀ d B`` of ``x`` padded by ``pad``, in the
@@ -425,15 +430,19 @@ class WinogradEngine(ConvEngine):
 
         run_partitions(ranges, body)
 
-    def _chunked(self, x: Any, u: Any, pad: tuple[int, int], y: Any, bias: Any | None) -> None:
+    def _chunked(self, x: Any, u: Any, pad: tuple[int, int], y: Any, bias: Any | None, rectify: bool = False) -> None:
         """:meth:`_conv` over the batch partitions, each in chunks of images that fit its share of the budget."""
         self._in_chunks(x.shape[0], _image_bytes(self.tile, x.shape[1], y.shape[1], y.shape[2:], x.itemsize),
-                        lambda part, c0, c1, _first: self._conv(part, x[c0:c1], u, pad, y[c0:c1], bias))
+                        lambda part, c0, c1, _first: self._conv(part, x[c0:c1], u, pad, y[c0:c1], bias, rectify))
 
     # ---- the engine interface -----------------------------------------------------------------
     def forward(self, x: Any, w: Any, b: Any | None, y: Any) -> Any:
-        g = self._geom()
-        self._chunked(x, self._transformed_kernels(w, flip=False), tuple(g.pad), y, b)
+        self._chunked(x, self._transformed_kernels(w, flip=False), tuple(self._geom().pad), y, b)
+        return y
+
+    def forward_rectified(self, x: Any, w: Any, b: Any | None, y: Any) -> Any:
+        """:meth:`forward`, each chunk's output rectified right after it is written."""
+        self._chunked(x, self._transformed_kernels(w, flip=False), tuple(self._geom().pad), y, b, rectify=True)
         return y
 
     def backward(self, x: Any, dy: Any, w: Any, dx: Any | None, dw: Any | None) -> None:

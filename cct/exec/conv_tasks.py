@@ -39,12 +39,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from cct.elementwise import relu_into
 from cct.engines.base import ConvGeometry
 from cct.engines.fft import fft_transform_size
 from cct.engines.fft_plan import FFTPlan, fft_workers, positions
 from cct.engines.lowering import LoweringEngine
 from cct.exec.scheduler import ConcurrentSum, Task
-from cct.layers.neuron import relu_into
 
 if TYPE_CHECKING:  # pragma: no cover
     from cct.net import NetCore

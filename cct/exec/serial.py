@@ -1,14 +1,14 @@
 """Caffe's executor: the layers one after the other (``Net::ForwardFromTo`` / ``BackwardFromTo``), each run
 by a :class:`LayerRunner`, with the net's per-layer callbacks and its ``debug_info`` lines around it.  With the
 plain runner, an in-place ReLU and the MAX pooling after it run as one step backward, a BatchNorm and the
-in-place Scale (and ReLU) after it as one step each way, and an Eltwise sum and the in-place ReLU after it as one
-step forward (:mod:`cct.exec.fusion`: the same numbers, one pass or one buffer less)."""
+in-place Scale (and ReLU) after it as one step each way, and an Eltwise sum or a Convolution and the in-place ReLU
+after it as one step forward (:mod:`cct.exec.fusion`: the same numbers, one pass or one buffer less)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 from cct.exec.base import Executor, zero_param_diffs
-from cct.exec.fusion import backward_pairs, forward_pairs, rectified_scales, rectified_sums
+from cct.exec.fusion import backward_pairs, forward_pairs, rectified_convs, rectified_scales, rectified_sums
 
 if TYPE_CHECKING:  # pragma: no cover
     from cct.net import NetCore
@@ -58,6 +58,14 @@ class LayerRunner:
         net.layers[relu].reshape(net.bottom_vecs[relu], net.top_vecs[relu])
         return layer.forward_rectified(net.bottom_vecs[i], net.top_vecs[i])
 
+    def forward_rectified_conv(self, net: NetCore, i: int, relu: int) -> bool:
+        """Layer ``i`` (a Convolution) and ``relu``, the plain ReLU in place on its top, as one step
+        (:meth:`cct.layers.conv.Convolution.forward_rectified`); False, nothing run, otherwise."""
+        layer = net.layers[i]
+        layer.reshape(net.bottom_vecs[i], net.top_vecs[i])
+        net.layers[relu].reshape(net.bottom_vecs[relu], net.top_vecs[relu])
+        return layer.forward_rectified(net.bottom_vecs[i], net.top_vecs[i])
+
     def clear_param_diffs(self, net: NetCore) -> None:
         """Zero the learnable parameters' gradients where the layers add into them."""
         zero_param_diffs(net.learnable_params)
@@ -93,6 +101,7 @@ class SerialExecutor(Executor):
         self._normalized = {i: j for j, i in self._forward_pairs.items()}  # BatchNorm -> the Scale above it
         self._rectified = rectified_scales(net, self._forward_pairs) if plain else {}  # Scale -> the ReLU above it
         self._rectified_sums = rectified_sums(net) if plain else {}  # Eltwise -> the ReLU above it
+        self._rectified_convs = rectified_convs(net) if plain else {}  # Convolution -> the ReLU above it
         # the top layer of each BatchNorm -> Scale (-> ReLU) run: (BatchNorm, Scale, ReLU or None)
         self._scaled_runs = {relu if relu is not None else j: (i, j, relu) for j, i in self._forward_pairs.items()
                              for relu in (self._rectified.get(j),)}
@@ -148,6 +157,9 @@ class SerialExecutor(Executor):
                 return (above if relu is None else relu) + 1, 0.0
         relu = self._rectified_sums.get(i) if fuse else None
         if relu is not None and relu <= end and self.runner.forward_rectified_sum(net, i, relu):
+            return relu + 1, 0.0
+        relu = self._rectified_convs.get(i) if fuse else None
+        if relu is not None and relu <= end and self.runner.forward_rectified_conv(net, i, relu):
             return relu + 1, 0.0
         below = self._forward_pairs.get(i) if fuse else None
         if below is not None and below >= start:  # the BatchNorm before it ran in this pass: its copy is current

@@ -265,6 +265,18 @@ class Convolution(BaseConvolution):
         for x, y in zip(bottom, top):
             self.engine.forward(self._bottom_view(x.data), w, b, self._top_view(y.data))
 
+    def forward_rectified(self, bottom: list[Blob], top: list[Blob]) -> bool:
+        """This forward, then a plain ReLU's in place on the top (:mod:`cct.exec.fusion`), the engine rectifying the
+        output as it writes it (:meth:`cct.engines.base.ConvEngine.forward_rectified`): the bits of the two
+        forwards, without the ReLU's pass over the top (CaffeNet's five ReLUs after its convolutions: 8.0 ms of a
+        443 ms iteration on a 16-core Xeon).  One bottom and top (a ReLU in place takes one blob)."""
+        if len(bottom) != 1:
+            return False
+        b = self.blobs[1].data if self.bias_term else None
+        self.engine.forward_rectified(self._bottom_view(bottom[0].data), self.blobs[0].data, b,
+                                      self._top_view(top[0].data))
+        return True
+
     def _gradients(self, x: Any, dy: Any, w: Any, dx: Any | None, dw: Any | None) -> None:
         self.engine.backward(x, dy, w, dx, dw)
 

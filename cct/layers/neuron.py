@@ -16,6 +16,7 @@ import numpy as np
 
 from cct.blob import Blob
 from cct.device import get_array_module
+from cct.elementwise import relu_into
 from cct.errors import CctError, ParamError
 from cct.fillers import constant_filler, fill
 from cct.layers.base import Layer
@@ -68,30 +69,6 @@ class NeuronLayer(Layer):
 def _scalar(x: Any, value: float) -> Any:
     """``value`` as a scalar of ``x``'s dtype (Caffe converts float parameters to Dtype)."""
     return x.dtype.type(value)
-
-
-# numpy runs ``maximum`` of two arrays in its vector loop but ``maximum`` with a scalar operand element by element
-# (numpy 2.4, float32: 4x the time in the cache, CaffeNet's relu1 over 74 MB 2.9 -> 2.0 ms on one core), so
-# :func:`relu_into` compares with a row of zeros this long, broadcast over the array's rows
-ZERO_ROW = 4096
-_zero_rows: dict[Any, Any] = {}
-
-
-def relu_into(x: Any, out: Any) -> Any:
-    """``out = max(x, 0)`` (NaN stays NaN, as Caffe's ``std::max(x, 0)``); ``x`` and ``out`` may be one array."""
-    xp = get_array_module(x)
-    n = x.size
-    if xp is not np or n < ZERO_ROW or not (x.flags.c_contiguous and out.flags.c_contiguous):
-        return xp.maximum(x, 0, out=out)
-    zeros = _zero_rows.get(x.dtype)
-    if zeros is None:
-        zeros = _zero_rows[x.dtype] = np.zeros(ZERO_ROW, x.dtype)
-    flat_x, flat_out = x.reshape(-1), out.reshape(-1)
-    whole = n - n % ZERO_ROW
-    np.maximum(flat_x[:whole].reshape(-1, ZERO_ROW), zeros, out=flat_out[:whole].reshape(-1, ZERO_ROW))
-    if whole < n:
-        np.maximum(flat_x[whole:], zeros[:n - whole], out=flat_out[whole:])
-    return out
 
 
 # ---- rectifiers ------------------------------------------------------------------------------------

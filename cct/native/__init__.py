@@ -36,7 +36,7 @@ import numpy as np
 from cct.config import settings
 
 # the kernels' API version this package calls (CCT_KERNELS_API in _kernels.c)
-API_VERSION = 20
+API_VERSION = 21
 
 try:
     from cct.native import _kernels as _built

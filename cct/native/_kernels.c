@@ -846,6 +846,30 @@ DEFINE_LRN(lrn_forward_f64, lrn_backward_f64, double)
 DEFINE_ADD_RECTIFIED(add_rectified_f32, float)
 DEFINE_ADD_RECTIFIED(add_rectified_f64, double)
 
+/* A convolution's output y (rows of `cells` values, row r of channel r % channels) plus its bias, then (an in-place
+ * ReLU after it: cct.exec.fusion) numpy's maximum(., 0), in one pass over y: the bits of numpy's y += bias and of
+ * the ReLU's forward.  Without a bias the values are only rectified (no + 0, which would turn -0.0 into +0). */
+#define DEFINE_ADD_BIAS(NAME, T)                                                                             \
+    CCT_CLONES static void NAME(T *y, const T *bias, Py_ssize_t rows, Py_ssize_t channels, Py_ssize_t cells,  \
+                                int rectify) {                                                               \
+        for (Py_ssize_t r = 0; r < rows; r++) {                                                              \
+            T *row = y + r * cells;                                                                          \
+            if (bias) {                                                                                      \
+                const T b = bias[r % channels];                                                              \
+                if (rectify)                                                                                 \
+                    for (Py_ssize_t i = 0; i < cells; i++) {                                                 \
+                        const T v = row[i] + b;                                                              \
+                        row[i] = RECTIFIED(T, v, 1);                                                         \
+                    }                                                                                        \
+                else                                                                                         \
+                    for (Py_ssize_t i = 0; i < cells; i++) row[i] += b;                                      \
+            } else if (rectify)                                                                              \
+                for (Py_ssize_t i = 0; i < cells; i++) row[i] = RECTIFIED(T, row[i], 1);                     \
+        }                                                                                                    \
+    }
+DEFINE_ADD_BIAS(add_bias_f32, float)
+DEFINE_ADD_BIAS(add_bias_f64, double)
+
 #define DEFINE_RELU_BACKWARD(NAME, T)                                                                        \
     CCT_CLONES static void NAME(const T *x, const T *dy, T *dx, Py_ssize_t n) {                             \
         /* the quiet comparison (the same truth values, NaN not above 0): with `>`, which may raise an       \
@@ -877,11 +901,12 @@ DEFINE_ALL_FINITE(all_finite_f64, double, uint64_t, (uint64_t)0x7ff0000000000000
  * back without.  In TRANSPOSE_TILE x TRANSPOSE_TILE tiles, so that a tile's source rows stay in the cache while
  * its destination rows are written whole (numpy's strided copy of CaffeNet's conv4 output at 64 images, 384 x 169
  * cells: 23 ms, 7x a plain copy of the same bytes; these tiles 6.5 ms, 32 x 32 ones 8.2).  The same single add per
- * value as numpy's. */
+ * value as numpy's; with `rectify` (an in-place ReLU after the convolution) each row written is then numpy's
+ * maximum(., 0) while in the cache. */
 #define TRANSPOSE_TILE 64
 #define DEFINE_TRANSPOSE(NAME, T)                                                                            \
     CCT_CLONES static void NAME(const T *restrict src, T *restrict dst, Py_ssize_t rows, Py_ssize_t cols,     \
-                                const T *restrict bias, Py_ssize_t cells) {                                  \
+                                const T *restrict bias, Py_ssize_t cells, int rectify) {                     \
         T b[TRANSPOSE_TILE];                                                                                 \
         for (Py_ssize_t i0 = 0; i0 < rows; i0 += TRANSPOSE_TILE) {                                           \
             const Py_ssize_t i1 = i0 + TRANSPOSE_TILE < rows ? i0 + TRANSPOSE_TILE : rows;                   \
@@ -896,6 +921,8 @@ DEFINE_ALL_FINITE(all_finite_f64, double, uint64_t, (uint64_t)0x7ff0000000000000
                         for (Py_ssize_t i = i0; i < i1; i++) d[i] = from[i * cols] + b[i - i0];              \
                     else                                                                                     \
                         for (Py_ssize_t i = i0; i < i1; i++) d[i] = from[i * cols];                          \
+                    if (rectify) /* the row just written, still in the cache */                              \
+                        for (Py_ssize_t i = i0; i < i1; i++) d[i] = RECTIFIED(T, d[i], 1);                   \
                 }                                                                                            \
             }                                                                                                \
         }                                                                                                    \
@@ -2031,8 +2058,9 @@ static PyObject *transpose(PyObject *self, PyObject *args) {
     Py_ssize_t rows, cols, cells;
     buffers b = {.held = 0};
     void *src, *dst, *bias;
+    int rectify = 0;
     (void)self;
-    if (!PyArg_ParseTuple(args, "OOnnOn", &osrc, &odst, &rows, &cols, &obias, &cells)) return NULL;
+    if (!PyArg_ParseTuple(args, "OOnnOn|p", &osrc, &odst, &rows, &cols, &obias, &cells, &rectify)) return NULL;
     if (rows < 0 || cols < 0 || cells < 1) {
         PyErr_SetString(PyExc_ValueError, "transpose: rows and cols must not be negative, cells positive");
         return NULL;
@@ -2047,9 +2075,43 @@ static PyObject *transpose(PyObject *self, PyObject *args) {
     }
     Py_BEGIN_ALLOW_THREADS
     if (item == 4)
-        transpose_f32(src, dst, rows, cols, bias, cells);
+        transpose_f32(src, dst, rows, cols, bias, cells, rectify);
     else
-        transpose_f64(src, dst, rows, cols, bias, cells);
+        transpose_f64(src, dst, rows, cols, bias, cells, rectify);
+    Py_END_ALLOW_THREADS
+    release(&b);
+    Py_RETURN_NONE;
+}
+
+static PyObject *add_bias(PyObject *self, PyObject *args) {
+    PyObject *oy, *obias;
+    Py_ssize_t channels, cells;
+    int rectify = 0;
+    buffers b = {.held = 0};
+    void *y, *bias;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOnn|p", &oy, &obias, &channels, &cells, &rectify)) return NULL;
+    if (channels < 1 || cells < 0) {
+        PyErr_SetString(PyExc_ValueError, "add_bias: channels must be positive and cells not negative");
+        return NULL;
+    }
+    Py_ssize_t item = item_size(oy);
+    if (item < 0) return NULL;
+    if (take(&b, oy, 1, item, 0, "y", &y, 0) < 0 || take(&b, obias, 0, item, channels, "bias", &bias, 1) < 0) {
+        release(&b);
+        return NULL;
+    }
+    const Py_ssize_t values = b.views[0].len / item;
+    if (cells == 0 || values % (channels * cells)) {
+        release(&b);
+        PyErr_SetString(PyExc_ValueError, "add_bias: y must hold whole images of channels x cells values");
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    if (item == 4)
+        add_bias_f32(y, bias, values / cells, channels, cells, rectify);
+    else
+        add_bias_f64(y, bias, values / cells, channels, cells, rectify);
     Py_END_ALLOW_THREADS
     release(&b);
     Py_RETURN_NONE;
@@ -2593,6 +2655,11 @@ out:
 #define PANEL_BLOCK_BYTES (512 << 10) /* the packed panels of one block of columns: in the core's L2 cache */
 #define PANEL_TARGET_512 __attribute__((target("avx512f")))
 #define PANEL_TARGET_256 __attribute__((target("avx2,fma")))
+/* What a tile does with its sums as it stores them (a mode's bits): add them to y's values (PANEL_LOAD), and, after
+ * the bias, numpy's maximum(., 0) — NaN kept, -0.0 to +0 — for an in-place ReLU after the convolution
+ * (PANEL_RECTIFY: the bits of the ReLU's own pass). */
+#define PANEL_LOAD 1
+#define PANEL_RECTIFY 2
 
 /* The panel kernels for the vector width in use: 64 (AVX-512F), 32 (AVX2 and FMA) or 0 (none here). */
 static int panel_width(void) {
@@ -2608,8 +2675,12 @@ static inline void panel_masks(Py_ssize_t left, __mmask16 *m0, __mmask16 *m1) {
 
 /* y[r][c] (= or, with `load`, +=) Σ_i a[i][r] · p[i][c] (+ bias[r]) for r < rows, c < live: one tile, a's values
  * PANEL_ROWS apart per i, p's PANEL_COLS (rows past `rows` and columns past `live` computed, not stored). */
+PANEL_TARGET_512 static inline __m512 panel_rectified_512(__m512 v) {
+    return _mm512_mask_mov_ps(_mm512_max_ps(v, _mm512_setzero_ps()), _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), v);
+}
+
 PANEL_TARGET_512 static void panel_tile_512(const float *a, const float *p, Py_ssize_t k, float *y, Py_ssize_t ldy,
-                                            int rows, Py_ssize_t live, const float *bias, int load) {
+                                            int rows, Py_ssize_t live, const float *bias, int mode) {
     __mmask16 m0, m1;
     panel_masks(live, &m0, &m1);
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, a8 = a0,
@@ -2632,13 +2703,17 @@ PANEL_TARGET_512 static void panel_tile_512(const float *a, const float *p, Py_s
     /* the rows of y the tile covers, straight from the accumulators */
 #define PANEL_STORE(r)                                                                                        \
     if (r < rows) {                                                                                           \
-        if (load) {                                                                                           \
+        if (mode & PANEL_LOAD) {                                                                              \
             a##r = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, y + r * ldy), a##r);                               \
             b##r = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, y + r * ldy + 16), b##r);                          \
         }                                                                                                     \
         if (bias) {                                                                                           \
             a##r = _mm512_add_ps(a##r, _mm512_set1_ps(bias[r]));                                              \
             b##r = _mm512_add_ps(b##r, _mm512_set1_ps(bias[r]));                                              \
+        }                                                                                                     \
+        if (mode & PANEL_RECTIFY) {                                                                           \
+            a##r = panel_rectified_512(a##r);                                                                 \
+            b##r = panel_rectified_512(b##r);                                                                 \
         }                                                                                                     \
         _mm512_mask_storeu_ps(y + r * ldy, m0, a##r);                                                         \
         _mm512_mask_storeu_ps(y + r * ldy + 16, m1, b##r);                                                    \
@@ -2715,8 +2790,12 @@ PANEL_TARGET_256 static inline __m256i panel_mask8(Py_ssize_t n) {
 
 /* panel_tile_512's tile as four blocks of 6 rows by 16 columns (12 accumulators, two loads and a broadcast: the
  * 16 registers), each value the same fused multiply-adds, addition of y and bias in the same order. */
+PANEL_TARGET_256 static inline __m256 panel_rectified_256(__m256 v) {
+    return _mm256_blendv_ps(_mm256_max_ps(v, _mm256_setzero_ps()), v, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+}
+
 PANEL_TARGET_256 static void panel_tile_256(const float *a, const float *p, Py_ssize_t k, float *y, Py_ssize_t ldy,
-                                            int rows, Py_ssize_t live, const float *bias, int load) {
+                                            int rows, Py_ssize_t live, const float *bias, int mode) {
     for (int half = 0; half < 2 && live > 16 * half; half++) {
         const Py_ssize_t cols = live - 16 * half;  /* this half's live columns */
         const __m256i k0 = panel_mask8(cols), k1 = panel_mask8(cols - 8);
@@ -2739,13 +2818,17 @@ PANEL_TARGET_256 static void panel_tile_256(const float *a, const float *p, Py_s
 #define PANEL_STORE(r)                                                                                        \
     if (r0 + r < rows) {                                                                                      \
         float *yr = y + (r0 + r) * ldy + 16 * half;                                                           \
-        if (load) {                                                                                           \
+        if (mode & PANEL_LOAD) {                                                                              \
             a##r = _mm256_add_ps(_mm256_maskload_ps(yr, k0), a##r);                                           \
             b##r = _mm256_add_ps(_mm256_maskload_ps(yr + 8, k1), b##r);                                       \
         }                                                                                                     \
         if (bias) {                                                                                           \
             a##r = _mm256_add_ps(a##r, _mm256_set1_ps(bias[r0 + r]));                                         \
             b##r = _mm256_add_ps(b##r, _mm256_set1_ps(bias[r0 + r]));                                         \
+        }                                                                                                     \
+        if (mode & PANEL_RECTIFY) {                                                                           \
+            a##r = panel_rectified_256(a##r);                                                                 \
+            b##r = panel_rectified_256(b##r);                                                                 \
         }                                                                                                     \
         if (cols >= 16) {                                                                                     \
             _mm256_storeu_ps(yr, a##r);                                                                       \
@@ -2829,18 +2912,18 @@ static void panel_pack_rows(const float *w, Py_ssize_t ldw, Py_ssize_t m, Py_ssi
 #define DEFINE_PANEL_KERNELS(W)                                                                               \
     PANEL_TARGET_##W static void panel_tiles_##W(const float *a, Py_ssize_t astep, const float *panels,        \
                                                  Py_ssize_t pstep, Py_ssize_t k, Py_ssize_t m, Py_ssize_t cols, \
-                                                 float *y, Py_ssize_t ldy, const float *bias, int load) {     \
+                                                 float *y, Py_ssize_t ldy, const float *bias, int mode) {     \
         for (Py_ssize_t rb = 0; rb * PANEL_ROWS < m; rb++) {                                                  \
             const int rows = m - rb * PANEL_ROWS < PANEL_ROWS ? (int)(m - rb * PANEL_ROWS) : PANEL_ROWS;      \
             for (Py_ssize_t q = 0; q * PANEL_COLS < cols; q++)                                                \
                 panel_tile_##W(a + rb * astep, panels + q * pstep, k, y + rb * PANEL_ROWS * ldy + q * PANEL_COLS, \
-                               ldy, rows, cols - q * PANEL_COLS, bias ? bias + rb * PANEL_ROWS : NULL, load);  \
+                               ldy, rows, cols - q * PANEL_COLS, bias ? bias + rb * PANEL_ROWS : NULL, mode);  \
         }                                                                                                     \
     }                                                                                                         \
     PANEL_TARGET_##W static void panel_gemm_f32_##W(float *y, Py_ssize_t ldy, const float *w, Py_ssize_t ldw,  \
                                                     const float *x, Py_ssize_t ldx, const float *bias,         \
                                                     Py_ssize_t m, Py_ssize_t n, Py_ssize_t k, float *wp,       \
-                                                    float *xp, Py_ssize_t block) {                             \
+                                                    float *xp, Py_ssize_t block, int mode) {                   \
         panel_pack_rows(w, ldw, m, k, wp);  /* rows past m are zeros: computed, never stored */              \
         for (Py_ssize_t j0 = 0; j0 < n; j0 += block * PANEL_COLS) {                                           \
             const Py_ssize_t cols = n - j0 < block * PANEL_COLS ? n - j0 : block * PANEL_COLS;                \
@@ -2848,7 +2931,7 @@ static void panel_pack_rows(const float *w, Py_ssize_t ldw, Py_ssize_t m, Py_ssi
                 for (Py_ssize_t i = 0; i < k; i++)                                                            \
                     panel_row_##W(xp + (q * k + i) * PANEL_COLS, x + i * ldx + j0 + q * PANEL_COLS,           \
                                   cols - q * PANEL_COLS);                                                     \
-            panel_tiles_##W(wp, k * PANEL_ROWS, xp, k * PANEL_COLS, k, m, cols, y + j0, ldy, bias, 0);        \
+            panel_tiles_##W(wp, k * PANEL_ROWS, xp, k * PANEL_COLS, k, m, cols, y + j0, ldy, bias, mode);     \
         }                                                                                                     \
     }                                                                                                         \
     PANEL_TARGET_##W static void panel_weight_grad_f32_##W(const float *x, const float *dy, float *dw,         \
@@ -2899,7 +2982,7 @@ static void panel_pack_rows(const float *w, Py_ssize_t ldw, Py_ssize_t m, Py_ssi
                                       o - rb * PANEL_ROWS < PANEL_ROWS ? o - rb * PANEL_ROWS : PANEL_ROWS,    \
                                       ap + rb * PANEL_SPAN * PANEL_ROWS, span);                               \
                 panel_tiles_##W(ap, PANEL_SPAN * PANEL_ROWS, q, PANEL_SPAN * PANEL_COLS, span, o, k, dw, ldw,  \
-                                NULL, 1);                                                                     \
+                                NULL, PANEL_LOAD);                                                            \
             }                                                                                                 \
         }                                                                                                     \
     }                                                                                                         \
@@ -2907,7 +2990,7 @@ static void panel_pack_rows(const float *w, Py_ssize_t ldw, Py_ssize_t m, Py_ssi
                                                             float *y, Py_ssize_t o, const Py_ssize_t *g,      \
                                                             float *buf, Py_ssize_t pe_h, Py_ssize_t pe_w,     \
                                                             Py_ssize_t *table, float *panels,                 \
-                                                            Py_ssize_t first, Py_ssize_t last) {              \
+                                                            Py_ssize_t first, Py_ssize_t last, int mode) {    \
         const Py_ssize_t n = g[0], c = g[1], h = g[2], w = g[3], *k = g + 4;                                  \
         const Py_ssize_t kh = k[0], kw = k[1], sh = k[2], sw = k[3], oh = k[8], ow = k[9];                    \
         const Py_ssize_t phase = pe_h * pe_w, chan = sh * sw * phase, rows = c * kh * kw, cols = oh * ow;     \
@@ -2940,7 +3023,7 @@ static void panel_pack_rows(const float *w, Py_ssize_t ldw, Py_ssize_t m, Py_ssi
                         }                                                                                     \
                     }                                                                                         \
                 panel_tiles_##W(wp, rows * PANEL_ROWS, panels, rows * PANEL_COLS, rows, o, span, yi + p0, cols, \
-                                bias, 0);                                                                     \
+                                bias, mode);                                                                  \
             }                                                                                                 \
         }                                                                                                     \
     }
@@ -2991,9 +3074,9 @@ static int panel_operand(const Py_buffer *v, Py_ssize_t *ld) {
 static PyObject *panel_gemm(PyObject *self, PyObject *args) {
     PyObject *o[4];
     Py_buffer v[4];
-    int held = 0, done = 0;
+    int held = 0, done = 0, rectify = 0;
     (void)self;
-    if (!PyArg_ParseTuple(args, "OOOO", &o[0], &o[1], &o[2], &o[3])) return NULL;  /* y, w, x, bias */
+    if (!PyArg_ParseTuple(args, "OOOO|p", &o[0], &o[1], &o[2], &o[3], &rectify)) return NULL;  /* y, w, x, bias */
     const int count = o[3] == Py_None ? 3 : 4;
     for (; held < count; held++)
         if (PyObject_GetBuffer(o[held], &v[held], PyBUF_STRIDES | PyBUF_FORMAT | (held ? 0 : PyBUF_WRITABLE)) < 0)
@@ -3013,8 +3096,10 @@ static PyObject *panel_gemm(PyObject *self, PyObject *args) {
     if (m == 0 || n == 0) goto out;
     if (k == 0) {  /* an empty sum: the bias, or zeros */
         for (Py_ssize_t r = 0; r < m; r++)
-            for (Py_ssize_t j = 0; j < n; j++)
-                ((float *)v[0].buf)[r * ld[0] + j] = count == 4 ? ((const float *)v[3].buf)[r] : 0.0f;
+            for (Py_ssize_t j = 0; j < n; j++) {
+                const float value = count == 4 ? ((const float *)v[3].buf)[r] : 0.0f;
+                ((float *)v[0].buf)[r * ld[0] + j] = RECTIFIED(float, value, rectify);
+            }
         goto out;
     }
     Py_ssize_t block = PANEL_BLOCK_BYTES / (k * PANEL_COLS * 4);
@@ -3028,7 +3113,7 @@ static PyObject *panel_gemm(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     (width == 64 ? panel_gemm_f32_512 : panel_gemm_f32_256)(v[0].buf, ld[0], v[1].buf, ld[1], v[2].buf, ld[2],
                                                             count == 4 ? v[3].buf : NULL, m, n, k, packed,
-                                                            packed + wbytes / 4, block);
+                                                            packed + wbytes / 4, block, rectify ? PANEL_RECTIFY : 0);
     Py_END_ALLOW_THREADS
     panel_scratch_trim();
 #endif
@@ -3096,11 +3181,12 @@ out:
 static PyObject *panel_conv_forward(PyObject *self, PyObject *args) {
     PyObject *ox, *ow_, *obias, *oy, *geometry;
     Py_ssize_t g[14], pad_h, pad_w, first = 0, last = -1;
+    int rectify = 0;
     buffers b = {.held = 0};
     void *x, *y, *bias = NULL;
     Py_buffer v;
     (void)self;
-    if (!PyArg_ParseTuple(args, "OOOOO|nn", &ox, &ow_, &obias, &oy, &geometry, &first, &last) ||
+    if (!PyArg_ParseTuple(args, "OOOOO|nnp", &ox, &ow_, &obias, &oy, &geometry, &first, &last, &rectify) ||
         lowering_geometry(geometry, g, &pad_h, &pad_w) < 0)
         return NULL;
     if (last < 0) last = g[12] * g[13];
@@ -3127,8 +3213,10 @@ static PyObject *panel_conv_forward(PyObject *self, PyObject *args) {
     if (n == 0 || o == 0 || first == last) goto out;
     if (rows == 0) {  /* an empty sum: the bias, or zeros */
         for (Py_ssize_t i = 0; i < n * o; i++)
-            for (Py_ssize_t j = first; j < last; j++)
-                ((float *)y)[i * cols + j] = bias ? ((const float *)bias)[i % o] : 0;
+            for (Py_ssize_t j = first; j < last; j++) {
+                const float value = bias ? ((const float *)bias)[i % o] : 0;
+                ((float *)y)[i * cols + j] = RECTIFIED(float, value, rectify);
+            }
         goto out;
     }
     /* the scratch: the image by stride phase (as lowering()), the tables, w packed, the span's panels (64-byte
@@ -3147,7 +3235,8 @@ static PyObject *panel_conv_forward(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     panel_pack_rows(v.buf, ldw, o, rows, wp);
     (width == 64 ? panel_conv_forward_f32_512 : panel_conv_forward_f32_256)(
-        x, wp, bias, y, o, g, scratch, pe_h, pe_w, (Py_ssize_t *)(scratch + bbytes / 4), wp + wbytes / 4, first, last);
+        x, wp, bias, y, o, g, scratch, pe_h, pe_w, (Py_ssize_t *)(scratch + bbytes / 4), wp + wbytes / 4, first, last,
+        rectify ? PANEL_RECTIFY : 0);
     Py_END_ALLOW_THREADS
     panel_scratch_trim();
 #endif
@@ -3210,9 +3299,12 @@ static PyMethodDef methods[] = {
     {"relu_backward", relu_backward, METH_VARARGS,
      "relu_backward(x, dy, dx): dx = dy * (x > 0); dx may be dy"},
     {"all_finite", all_finite, METH_VARARGS, "all_finite(x): whether every value of x is finite (no inf, no NaN)"},
+    {"add_bias", add_bias, METH_VARARGS,
+     "add_bias(y, bias, channels, cells, rectify=False): y (images, channels, cells) += bias[c] in place (bias may "
+     "be None), then (rectify) numpy's maximum(y, 0), in one pass"},
     {"transpose", transpose, METH_VARARGS,
-     "transpose(src, dst, rows, cols, bias, cells): dst (cols, rows) = src (rows, cols) transposed, plus "
-     "bias[i // cells] on source row i (bias may be None)"},
+     "transpose(src, dst, rows, cols, bias, cells, rectify=False): dst (cols, rows) = src (rows, cols) transposed, "
+     "plus bias[i // cells] on source row i (bias may be None), then (rectify) numpy's maximum(dst, 0)"},
     {"label_count", label_count, METH_VARARGS,
      "label_count(label, classes, ignore): positions whose label (truncated) is not `ignore` (None: none is), or "
      "-1 where one lies outside [0, classes)"},
@@ -3225,12 +3317,13 @@ static PyMethodDef methods[] = {
      "gemm_accumulate(out, a, b): out += a @ b by one BLAS call (beta = 1) on 2-D views as they lie; False "
      "(nothing done) where the BLAS cannot take them or set_gemm was not called for their type"},
     {"panel_gemm", panel_gemm, METH_VARARGS,
-     "panel_gemm(y, w, x, bias): y = w @ x (+ bias per row) on float32 2-D views unit-strided along their rows, by "
+     "panel_gemm(y, w, x, bias, rectify=False): y = w @ x (+ bias per row), then (rectify) numpy's maximum(y, 0), "
+     "on float32 2-D views unit-strided along their rows, by "
      "12 x 32 tiles over packed panels; False (nothing done) where the CPU has neither AVX-512F nor AVX2 with FMA "
      "(or the vector width in use is 16 bytes) or the arrays do not fit"},
     {"panel_conv_forward", panel_conv_forward, METH_VARARGS,
-     "panel_conv_forward(x, w, bias, y, geometry, first=0, last=-1): y = the 2-D convolution of x with w (o, c*kh*kw) "
-     "(+ bias) for one group (lowering() geometry) on each image's output cells [first, last) (-1: all), lowered span "
+     "panel_conv_forward(x, w, bias, y, geometry, first=0, last=-1, rectify=False): y = the 2-D convolution of x with w "
+     "(o, c*kh*kw) (+ bias; then, rectify, numpy's maximum(y, 0)) for one group (lowering() geometry) on each image's output cells [first, last) (-1: all), lowered span "
      "by span into the panel GEMM's panels; False (nothing done) where the CPU has neither AVX-512F nor "
      "AVX2 with FMA or the arguments do not fit"},
     {"panel_weight_grad", panel_weight_grad, METH_VARARGS,
@@ -3265,7 +3358,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels", NULL, -1,
 
 /* The version of the functions' arguments and meaning: cct.native ignores a module of another version (a copy
  * left in a checkout by an older build). */
-#define CCT_KERNELS_API 20
+#define CCT_KERNELS_API 21
 /* The digest of this source (setup.py defines it): the machine's measured speeds of the kernels are kept per source */
 #ifndef CCT_KERNELS_SOURCE
 #define CCT_KERNELS_SOURCE "unknown"

@@ -46,20 +46,27 @@ def run_cli(capsys, *args: str) -> tuple[int, str, str]:
 
 @pytest.fixture
 def simulated_clock(monkeypatch):
-    """Layer i's forward takes (i+1) ms and its backward 2(i+1) ms of a clock that only layers advance: the
-    timing loop reads it instead of the wall clock, so every pass lasts exactly the same."""
+    """Layer i's forward takes (i+1) ms and its backward 2(i+1) ms of a clock that only layers advance (a
+    convolution and the ReLU run as one step forward, both layers' times): the timing loop reads it instead of the
+    wall clock, so every pass lasts exactly the same."""
     now = [0.0]
     forward, backward = LayerRunner.forward_layer, LayerRunner.backward_layer
+    rectified = LayerRunner.forward_rectified_conv
 
     def fwd(self, net, i):
         now[0] += (i + 1) * 1e-3
         return forward(self, net, i)
+
+    def fwd_rectified(self, net, i, relu):
+        now[0] += (i + 1 + relu + 1) * 1e-3
+        return rectified(self, net, i, relu)
 
     def bwd(self, net, i):
         now[0] += 2 * (i + 1) * 1e-3
         return backward(self, net, i)
 
     monkeypatch.setattr(LayerRunner, "forward_layer", fwd)
+    monkeypatch.setattr(LayerRunner, "forward_rectified_conv", fwd_rectified)
     monkeypatch.setattr(LayerRunner, "backward_layer", bwd)
     monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
     return now

@@ -1,6 +1,7 @@
-"""The serial executor's fused pairs (an in-place ReLU and the MAX pooling after it, backward) give exactly
-the numbers of the layers run one by one, are found only where they apply, and run only inside passes that
-cover both layers with nothing watching in between."""
+"""The serial executor's fused pairs (an in-place ReLU and the MAX pooling after it, backward; a Convolution and
+the in-place ReLU after it, forward; BatchNorm, Scale and ReLU; an Eltwise sum and its ReLU) give exactly the
+numbers of the layers run one by one, are found only where they apply, and run only inside passes that cover both
+layers with nothing watching in between."""
 from __future__ import annotations
 
 import numpy as np
@@ -86,6 +87,41 @@ def test_pairs_found_where_they_apply(tmp_path):
     for what, text in cases.items():
         other = _net(tmp_path, text)
         assert backward_pairs(other) == {3: 2}, what  # the first pair is untouched
+
+
+def test_a_convolution_and_the_relu_after_it_run_as_one_step_forward(tmp_path, monkeypatch, body):
+    """A Convolution and the plain in-place ReLU on its only top: the engine rectifies the output as it writes it
+    and the ReLU's forward does not run; the pair is found only where it applies; forward and backward passes give
+    the bits of the layers run one by one (a watched net)."""
+    from cct.exec.fusion import rectified_convs
+
+    net = _net(tmp_path)
+    assert rectified_convs(net) == {1: 2, 4: 5}
+    cases = {
+        "ReLU not in place": _net_text(relu2='bottom: "conv2" top: "conv2r"').replace(
+            'bottom: "conv2" top: "pool2"', 'bottom: "conv2r" top: "pool2"'),
+        "leaky ReLU": _net_text(relu2='bottom: "conv2" top: "conv2" relu_param { negative_slope: 0.1 }'),
+        "a layer between": _net_text(relu2='bottom: "conv2" top: "conv2"').replace(
+            'layer { name: "relu2"', 'layer { name: "scaled" type: "Power" bottom: "conv2" top: "conv2" }\n'
+            'layer { name: "relu2"'),
+    }
+    for what, text in cases.items():
+        assert rectified_convs(_net(tmp_path, text)) == {1: 2}, what
+    calls = _count_calls(net, methods=("forward",))
+    top_diff = np.random.default_rng(5).standard_normal(net.blobs["ip"].diff.shape).astype(np.float32)
+    got = [_pass(net, top_diff) for _ in range(2)]
+    assert calls == {}  # both ReLUs' forwards ran inside the convolutions
+    plain = _net(tmp_path, watched=True)
+    plain_calls = _count_calls(plain, methods=("forward",))
+    want = [_pass(plain, top_diff) for _ in range(2)]
+    assert plain_calls == {"relu1.forward": 2, "relu2.forward": 2}
+    assert (want[0]["conv1.data"] == 0).any() and (want[0]["conv2.data"] == 0).any()  # the ReLUs did clip
+    for a, b in zip(got, want):
+        for key in b:
+            np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+    net.forward(end="conv2")  # a pass that ends at the convolution leaves its top as the convolution wrote it
+    assert calls == {}  # (conv1 and relu1 as one step)
+    assert (net.blobs["conv2"].data < 0).any()
 
 
 @pytest.mark.parametrize("phase", [cct.TRAIN, cct.TEST], ids=["TRAIN", "TEST"])  # TEST: winners found again

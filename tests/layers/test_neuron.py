@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 import cct.layers  # noqa: F401  (registers the layers)
+from cct.elementwise import ZERO_ROW, relu_into
 from cct.errors import CctError, ParamError
 from cct.gradient_check import check_gradient, setup_layer
-from cct.layers.neuron import ZERO_ROW, relu_into
 from cct.layers.registry import create_layer
 from cct.proto import caffe_pb2 as pb
 from cct.rng import set_random_seed

@@ -328,6 +328,37 @@ def test_transpose_is_numpys_move_plus_bias(kernels, dtype, rows, cols, cells):
     np.testing.assert_array_equal(dst, src.T + np.repeat(bias, cells)[:rows])
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_transpose_and_add_bias_rectify_as_numpys_maximum(kernels, dtype, with_bias):
+    """With ``rectify`` (an in-place ReLU after a convolution) the values written are numpy's maximum(., 0) of what
+    was written without it — NaN kept, -0.0 to +0 — bit for bit; ``add_bias`` adds a channel's bias to its rows in
+    place as numpy's ``y += bias`` (without a bias, nothing is added: -0.0 stays -0.0 unless rectified)."""
+    rng = np.random.default_rng(11)
+    images, channels, cells = 3, 5, 13
+    src = rng.standard_normal((channels * cells, images)).astype(dtype)
+    src[3, 1], src[7, 2], src[8, 0] = np.nan, -0.0, 0.0
+    bias = rng.standard_normal(channels).astype(dtype) if with_bias else None
+    bits = f"u{np.dtype(dtype).itemsize}"
+    plain, rectified = (np.full((images, channels * cells), 5.0, dtype) for _ in range(2))
+    kernels.transpose(src, plain, channels * cells, images, bias, cells)
+    kernels.transpose(src, rectified, channels * cells, images, bias, cells, True)
+    with np.errstate(invalid="ignore"):
+        np.testing.assert_array_equal(rectified.view(bits), np.maximum(plain, 0).view(bits))
+    y = src.T.reshape(images, channels, cells).copy()
+    want = y + bias.reshape(1, channels, 1) if with_bias else y.copy()
+    for rectify in (False, True):
+        got = y.copy()
+        kernels.add_bias(got, bias, channels, cells, rectify)
+        with np.errstate(invalid="ignore"):
+            expected = np.maximum(want, 0) if rectify else want
+        np.testing.assert_array_equal(got.view(bits), expected.view(bits))
+    with pytest.raises(ValueError, match="whole images"):
+        kernels.add_bias(np.zeros(7, dtype), None, 2, 3)
+    with pytest.raises(ValueError, match="bias: expected 5"):
+        kernels.add_bias(np.zeros(30, dtype), np.zeros(4, dtype), 5, 3)
+
+
 def test_transpose_checks_its_buffers(kernels):
     src = np.zeros((4, 6), np.float32)
     with pytest.raises(ValueError, match="dst: expected 24"):
