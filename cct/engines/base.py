@@ -3,6 +3,8 @@ cost (see :mod:`cct.engines` for the engines and how layers get them)."""
 from __future__ import annotations
 
 import contextlib
+import functools
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextvars import ContextVar
@@ -63,34 +65,29 @@ class ConvGeometry:
     pad: tuple[int, ...]
     dilation: tuple[int, ...]
 
-    @property
+    # the derived shapes, computed once (the engines read them on every call; the fields never change)
+    @functools.cached_property
     def num_spatial_axes(self) -> int:
         return len(self.in_shape)
 
-    @property
+    @functools.cached_property
     def extent(self) -> tuple[int, ...]:
         """Dilated kernel extent per axis: ``dilation*(kernel-1) + 1``."""
         return tuple(d * (k - 1) + 1 for k, d in zip(self.kernel, self.dilation))
 
-    @property
+    @functools.cached_property
     def out_shape(self) -> tuple[int, ...]:
         """``(in + 2*pad - extent) // stride + 1`` per axis (the caller checks ``in + 2*pad >= extent``)."""
         return tuple((i + 2 * p - e) // s + 1
                      for i, p, e, s in zip(self.in_shape, self.pad, self.extent, self.stride))
 
-    @property
+    @functools.cached_property
     def kernel_count(self) -> int:
-        n = 1
-        for k in self.kernel:
-            n *= k
-        return n
+        return math.prod(self.kernel)
 
-    @property
+    @functools.cached_property
     def out_count(self) -> int:
-        n = 1
-        for o in self.out_shape:
-            n *= o
-        return n
+        return math.prod(self.out_shape)
 
     @property
     def is_pointwise(self) -> bool:

@@ -54,12 +54,20 @@ def kernels() -> ModuleType | None:
     return _built
 
 
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
 def takes(*arrays: Any) -> bool:
     """Whether the compiled kernels take ``arrays``: numpy float32 or float64 arrays of one dtype, C-contiguous
-    (anything else, cupy arrays included, runs the numpy bodies)."""
+    (anything else, cupy arrays included, runs the numpy bodies).  Asked several times a layer call: a plain loop
+    (0.6 us for three arrays, 1.4 as a generator over them)."""
     dtype = getattr(arrays[0], "dtype", None)
-    return dtype in (np.float32, np.float64) and all(
-        isinstance(a, np.ndarray) and a.dtype == dtype and a.flags.c_contiguous for a in arrays)
+    if dtype not in _FLOATS:
+        return False
+    for a in arrays:
+        if not isinstance(a, np.ndarray) or a.dtype != dtype or not a.flags.c_contiguous:
+            return False
+    return True
 
 
 def build_key() -> str:
