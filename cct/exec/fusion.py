@@ -25,10 +25,11 @@ with one pass less over the blob between them.
 
 * forward, ``Convolution → ReLU``: a plain ReLU in place on the only top of a Convolution right before it (CaffeNet,
   AlexNet, VGG, GoogLeNet): the engine rectifies each value as it writes it — in the panel GEMM's tiles, in the
-  compiled move of a lowering's output into images first, after an image's or a chunk's bias while it is in the
-  cache (:meth:`cct.engines.base.ConvEngine.forward_rectified`; :func:`rectified_convs`) — and the ReLU's own pass
-  over the top is not run (CaffeNet on a 16-core Xeon: 8.0 ms of ReLU forwards in a 443 ms iteration).  Neither
-  layer's backward changes (the ReLU's reads the top, which is the same).
+  compiled move of a lowering's output into images first, in the FFT's compiled bias pass, after an image's or a
+  chunk's bias while it is in the cache (:meth:`cct.engines.base.ConvEngine.forward_rectified`;
+  :func:`rectified_convs`) — and the ReLU's own pass over the top is not run (CaffeNet on a 16-core Xeon: 8.0 ms
+  of ReLU forwards in a 443 ms iteration).  Neither layer's backward changes (the ReLU's reads the top, which is
+  the same).
 
 * backward, ``BatchNorm → Scale (→ ReLU)``: the same run (the forward pair, and the plain ReLU after it where there
   is one) backward block by block through the three layers — the ReLU's mask, the Scale's sums and product, the
