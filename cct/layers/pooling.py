@@ -372,12 +372,17 @@ class Pooler:
     def _geometry(self, x: Any) -> tuple[int, ...]:
         """The compiled kernels' geometry for a batch like ``x``: planes, spatial axes, then per axis the input and
         output extents, kernel, stride, pad and dilation (1-D pooling as rows of one: the kernels take 2 axes or
-        more)."""
-        lead = len(self.kernel) == 1
-        fields = [(1, self.in_shape), (1, self.out_shape), (1, self.kernel), (1, self.stride), (0, self.pad),
-                  (1, self.dilation)]
-        axes = len(self.kernel) + lead
-        return (x.shape[0] * x.shape[1], axes) + tuple(v for one, t in fields for v in (one,) * lead + tuple(t))
+        more).  Kept per plane count (a layer's calls ask for a few)."""
+        key = ("geometry", x.shape[0] * x.shape[1])
+        geometry = self._tables.get(key)
+        if geometry is None:
+            lead = len(self.kernel) == 1
+            fields = [(1, self.in_shape), (1, self.out_shape), (1, self.kernel), (1, self.stride), (0, self.pad),
+                      (1, self.dilation)]
+            axes = len(self.kernel) + lead
+            geometry = self._tables[key] = (key[1], axes) + tuple(v for one, t in fields
+                                                                  for v in (one,) * lead + tuple(t))
+        return geometry
 
     def _code_bytes(self) -> Any:
         """Per kernel offset its winner code (:meth:`_codes`), as the compiled forward takes them."""
