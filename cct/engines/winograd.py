@@ -437,12 +437,14 @@ class WinogradEngine(ConvEngine):
 
     # ---- the engine interface -----------------------------------------------------------------
     def forward(self, x: Any, w: Any, b: Any | None, y: Any) -> Any:
-        self._chunked(x, self._transformed_kernels(w, flip=False), tuple(self._geom().pad), y, b)
-        return y
+        return self._forward(x, w, b, y, False)
 
     def forward_rectified(self, x: Any, w: Any, b: Any | None, y: Any) -> Any:
         """:meth:`forward`, each chunk's output rectified right after it is written."""
-        self._chunked(x, self._transformed_kernels(w, flip=False), tuple(self._geom().pad), y, b, rectify=True)
+        return self._forward(x, w, b, y, True)
+
+    def _forward(self, x: Any, w: Any, b: Any | None, y: Any, rectify: bool) -> Any:
+        self._chunked(x, self._transformed_kernels(w, flip=False), tuple(self._geom().pad), y, b, rectify)
         return y
 
     def backward(self, x: Any, dy: Any, w: Any, dx: Any | None, dw: Any | None) -> None:
