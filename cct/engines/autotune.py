@@ -45,9 +45,9 @@ from cct.engines.measured import (
 from cct.runtime.memory import release_freed_memory
 
 # of calibrate()'s probes (4: lowering with the images innermost on small outputs; 5: type 1's 2-D lowering
-# by the compiled kernel; 6: and its col2im; 7: all probes timed in interleaved rounds): rates cached by another
-# version are measured again
-RATES_VERSION = 7
+# by the compiled kernel; 6: and its col2im; 7: all probes timed in interleaved rounds; 8: one partition's copies
+# alone, part_share): rates cached by another version are measured again
+RATES_VERSION = 8
 # of autotune_conv_engine's method (7: each engine steady in a block, operands new each step; close calls on the whole
 # batch; 8: close calls measured twice, in both orders; 9: the lowerings' images-innermost layout; 10: the FFT's
 # full layout costed as GEMMs over a batch; 11: Winograd's own weight gradient; 12: the lowering measured again
@@ -387,8 +387,10 @@ def calibrate(save: bool = True) -> MachineRates:
         return {**one.probe(x, dy), "lift": three.probe(x, dy)["lift"]}
 
     per_part = [steps(p) for p in range(parts)]
-    probes.update({name: _concurrent(parts, lambda p, name=name: per_part[p][name])
-                   for name in ("lower", "col2im", "lift", "transpose")})
+    copies = ("lower", "col2im", "lift", "transpose")
+    probes.update({name: _concurrent(parts, lambda p, name=name: per_part[p][name]) for name in copies})
+    if parts > 1:  # and one partition's alone (a layer of fewer images than partitions: one 3-D volume)
+        probes.update({f"{name} alone": per_part[0][name] for name in copies})
 
     spectra = stand_in(np.random.default_rng(1), (1024, 30, 30), np.float32)
     workers = fft_workers()
@@ -418,7 +420,10 @@ def calibrate(save: bool = True) -> MachineRates:
                          fft_flops=spectra.shape[0] * _transform_flops((30, 30), (30, 30)) / best["fft"],
                          fft_call_s=0.0)
     work = FFTEngine.estimate(tiny, 4, rates)["full"]["seconds"]
-    rates = replace(rates, fft_call_s=max(best["fft step"] - work, 1e-4))
+    # one partition's copy rate alone over the machine's (each partition's at once): 1 / parts where the copies
+    # scale with the cores, more where the memory system is the limit
+    share = statistics.median(best[name] / (parts * best[f"{name} alone"]) for name in copies) if parts > 1 else 1.0
+    rates = replace(rates, fft_call_s=max(best["fft step"] - work, 1e-4), part_share=min(1.0, share))
     _rates_memo[_rates_key()] = rates
     if save:
         _write_cache({"rates": {_rates_key(): asdict(rates)}})

@@ -50,6 +50,9 @@ class LoweringCost:
     # of lifted_elems and transpose_elems, the forward's (None: half of each)
     lifted_forward: float | None = None
     transpose_forward: float | None = None
+    # one image's lowering (forward and weight gradient) runs over the cores, whatever the partitions (the compiled
+    # 2-D lowering outside the batch partitions)
+    lowering_over_cores: bool = False
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -69,6 +72,8 @@ class MachineRates:
     col2im_elems: float = 6.5e8     # slice additions back into the input gradient
     fft_flops: float = 8e9          # scipy.fft on lines of length 16-40 (5·n·log2 n per complex line)
     fft_call_s: float = 4e-3        # the FFT engine's fixed cost per forward + backward of a layer
+    part_share: float = 0.5         # the copy passes' rate of one partition running alone, as a share of the rates
+    # above (all partitions busy): a layer with fewer partitions runs them at parts · part_share of those rates
     # (defaults: a 2-core AVX2 machine; calibrate() measures the machine it runs on)
 
 
@@ -98,6 +103,7 @@ def layer_costs(g: ConvGeometry, strategy: int, itemsize: int = 4, per_image_lif
     transpose = 2.0 * O * p_out * B
     traffic = itemsize * (2 * lowered + 3 * col2im + 3 * lifted + 2 * transpose)
     shapes = ((M, K, N), (K, M, N), (K, N, M))
+    over = B == 1 and nd == 2 and f < nd  # the compiled 2-D lowering splits one image's channels over the cores
     if strategy == 1 and kL == 1 and not any(g.pad):  # the GEMMs read and write the blobs where they lie, image by
         # image — strided, from a subsample of the input (forward and weight gradient) and into one (scattered back)
         sub = 0.0 if g.is_pointwise else 1.0
@@ -110,8 +116,9 @@ def layer_costs(g: ConvGeometry, strategy: int, itemsize: int = 4, per_image_lif
         cells = kF * p_out * B  # every offset's output cells, all images
         shapes = ((O // g.group, K, cells), (K, O // g.group, cells), (K, N, M))
         return LoweringCost(strategy, lowered, gemm, lifted, col2im, transpose, traffic, shapes, g.group,
-                            (B * kF, B * kF), lifted_forward=0.0, transpose_forward=0.0)
-    return LoweringCost(strategy, lowered, gemm, lifted, col2im, transpose, traffic, shapes, g.group)
+                            (B * kF, B * kF), lifted_forward=0.0, transpose_forward=0.0, lowering_over_cores=over)
+    return LoweringCost(strategy, lowered, gemm, lifted, col2im, transpose, traffic, shapes, g.group,
+                        lowering_over_cores=over)
 
 
 def _eff(x: float, x0: float) -> float:
@@ -130,7 +137,10 @@ def pass_seconds(cost: LoweringCost, rates: MachineRates = DEFAULT_RATES, parts:
     partitions split the batch columns of the GEMMs (each runs ``1/parts`` of them on ``1/parts`` of the
     machine, all at once), or the GEMMs' own pieces do where there are more of them; the weight gradient is
     the faster of its two orientations (``col · dZᵀ`` or ``dZ · colᵀ``: the engine measures both and keeps
-    the faster)."""
+    the faster).  The copy passes (lowering, lifting, transposing, col2im) run on the partitions' threads, so a
+    layer with fewer partitions than the machine (one 3-D image on 16 cores) runs them at ``parts ·
+    part_share`` of the machine's rates — except one 2-D image's lowering, which the compiled im2col splits over
+    the cores (``lowering_over_cores``)."""
     gemms = [0.0, 0.0, 0.0]
     if cost.gemm_shapes:
         p = max(1, parts)
@@ -146,10 +156,15 @@ def pass_seconds(cost: LoweringCost, rates: MachineRates = DEFAULT_RATES, parts:
         gemms = [cost.gemm_flops / 3 / rates.gemm_flops] * 3
     lifted_fwd = cost.lifted_elems / 2 if cost.lifted_forward is None else cost.lifted_forward
     transpose_fwd = cost.transpose_elems / 2 if cost.transpose_forward is None else cost.transpose_forward
+    # the copy passes run on the partitions' threads: fewer partitions than the machine's reach their share
+    spread = min(1.0, rates.part_share * max(1, parts))
     lowering = cost.lowered_elems / 2 / rates.lower_elems  # forward, and again for the weight gradient
-    forward = lowering + lifted_fwd / rates.lift_elems + transpose_fwd / rates.transpose_elems
-    backward = lowering + (cost.lifted_elems - lifted_fwd) / rates.lift_elems + \
-        (cost.transpose_elems - transpose_fwd) / rates.transpose_elems + cost.col2im_elems / rates.col2im_elems
+    if not cost.lowering_over_cores:
+        lowering /= spread
+    forward = lowering + (lifted_fwd / rates.lift_elems + transpose_fwd / rates.transpose_elems) / spread
+    backward = lowering + ((cost.lifted_elems - lifted_fwd) / rates.lift_elems
+                           + (cost.transpose_elems - transpose_fwd) / rates.transpose_elems
+                           + cost.col2im_elems / rates.col2im_elems) / spread
     return gemms[0] + forward, gemms[1] + gemms[2] + backward
 
 

@@ -517,7 +517,9 @@ def test_where_the_models_decide_they_are_scaled_by_their_measured_error(monkeyp
 
     from cct.engines.cost_model import DEFAULT_RATES
 
-    rates = replace(DEFAULT_RATES)  # as calibrated: a machine's own rates (equal to the defaults here)
+    # as calibrated: a machine's own rates (the defaults; one partition copying as fast as all, so that the
+    # figures below are the models' for the whole machine)
+    rates = replace(DEFAULT_RATES, part_share=1.0)
 
     monkeypatch.setattr(choice, "machine_rates", lambda *a, **k: rates)
     monkeypatch.setattr(autotune, "machine_rates", lambda *a, **k: rates)

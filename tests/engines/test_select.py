@@ -218,6 +218,7 @@ def test_the_fft_model_runs_at_the_machines_calibrated_fft_rates():
     assert b["seconds"] == pytest.approx(a["seconds"] - transforms / 2 + 1e-3)
     rates = autotune.calibrate(save=False)
     assert rates.fft_flops > 0 and 0 < rates.fft_call_s < 0.05
+    assert 0 < rates.part_share <= 1  # one partition alone: at most the whole machine's copy rate
 
 
 def test_gemm_speed_depends_on_shape():
@@ -229,9 +230,37 @@ def test_gemm_speed_depends_on_shape():
     assert cost_model.gemm_seconds(512, 16, 32 * 4096, r) > 1.5 * square
     c = cost_model.layer_costs(_geo(8, 16), 1)
     assert c.gemm_shapes == ((16, 72, 8 * 32 * 32), (72, 16, 8 * 32 * 32), (72, 8 * 32 * 32, 16))
-    # partitions share the machine: same time, give or take the GEMM shapes
-    one, two = cost_model.estimate_seconds(c, r, 1), cost_model.estimate_seconds(c, r, 2)
+    # where one partition copies as fast as all, partitions share the machine: same time, give or take the GEMM
+    # shapes
+    whole = replace(r, part_share=1.0)
+    one, two = cost_model.estimate_seconds(c, whole, 1), cost_model.estimate_seconds(c, whole, 2)
     assert one <= two < 1.1 * one
+
+
+def test_fewer_partitions_than_the_machine_copy_at_their_share():
+    """The copy passes run on the partitions' threads: a layer with fewer partitions than the machine (one 3-D
+    volume on 16 cores) runs them at ``parts · part_share`` of the machine's rates (at most all of them), its GEMMs
+    on all the cores still; one 2-D image's lowering runs over the cores (the compiled im2col splits its
+    channels), its col2im does not."""
+    r = replace(cost_model.DEFAULT_RATES, part_share=0.25)
+    whole = replace(r, part_share=1.0)
+    g = ConvGeometry(1, 8, 8, 1, (30, 30, 30), (3, 3, 3), (1, 1, 1), (0, 0, 0), (1, 1, 1))
+    c = cost_model.layer_costs(g, 1)
+    assert not c.lowering_over_cores and c.col2im_elems > 0 and c.lowered_elems > 0
+    for parts, scale in ((1, 4.0), (2, 2.0), (4, 1.0), (16, 1.0)):
+        gemms = cost_model.pass_seconds(replace(c, lowered_elems=0.0, col2im_elems=0.0, transpose_elems=0.0), r,
+                                        parts)
+        copies = [a - b for a, b in zip(cost_model.pass_seconds(c, whole, parts), gemms)]
+        forward, backward = cost_model.pass_seconds(c, r, parts)
+        assert forward == pytest.approx(gemms[0] + scale * copies[0])
+        assert backward == pytest.approx(gemms[1] + scale * copies[1])
+    flat = ConvGeometry(1, 8, 8, 1, (30, 30), (3, 3), (1, 1), (1, 1), (1, 1))
+    c2 = cost_model.layer_costs(flat, 1)
+    assert c2.lowering_over_cores and not cost_model.layer_costs(replace(flat, num=2), 1).lowering_over_cores
+    lowering = c2.lowered_elems / 2 / r.lower_elems
+    others = cost_model.pass_seconds(replace(c2, lowered_elems=0.0), r, 1)
+    assert cost_model.pass_seconds(c2, r, 1) == pytest.approx((others[0] + lowering, others[1] + lowering))
+    assert others[1] > cost_model.pass_seconds(replace(c2, lowered_elems=0.0), whole, 1)[1]  # col2im: one thread
 
 
 
