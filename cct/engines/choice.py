@@ -39,7 +39,7 @@ Lowering ``auto`` per layer (:func:`choose_strategy`):
    slice-add rates —, each lowering's prediction scaled by its error measured on earlier layers
    (:func:`cct.engines.autotune.model_errors`);
 4. a layer predicted to take ``CLOSE_CALL_MIN_SECONDS`` (20 ms) or more, where another lowering is predicted
-   within ``AUTOTUNE_WINDOW`` (1.5x) of the best (a close call: the model errs by up to that) → those
+   within ``AUTOTUNE_WINDOW`` (3x) of the best (a close call: the model errs by up to that) → those
    candidates measured (:func:`cct.engines.autotune.autotune`: one chunk of the layer, cached per geometry),
    the fastest wins; a clear winner is taken as predicted;
 5. a smaller layer → the prediction, but type 1 unless another is predicted ``PREFER_TYPE1_FRACTION`` (5%)
@@ -79,8 +79,10 @@ CLOSE_CALL_MIN_SECONDS = 0.02
 # ... where the calibrated model finds another lowering within this factor of its best (a close call);
 # only those candidates are measured.  The model's error: within 10% on a 2-core AMD EPYC, but on a 2-core Intel
 # Xeon (AVX-512 kernels) lowering 3 ran 1.15-1.54x its prediction on the CcT sweep (1 and 2: 0.9-1.25x), and at
-# d/o = 8 it was predicted 1.42x faster than lowering 2 and ran 10% slower
-AUTOTUNE_WINDOW = 1.5
+# d/o = 8 it was predicted 1.42x faster than lowering 2 and ran 10% slower; on a 16-core Xeon at d/o = 32 (16
+# images, one a partition) lowering 3 was predicted 26.6 ms against lowering 2's 69.3 and ran 61-68 ms against
+# 52-59: a 2.6x error between the two, so the window is 3x (a candidate measured costs one chunk of the layer)
+AUTOTUNE_WINDOW = 3.0
 # auto engine choice with -autotune fast, where a measurement must be worth its time: the FFT and Winograd engines
 # measured only where their prediction is within this factor of a gain (-autotune full measures them wherever they
 # apply); the FFT model runs up to ~1.3x pessimistic on small 3-D layers (a 16->16 3^3 layer on 30^3: lifted FFT

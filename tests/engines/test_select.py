@@ -347,8 +347,12 @@ def test_auto_measures_only_close_calls_on_big_layers(monkeypatch):
     g = _geo(64, 64)
     calls = _fixed_model(monkeypatch, {1: 0.105, 2: 0.1, 3: 0.5})  # big, 1 and 2 within the window
     assert choice.choose_strategy(g) == (2, "autotuned") and calls == [[1, 2]]
-    calls = _fixed_model(monkeypatch, {1: 0.2, 2: 0.1, 3: 0.5})  # big, a clear winner: no measurement
+    calls = _fixed_model(monkeypatch, {1: 0.35, 2: 0.1, 3: 0.5})  # big, a clear winner: no measurement
     assert choice.choose_strategy(g) == (2, "cost model") and calls == []
+    # the others within the model's error between lowerings (on a 16-core Xeon lowering 3 was predicted 2.6x
+    # faster than lowering 2 and ran slower): measured
+    calls = _fixed_model(monkeypatch, {1: 0.35, 2: 0.07, 3: 0.027})
+    assert choice.choose_strategy(g) == (2, "autotuned") and calls == [[2, 3]]
     # type 1 predicted fastest, type 2 within the model's error (the CcT sweep at d/o = 1/4 on an Intel Xeon:
     # predicted 93 vs 94 ms, ran 96 vs 86): measured too
     calls = _fixed_model(monkeypatch, {1: 0.1, 2: 0.12, 3: 0.5})
@@ -376,7 +380,7 @@ def test_lowering_predictions_are_scaled_by_their_measured_error(monkeypatch):
         measured._write_cache({"model_error": {autotune._model_error_key(other, np.float32): {"lowering 3": 2.0}}})
     assert autotune.model_errors() == {"lowering 3": 2.0}
     assert choice.choose_strategy(g) == (2, "cost model")  # 0.15 against 2 x 0.1
-    settings.set("autotune", "auto")  # all three within 1.5x of the best scaled (0.15): a close call, measured
+    settings.set("autotune", "auto")  # all three within 3x of the best scaled (0.15): a close call, measured
     calls = _fixed_model(monkeypatch, {1: 0.2, 2: 0.15, 3: 0.1})
     assert choice.choose_strategy(g) == (2, "autotuned") and calls == [[1, 2, 3]]
 
