@@ -5,15 +5,16 @@ pooling's compare/select per kernel offset and its scatter in backward, AVE pool
 window sums, a lowering's copies and sums of short rows, ReLU's mask and product, BatchNorm's statistics and
 normalization and Scale's product and sums over every channel plane, the SGD update's seven passes over every
 parameter, SoftmaxWithLoss's backward's dozen calls, numpy's strided copies between the lowering's layouts, a
-depthwise convolution's one-row GEMM per group) spends its time in the passes themselves and, with the batch
-partitions' threads, in waiting for the GIL between short calls. These kernels do one plane (or image, or tile of
-channels, or value) at a time in one pass while it is in the core's cache, without the GIL. They compute what the
-numpy bodies compute, the same comparisons and additions in the same order (the same values; col2im may give +0.0
-where the numpy body keeps a -0.0; the depthwise convolution, whose fallback is the lowering engine, sums each value
-in a fixed order of its own); the layers, the lowering and the SGD solver call them through :func:`kernels` for the
-numpy arrays they support (:func:`takes`) and keep their array-module bodies for everything else (cupy, other
-dtypes, N-D lowering and depthwise convolution, LRN within a channel or with other powers, leaky ReLUs, the other
-update rules).
+depthwise convolution's one-row GEMM per group, Winograd's tile transforms as Kronecker products on gathered
+copies) spends its time in the passes themselves and, with the batch partitions' threads, in waiting for the GIL
+between short calls. These kernels do one plane (or image, or tile of channels, or value) at a time in one pass
+while it is in the core's cache, without the GIL. They compute what the numpy bodies compute, the same comparisons
+and additions in the same order (the same values; col2im may give +0.0 where the numpy body keeps a -0.0; the
+depthwise convolution, whose fallback is the lowering engine, sums each value in a fixed order of its own, and so do
+Winograd's transforms, whose numpy bodies are BLAS products); the layers, the lowering and the SGD solver call them
+through :func:`kernels` for the numpy arrays they support (:func:`takes`) and keep their array-module bodies for
+everything else (cupy, other dtypes, N-D lowering and depthwise convolution, LRN within a channel or with other
+powers, leaky ReLUs, the other update rules).
 
 They also make :func:`cct.engines.gemm.matmul_accumulate`'s call into numpy's BLAS (``out += a @ b``, beta 1) in
 one C call with the GIL released, where a ctypes call checked its operands in Python; and, on CPUs with AVX-512F or
@@ -36,7 +37,7 @@ import numpy as np
 from cct.config import settings
 
 # the kernels' API version this package calls (CCT_KERNELS_API in _kernels.c)
-API_VERSION = 21
+API_VERSION = 22
 
 try:
     from cct.native import _kernels as _built
@@ -94,7 +95,8 @@ def describe() -> str:
     width = {64: "AVX-512", 32: "AVX2", 16: "SSE"}.get(_built.vector_width(), "?")
     return (f"compiled, {width} vectors (MAX and AVE pooling of up to 8 spatial axes; LRN across channels, "
             "beta 0.75; 2-D lowering, images first or last, and its layout moves; ReLU backward, and forward after a "
-            "sum; BatchNorm and Scale per channel; SoftmaxWithLoss backward; depthwise convolution; SGD update; "
+            "sum; BatchNorm and Scale per channel; SoftmaxWithLoss backward; depthwise convolution; Winograd's tile "
+            "transforms; SGD update; "
             "gradients' finiteness; accumulating GEMM calls; "
             f"{'float32 panel GEMMs' if panel_gemms() else 'no panel GEMMs: neither AVX-512F nor AVX2 with FMA'}"
             "), numpy bodies elsewhere")

@@ -2,9 +2,9 @@
  * cct/native/__init__.py): MAX and AVE pooling (forward and backward, 1 to 8 spatial axes), LRN across channels
  * with beta = 3/4 (forward and backward), the 2-D lowering of CcT's types 1 and 2 (im2col) and its adjoint
  * (col2im), ReLU's backward, BatchNorm's and Scale's passes over channel rows (each alone, and the two
- * forward as one), depthwise convolution (one input channel per group), the SGD solver's update step (and, at the
- * end, a beta = 1 GEMM call into numpy's BLAS and a float32 GEMM of their own for CPUs with AVX-512F or AVX2 and
- * FMA).  Each kernel works on C-contiguous buffers (float32 or float64, chosen by the buffer's item size), walks
+ * forward as one), depthwise convolution (one input channel per group), Winograd's tile transforms, the SGD
+ * solver's update step (and, at the end, a beta = 1 GEMM call into numpy's BLAS and a float32 GEMM of their own for
+ * CPUs with AVX-512F or AVX2 and FMA).  Each kernel works on C-contiguous buffers (float32 or float64, chosen by the buffer's item size), walks
  * one channel plane (or image, or tile of channels, or value) at a time while it sits in the core's cache, and
  * releases the GIL, so the batch partitions' threads run it side by side.  Arguments are checked before any
  * memory is touched: a geometry that does not fit its buffers is a ValueError.
@@ -1572,6 +1572,169 @@ DEFINE_NORMALIZE_BACKWARD_ROWS(normalize_backward_rows_f64, double)
 DEFINE_NORMALIZE_SCALE_ROWS(normalize_scale_rows_f32, float)
 DEFINE_NORMALIZE_SCALE_ROWS(normalize_scale_rows_f64, double)
 
+/* Winograd's tile transforms (cct/engines/winograd.py), channels innermost: F(m x m, 3 x 3)'s 1-D matrices applied
+ * down a tile's rows, then across, WINO_BLOCK channels at a time (the vector lanes).  The matrices are constants
+ * here (the engine's _TRANSFORMS; its tests hold the two to the same values), so that each transform compiles to
+ * straight-line code: the zero coefficients skipped, the unit ones no products, the sums in registers (with the
+ * matrices as arguments, the branches on their zeros and the loads made it 5x slower).  Each output is the sum over
+ * the nonzero coefficients in index order, without FMA contraction: the same values on every CPU.
+ *
+ * winograd_tiles: src (n, rows, cols, C) -> dst (n·th·tw, a², C), tile (i, j) reading rows i·m.. and columns
+ * i·m.. of its image: the input tiles' Bᵀ d B (a x a cells each), or (`gradient`) the output gradient's A dY Aᵀ
+ * (m x m cells each, src padded with zeros to whole tiles).  winograd_untile: src (n·th·tw, a², O) -> y (n, O, ho,
+ * wo), each tile's Aᵀ M A cut to the output, plus the bias, then (rectify) numpy's maximum(y, 0).  The transformed
+ * values lie tile by tile (the GEMMs take each position's (tiles x channels) matrix with a row stride): position by
+ * position, a tile's a² values lay a whole (tiles x channels) plane apart — the same cache set for all of them when
+ * the plane's bytes are a multiple of the set's span (CaffeNet's conv3 at 32 images: 4x slower). */
+#define WINO_BLOCK 16
+#if defined(__GNUC__)
+#define CCT_ALWAYS_INLINE inline __attribute__((always_inline))
+#define CCT_PREFETCH(p) __builtin_prefetch(p)
+#define CCT_UNROLL _Pragma("GCC unroll 8")
+#else
+#define CCT_ALWAYS_INLINE inline
+#define CCT_PREFETCH(p) ((void)0)
+#define CCT_UNROLL
+#endif
+/* F(4x4, 3x3): Bᵀ (6 x 6), A (6 x 4) and Aᵀ (4 x 6); F(2x2, 3x3): Bᵀ (4 x 4), A (4 x 2), Aᵀ (2 x 4); row-major */
+static const double WINO_BT4[36] = {4, 0, -5, 0, 1, 0, 0, -4, -4, 1, 1, 0, 0, 4, -4, -1, 1, 0,
+                                    0, -2, -1, 2, 1, 0, 0, 2, -1, -2, 1, 0, 0, 4, 0, -5, 0, 1};
+static const double WINO_A4[24] = {1, 0, 0, 0, 1, 1, 1, 1, 1, -1, 1, -1, 1, 2, 4, 8, 1, -2, 4, -8, 0, 0, 0, 1};
+static const double WINO_AT4[24] = {1, 1, 1, 1, 1, 0, 0, 1, -1, 2, -2, 0, 0, 1, 1, 4, 4, 0, 0, 1, -1, 8, -8, 1};
+static const double WINO_BT2[16] = {1, 0, -1, 0, 0, 1, 1, 0, 0, -1, 1, 0, 0, 1, 0, -1};
+static const double WINO_A2[8] = {1, 0, 1, 1, 1, -1, 0, -1};
+static const double WINO_AT2[8] = {1, 1, 1, 0, 0, 1, -1, -1};
+
+/* y[i] = Σ_k t[i][k]·x[k] on `cb` channels (WINO_BLOCK in the main loops: a constant once inlined; fewer for the
+ * channels' tail), x[k] at x0 + k·xs, y[i] at y0 + i·ys; t (ao x ai) */
+#define DEFINE_WINO_LINE(NAME, T)                                                                            \
+    static CCT_ALWAYS_INLINE void NAME(const T *x0, Py_ssize_t xs, T *y0, Py_ssize_t ys, const double *t,     \
+                                       int ai, int ao, Py_ssize_t cb) {                                      \
+        CCT_UNROLL for (int i = 0; i < ao; i++) {                                                            \
+            T acc[WINO_BLOCK];                                                                               \
+            for (Py_ssize_t c = 0; c < cb; c++) acc[c] = 0;                                                  \
+            CCT_UNROLL for (int k = 0; k < ai; k++) {                                                        \
+                const T f = (T)t[i * ai + k];                                                                \
+                if (f == 0) continue;                                                                        \
+                const T *x = x0 + k * xs;                                                                    \
+                for (Py_ssize_t c = 0; c < cb; c++) acc[c] += f * x[c];                                      \
+            }                                                                                                \
+            T *y = y0 + i * ys;                                                                              \
+            for (Py_ssize_t c = 0; c < cb; c++) y[c] = acc[c];                                               \
+        }                                                                                                    \
+    }
+DEFINE_WINO_LINE(wino_line_f32, float)
+DEFINE_WINO_LINE(wino_line_f64, double)
+
+/* src -> dst tile by tile with t (ao x ai) a constant once inlined: per block of channels, down the rows into tmp
+ * (ao x ai vectors), then across into the tile's ao² rows of dst */
+#define DEFINE_WINO_TILES_BODY(NAME, T, LINE)                                                                \
+    static CCT_ALWAYS_INLINE void NAME(const T *src, T *dst, Py_ssize_t n, Py_ssize_t rows, Py_ssize_t cols,  \
+                                       Py_ssize_t C, Py_ssize_t th, Py_ssize_t tw, Py_ssize_t step,           \
+                                       const double *t, int ai, int ao) {                                    \
+        T tmp[8 * 8 * WINO_BLOCK];                                                                           \
+        const Py_ssize_t block = (Py_ssize_t)ao * ao * C, full = C / WINO_BLOCK * WINO_BLOCK;                 \
+        for (Py_ssize_t img = 0; img < n; img++)                                                             \
+            for (Py_ssize_t ti = 0; ti < th; ti++)                                                           \
+                for (Py_ssize_t tj = 0; tj < tw; tj++) {                                                     \
+                    const T *base = src + ((img * rows + ti * step) * cols + tj * step) * C;                 \
+                    T *out = dst + ((img * th + ti) * tw + tj) * block;                                      \
+                    for (Py_ssize_t c0 = 0; c0 < C; c0 += WINO_BLOCK) {                                      \
+                        const Py_ssize_t cb = c0 < full ? WINO_BLOCK : C - c0;                               \
+                        for (int k = 0; k < ai; k++)    /* the block after next: its cells' lines */         \
+                            for (int l = 0; l < ai; l++) CCT_PREFETCH(base + (k * cols + l) * C + c0 + 2 * WINO_BLOCK); \
+                        if (cb == WINO_BLOCK) {                                                              \
+                            for (int l = 0; l < ai; l++)                                                     \
+                                LINE(base + l * C + c0, cols * C, tmp + l * WINO_BLOCK, ai * WINO_BLOCK, t, ai, ao, \
+                                     WINO_BLOCK);                                                            \
+                            for (int i = 0; i < ao; i++)                                                     \
+                                LINE(tmp + i * ai * WINO_BLOCK, WINO_BLOCK, out + i * ao * C + c0, C, t, ai, ao, \
+                                     WINO_BLOCK);                                                            \
+                        } else {                                                                             \
+                            for (int l = 0; l < ai; l++)                                                     \
+                                LINE(base + l * C + c0, cols * C, tmp + l * WINO_BLOCK, ai * WINO_BLOCK, t, ai, ao, cb); \
+                            for (int i = 0; i < ao; i++)                                                     \
+                                LINE(tmp + i * ai * WINO_BLOCK, WINO_BLOCK, out + i * ao * C + c0, C, t, ai, ao, cb); \
+                        }                                                                                    \
+                    }                                                                                        \
+                }                                                                                            \
+    }
+DEFINE_WINO_TILES_BODY(wino_tiles_body_f32, float, wino_line_f32)
+DEFINE_WINO_TILES_BODY(wino_tiles_body_f64, double, wino_line_f64)
+
+#define DEFINE_WINOGRAD_TILES(NAME, T, BODY)                                                                 \
+    CCT_CLONES static void NAME(const T *src, T *dst, Py_ssize_t n, Py_ssize_t rows, Py_ssize_t cols,         \
+                                Py_ssize_t C, Py_ssize_t th, Py_ssize_t tw, int m, int gradient) {           \
+        if (m == 4 && !gradient)                                                                             \
+            BODY(src, dst, n, rows, cols, C, th, tw, 4, WINO_BT4, 6, 6);                                     \
+        else if (m == 4)                                                                                     \
+            BODY(src, dst, n, rows, cols, C, th, tw, 4, WINO_A4, 4, 6);                                      \
+        else if (!gradient)                                                                                  \
+            BODY(src, dst, n, rows, cols, C, th, tw, 2, WINO_BT2, 4, 4);                                     \
+        else                                                                                                 \
+            BODY(src, dst, n, rows, cols, C, th, tw, 2, WINO_A2, 2, 4);                                      \
+    }
+DEFINE_WINOGRAD_TILES(winograd_tiles_f32, float, wino_tiles_body_f32)
+DEFINE_WINOGRAD_TILES(winograd_tiles_f64, double, wino_tiles_body_f64)
+
+/* per tile and block of output channels: down (m x a vectors into tmp), across (m x m into out), then each
+ * channel's cells inside the output written with the bias and the ReLU; t = Aᵀ (m x a) */
+#define DEFINE_WINO_UNTILE_BODY(NAME, T, LINE)                                                               \
+    static CCT_ALWAYS_INLINE void NAME(const T *src, T *y, const T *bias, Py_ssize_t n, Py_ssize_t O,         \
+                                       Py_ssize_t ho, Py_ssize_t wo, Py_ssize_t th, Py_ssize_t tw,            \
+                                       const double *t, int m, int a, int rectify) {                         \
+        T tmp[8 * 8 * WINO_BLOCK], out[8 * 8 * WINO_BLOCK];                                                  \
+        for (Py_ssize_t img = 0; img < n; img++)                                                             \
+            for (Py_ssize_t ti = 0; ti < th; ti++)                                                           \
+                for (Py_ssize_t tj = 0; tj < tw; tj++) {                                                     \
+                    const T *tile = src + ((img * th + ti) * tw + tj) * a * a * O;                           \
+                    const Py_ssize_t r1 = ho - ti * m < m ? ho - ti * m : m;                                 \
+                    const Py_ssize_t s1 = wo - tj * m < m ? wo - tj * m : m;                                 \
+                    for (Py_ssize_t o0 = 0; o0 < O; o0 += WINO_BLOCK) {                                      \
+                        const Py_ssize_t ob = O - o0 < WINO_BLOCK ? O - o0 : WINO_BLOCK;                     \
+                        const T *base = tile + o0;  /* M[i][j] at (i·a + j)·O */                             \
+                        for (int q = 0; q < a * a; q++) CCT_PREFETCH(base + q * O + 2 * WINO_BLOCK);         \
+                        if (ob == WINO_BLOCK) {                                                              \
+                            for (int j = 0; j < a; j++)                                                      \
+                                LINE(base + j * O, a * O, tmp + j * WINO_BLOCK, a * WINO_BLOCK, t, a, m, WINO_BLOCK); \
+                            for (int r = 0; r < m; r++)                                                      \
+                                LINE(tmp + r * a * WINO_BLOCK, WINO_BLOCK, out + r * m * WINO_BLOCK, WINO_BLOCK, t, \
+                                     a, m, WINO_BLOCK);                                                      \
+                        } else {                                                                             \
+                            for (int j = 0; j < a; j++)                                                      \
+                                LINE(base + j * O, a * O, tmp + j * WINO_BLOCK, a * WINO_BLOCK, t, a, m, ob); \
+                            for (int r = 0; r < m; r++)                                                      \
+                                LINE(tmp + r * a * WINO_BLOCK, WINO_BLOCK, out + r * m * WINO_BLOCK, WINO_BLOCK, t, \
+                                     a, m, ob);                                                              \
+                        }                                                                                    \
+                        for (Py_ssize_t c = 0; c < ob; c++) {                                                \
+                            T *row = y + ((img * O + o0 + c) * ho + ti * m) * wo + tj * m;                   \
+                            for (Py_ssize_t r = 0; r < r1; r++)                                              \
+                                for (Py_ssize_t s = 0; s < s1; s++) {                                        \
+                                    T v = out[(r * m + s) * WINO_BLOCK + c];                                 \
+                                    if (bias) v += bias[o0 + c];                                             \
+                                    row[r * wo + s] = RECTIFIED(T, v, rectify);                              \
+                                }                                                                            \
+                        }                                                                                    \
+                    }                                                                                        \
+                }                                                                                            \
+    }
+DEFINE_WINO_UNTILE_BODY(wino_untile_body_f32, float, wino_line_f32)
+DEFINE_WINO_UNTILE_BODY(wino_untile_body_f64, double, wino_line_f64)
+
+#define DEFINE_WINOGRAD_UNTILE(NAME, T, BODY)                                                                \
+    CCT_CLONES static void NAME(const T *src, T *y, const T *bias, Py_ssize_t n, Py_ssize_t O, Py_ssize_t ho,  \
+                                Py_ssize_t wo, Py_ssize_t th, Py_ssize_t tw, int m, int rectify) {           \
+        if (m == 4)                                                                                          \
+            BODY(src, y, bias, n, O, ho, wo, th, tw, WINO_AT4, 4, 6, rectify);                               \
+        else                                                                                                 \
+            BODY(src, y, bias, n, O, ho, wo, th, tw, WINO_AT2, 2, 4, rectify);                               \
+    }
+DEFINE_WINOGRAD_UNTILE(winograd_untile_f32, float, wino_untile_body_f32)
+DEFINE_WINOGRAD_UNTILE(winograd_untile_f64, double, wino_untile_body_f64)
+
+
+
 /* ---- argument handling ------------------------------------------------------------------------------- */
 
 typedef struct {
@@ -2112,6 +2275,94 @@ static PyObject *add_bias(PyObject *self, PyObject *args) {
         add_bias_f32(y, bias, values / cells, channels, cells, rectify);
     else
         add_bias_f64(y, bias, values / cells, channels, cells, rectify);
+    Py_END_ALLOW_THREADS
+    release(&b);
+    Py_RETURN_NONE;
+}
+
+/* `count` integers of a sequence, each at least 1 (a ValueError naming `what` otherwise). */
+static int positive_ints(PyObject *o, Py_ssize_t *out, int count, const char *what) {
+    PyObject *seq = PySequence_Fast(o, what);
+    if (!seq) return -1;
+    int ok = PySequence_Fast_GET_SIZE(seq) == count;
+    for (int i = 0; ok && i < count; i++) {
+        out[i] = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(seq, i));
+        if (out[i] == -1 && PyErr_Occurred()) {
+            Py_DECREF(seq);
+            return -1;
+        }
+        ok = out[i] >= 1;
+    }
+    Py_DECREF(seq);
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, what);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *winograd_tiles(PyObject *self, PyObject *args) {
+    PyObject *osrc, *odst, *geometry;
+    Py_ssize_t g[7];
+    int gradient = 0;
+    buffers b = {.held = 0};
+    void *src, *dst;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOO|p", &osrc, &odst, &geometry, &gradient) ||
+        positive_ints(geometry, g, 7, "winograd_tiles: geometry must be 7 positive integers "
+                                      "(n, rows, cols, channels, tiles_h, tiles_w, m)") < 0)
+        return NULL;
+    const Py_ssize_t n = g[0], rows = g[1], cols = g[2], C = g[3], th = g[4], tw = g[5], m = g[6];
+    const Py_ssize_t a = m + 2, cells = gradient ? m : a;  /* a tile's cells along each axis */
+    if ((m != 2 && m != 4) || (th - 1) * m + cells > rows || (tw - 1) * m + cells > cols) {
+        PyErr_SetString(PyExc_ValueError, "winograd_tiles: m must be 2 or 4 and the tiles fit the source");
+        return NULL;
+    }
+    Py_ssize_t item = item_size(osrc);
+    if (item < 0) return NULL;
+    if (take(&b, osrc, 0, item, n * rows * cols * C, "src", &src, 0) < 0 ||
+        take(&b, odst, 1, item, n * th * tw * a * a * C, "dst", &dst, 0) < 0) {
+        release(&b);
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    if (item == 4)
+        winograd_tiles_f32(src, dst, n, rows, cols, C, th, tw, (int)m, gradient);
+    else
+        winograd_tiles_f64(src, dst, n, rows, cols, C, th, tw, (int)m, gradient);
+    Py_END_ALLOW_THREADS
+    release(&b);
+    Py_RETURN_NONE;
+}
+
+static PyObject *winograd_untile(PyObject *self, PyObject *args) {
+    PyObject *osrc, *oy, *obias, *geometry;
+    Py_ssize_t g[7];
+    int rectify = 0;
+    buffers b = {.held = 0};
+    void *src, *y, *bias;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOOO|p", &osrc, &oy, &obias, &geometry, &rectify) ||
+        positive_ints(geometry, g, 7, "winograd_untile: geometry must be 7 positive integers "
+                                      "(n, channels, out_h, out_w, tiles_h, tiles_w, m)") < 0)
+        return NULL;
+    const Py_ssize_t n = g[0], O = g[1], ho = g[2], wo = g[3], th = g[4], tw = g[5], m = g[6], a = m + 2;
+    if ((m != 2 && m != 4) || th * m < ho || tw * m < wo || (th - 1) * m >= ho || (tw - 1) * m >= wo) {
+        PyErr_SetString(PyExc_ValueError, "winograd_untile: m must be 2 or 4 and the tiles cover the output exactly");
+        return NULL;
+    }
+    Py_ssize_t item = item_size(osrc);
+    if (item < 0) return NULL;
+    if (take(&b, osrc, 0, item, n * th * tw * a * a * O, "src", &src, 0) < 0 ||
+        take(&b, oy, 1, item, n * O * ho * wo, "y", &y, 0) < 0 || take(&b, obias, 0, item, O, "bias", &bias, 1) < 0) {
+        release(&b);
+        return NULL;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    if (item == 4)
+        winograd_untile_f32(src, y, bias, n, O, ho, wo, th, tw, (int)m, rectify);
+    else
+        winograd_untile_f64(src, y, bias, n, O, ho, wo, th, tw, (int)m, rectify);
     Py_END_ALLOW_THREADS
     release(&b);
     Py_RETURN_NONE;
@@ -3305,6 +3556,14 @@ static PyMethodDef methods[] = {
     {"transpose", transpose, METH_VARARGS,
      "transpose(src, dst, rows, cols, bias, cells, rectify=False): dst (cols, rows) = src (rows, cols) transposed, "
      "plus bias[i // cells] on source row i (bias may be None), then (rectify) numpy's maximum(dst, 0)"},
+    {"winograd_tiles", winograd_tiles, METH_VARARGS,
+     "winograd_tiles(src, dst, (n, rows, cols, channels, tiles_h, tiles_w, m), gradient=False): dst (n*tiles_h*"
+     "tiles_w, a², channels), a = m + 2, = F(m x m, 3 x 3)'s Bᵀ d B of each a x a tile d of src (n, rows, cols, "
+     "channels) at rows i*m.., columns j*m.. (gradient: A d Aᵀ of each m x m tile); m is 2 or 4"},
+    {"winograd_untile", winograd_untile, METH_VARARGS,
+     "winograd_untile(src, y, bias, (n, channels, out_h, out_w, tiles_h, tiles_w, m), rectify=False): y (n, "
+     "channels, out_h, out_w) = Aᵀ M A of each tile's a x a values M of src (n*tiles_h*tiles_w, a², channels), cut "
+     "to the output, plus bias (may be None), then (rectify) numpy's maximum(y, 0)"},
     {"label_count", label_count, METH_VARARGS,
      "label_count(label, classes, ignore): positions whose label (truncated) is not `ignore` (None: none is), or "
      "-1 where one lies outside [0, classes)"},
@@ -3358,7 +3617,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels", NULL, -1,
 
 /* The version of the functions' arguments and meaning: cct.native ignores a module of another version (a copy
  * left in a checkout by an older build). */
-#define CCT_KERNELS_API 21
+#define CCT_KERNELS_API 22
 /* The digest of this source (setup.py defines it): the machine's measured speeds of the kernels are kept per source */
 #ifndef CCT_KERNELS_SOURCE
 #define CCT_KERNELS_SOURCE "unknown"

@@ -844,6 +844,7 @@ def test_where_the_models_decide_winograd_needs_its_margin(monkeypatch):
     settings.set("autotune", False)
     settings.set("partitions", 2)  # the models' partitions and chunks, whatever this machine's cores
     settings.set("lowering_max_mb", 32)
+    settings.set("native", False)  # the model of the numpy transforms (the figures here), built or not
     conv4_2 = ConvGeometry(8, 512, 512, 1, (28, 28), (3, 3), (1, 1), (1, 1), (1, 1))
     conv1_1 = ConvGeometry(8, 3, 64, 1, (224, 224), (3, 3), (1, 1), (1, 1), (1, 1))
     model = {e.variant: e.seconds for e in WinogradEngine.estimates(conv4_2, np.float32, rates)}

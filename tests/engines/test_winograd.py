@@ -4,6 +4,8 @@ chunks and partitions; a layer's numerical gradient through it; what it refuses;
 ``winograd`` and ``auto`` choose it."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -47,14 +49,21 @@ def _run(eng, g, x, w, b, dy):
     return y, dx, dw
 
 
+@pytest.mark.parametrize("transforms", ["compiled", "numpy"])
 @pytest.mark.parametrize("weights", ["winograd", "lowering"])
 @pytest.mark.parametrize("tile", TILES)
 @pytest.mark.parametrize("dims", GEOMETRIES)
-def test_matches_the_lowering_engine(tile, dims, weights, monkeypatch):
+def test_matches_the_lowering_engine(tile, dims, weights, transforms, monkeypatch):
     """Forward, data and weight gradients; the weight gradient either way the engine may measure faster (its
-    own transposed Winograd sums, or the lowering engine's)."""
+    own transposed Winograd sums, or the lowering engine's); the tiles' transforms by the compiled kernels
+    (tile by tile, the output's cut, bias and ReLU in their pass) or by numpy's matrix products."""
+    from cct import native
     from cct.engines import measured
 
+    if transforms == "compiled" and native.kernels() is None:
+        pytest.skip("compiled kernels not built")
+    if transforms == "numpy":
+        monkeypatch.setattr(winograd, "native", SimpleNamespace(kernels_for=lambda *arrays: None))
     monkeypatch.setattr(measured, "measured_choice", lambda kind, key, ways: weights)
     for dtype in (np.float32, np.float64):
         g, x, w, b, dy = _operands(*dims, dtype)
@@ -225,6 +234,25 @@ def test_auto_does_not_measure_winograd_where_its_model_leaves_it_no_chance(monk
     settings.set("autotune", True)  # -autotune full measures wherever the engine applies
     choice.choose_conv_engine(conv1_1)
     assert calls[-1] is True
+
+
+def test_the_model_counts_the_compiled_transforms_as_passes_over_memory():
+    """With the compiled kernels the tiles' transforms cost their passes over memory (the moved input, the tiles'
+    a² values written and read back, y), without them Kronecker GEMMs on gathered copies: the same channel GEMMs,
+    less time around them — and still more than the lowering's on a layer whose 3 input channels leave the
+    transforms the work (VGG16's conv1_1)."""
+    from cct.engines.cost_model import DEFAULT_RATES
+
+    conv4_2 = ConvGeometry(8, 512, 512, 1, (28, 28), (3, 3), (1, 1), (1, 1), (1, 1))
+    conv1_1 = ConvGeometry(8, 3, 64, 1, (224, 224), (3, 3), (1, 1), (1, 1), (1, 1))
+    settings.set("partitions", 2)
+    for g in (conv4_2, conv1_1):
+        settings.set("native", False)
+        numpy_body = {e.variant: e.seconds for e in WinogradEngine.estimates(g, np.float32, DEFAULT_RATES)}
+        settings.set("native", True)
+        compiled = {e.variant: e.seconds for e in WinogradEngine.estimates(g, np.float32, DEFAULT_RATES)}
+        assert all(compiled[k] < numpy_body[k] for k in numpy_body)
+    assert min(compiled.values()) > min(choice.predicted_seconds(conv1_1, DEFAULT_RATES).values())
 
 
 def test_auto_prefers_the_more_accurate_tile_when_it_is_as_fast(monkeypatch):

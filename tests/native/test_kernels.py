@@ -359,6 +359,95 @@ def test_transpose_and_add_bias_rectify_as_numpys_maximum(kernels, dtype, with_b
         kernels.add_bias(np.zeros(30, dtype), np.zeros(4, dtype), 5, 3)
 
 
+def _winograd_matrices(m):
+    from cct.engines.winograd import _TRANSFORMS
+
+    bt, _, at = (np.array(t, dtype=np.float64) for t in _TRANSFORMS[m])
+    return bt, at
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("m", [2, 4])
+@pytest.mark.parametrize("channels", [1, 16, 37])
+def test_winograd_tiles_are_the_engines_transforms(kernels, dtype, m, channels):
+    """``winograd_tiles``: each a x a input tile's Bᵀ d B (tiles stepping by m, overlapping by 2), and with
+    ``gradient`` each m x m tile's A dY Aᵀ, tile by tile (n·th·tw, a², C) — the engine's matrices (its
+    ``_TRANSFORMS``: the kernel's constants must be the same), as float64 sums of the same products, within a few
+    units of the last place (the sums run in another order than a matrix product's)."""
+    rng = np.random.default_rng(m * 100 + channels)
+    a, n, th, tw = m + 2, 2, 3, 2
+    bt, at = _winograd_matrices(m)
+    eps = np.finfo(dtype).eps
+    for gradient, t, cells in ((False, bt, a), (True, at.T, m)):
+        rows, cols = (th - 1) * m + cells + 1, (tw - 1) * m + cells  # a spare row: the tiles need not fill src
+        src = rng.standard_normal((n, rows, cols, channels)).astype(dtype)
+        dst = np.full((n * th * tw, a * a, channels), np.nan, dtype)
+        kernels.winograd_tiles(src, dst, (n, rows, cols, channels, th, tw, m), gradient)
+        want = np.empty(dst.shape)
+        for img in range(n):
+            for i in range(th):
+                for j in range(tw):
+                    d = src[img, i * m:i * m + cells, j * m:j * m + cells].astype(np.float64)  # (cells, cells, C)
+                    v = np.einsum("ik,klc,jl->ijc", t, d, t)
+                    want[(img * th + i) * tw + j] = v.reshape(a * a, channels)
+        scale = np.abs(src).max() * np.abs(t).sum(axis=1).max() ** 2
+        np.testing.assert_allclose(dst, want, rtol=0, atol=8 * eps * scale)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("m", [2, 4])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_winograd_untile_is_the_output_transform_cut_with_bias_and_relu(kernels, dtype, m, with_bias):
+    """``winograd_untile``: y (n, O, ho, wo) = each tile's Aᵀ M A, the last row and column of tiles cut to the
+    output, plus the bias; with ``rectify`` numpy's maximum of exactly those values (NaN kept, -0.0 to +0)."""
+    rng = np.random.default_rng(m + 10 * with_bias)
+    a, n, channels, ho, wo = m + 2, 2, 19, 2 * m + 1, 3 * m
+    th, tw = -(-ho // m), -(-wo // m)
+    _, at = _winograd_matrices(m)
+    src = rng.standard_normal((n * th * tw, a * a, channels)).astype(dtype)
+    src[0, :, 3] = np.nan
+    bias = rng.standard_normal(channels).astype(dtype) if with_bias else None
+    y = np.full((n, channels, ho, wo), 7.0, dtype)
+    kernels.winograd_untile(src, y, bias, (n, channels, ho, wo, th, tw, m))
+    full = np.empty((n, channels, th * m, tw * m))
+    for img in range(n):
+        for i in range(th):
+            for j in range(tw):
+                mm = src[(img * th + i) * tw + j].astype(np.float64).reshape(a, a, channels)
+                full[img, :, i * m:(i + 1) * m, j * m:(j + 1) * m] = np.einsum("ri,ijc,sj->crs", at, mm, at)
+    want = full[:, :, :ho, :wo] + (bias.reshape(1, -1, 1, 1) if with_bias else 0)
+    scale = np.nanmax(np.abs(src)) * np.abs(at).sum(axis=1).max() ** 2 + (np.abs(bias).max() if with_bias else 0)
+    np.testing.assert_allclose(y, want, rtol=0, atol=8 * np.finfo(dtype).eps * scale)
+    assert np.isnan(y[0, 3, :m, :m]).all()
+    rectified = np.full_like(y, 7.0)
+    kernels.winograd_untile(src, rectified, bias, (n, channels, ho, wo, th, tw, m), True)
+    bits = f"u{np.dtype(dtype).itemsize}"
+    with np.errstate(invalid="ignore"):
+        np.testing.assert_array_equal(rectified.view(bits), np.maximum(y, 0).view(bits))
+
+
+def test_winograd_kernels_check_their_arguments(kernels):
+    src = np.zeros((1, 6, 6, 3), np.float32)
+    dst = np.zeros((1, 36, 3), np.float32)
+    kernels.winograd_tiles(src, dst, (1, 6, 6, 3, 1, 1, 4))
+    with pytest.raises(ValueError, match="m must be 2 or 4"):
+        kernels.winograd_tiles(src, dst, (1, 6, 6, 3, 1, 1, 3))
+    with pytest.raises(ValueError, match="the tiles fit"):
+        kernels.winograd_tiles(src, np.zeros((2, 36, 3), np.float32), (1, 6, 6, 3, 1, 2, 4))
+    with pytest.raises(ValueError, match="dst: expected 108"):
+        kernels.winograd_tiles(src, dst[:, :35], (1, 6, 6, 3, 1, 1, 4))
+    with pytest.raises(ValueError, match="geometry"):
+        kernels.winograd_tiles(src, dst, (1, 6, 6, 3, 1, 1))
+    y = np.zeros((1, 3, 4, 4), np.float32)
+    kernels.winograd_untile(dst, y, None, (1, 3, 4, 4, 1, 1, 4))
+    with pytest.raises(ValueError, match="cover the output"):
+        kernels.winograd_untile(dst, y, None, (1, 3, 4, 4, 2, 1, 2))
+    with pytest.raises(ValueError, match="bias: expected 3"):
+        kernels.winograd_untile(dst, y, np.zeros(2, np.float32), (1, 3, 4, 4, 1, 1, 4))
+    with pytest.raises(ValueError, match="y: expected 48"):
+        kernels.winograd_untile(dst, np.zeros((1, 3, 4, 3), np.float32), None, (1, 3, 4, 4, 1, 1, 4))
+
+
 def test_transpose_checks_its_buffers(kernels):
     src = np.zeros((4, 6), np.float32)
     with pytest.raises(ValueError, match="dst: expected 24"):
