@@ -38,7 +38,7 @@ Lowering ``auto`` per layer (:func:`choose_strategy`):
    machine in about a second, cached) — GEMM speed as a function of shape, the engine's own copy and
    slice-add rates —, each lowering's prediction scaled by its error measured on earlier layers
    (:func:`cct.engines.autotune.model_errors`);
-4. a layer predicted to take ``CLOSE_CALL_MIN_SECONDS`` (20 ms) or more, where another lowering is predicted
+4. a layer predicted to take ``CLOSE_CALL_MIN_SECONDS`` (5 ms) or more, where another lowering is predicted
    within ``AUTOTUNE_WINDOW`` (3x) of the best (a close call: the model errs by up to that) → those
    candidates measured (:func:`cct.engines.autotune.autotune`: one chunk of the layer, cached per geometry),
    the fastest wins; a clear winner is taken as predicted;
@@ -73,9 +73,11 @@ MEASURED_PREFER_FRACTION = 0.02
 # autotune="auto" measures layers predicted to take this long (forward + backward, whole batch) or more ...
 AUTOTUNE_MIN_SECONDS = 0.05
 # ... and the lowerings' close calls from this long (two or three lowerings measured in a fraction of a second):
-# the CcT sweep's layers at batch 16 take 40-45 ms, and at d/o = 4 the model put lowering 2 and 3 within 0.4% of
-# each other where 3 ran 10% faster (AVX-512 kernels, once lowering became a compiled kernel)
-CLOSE_CALL_MIN_SECONDS = 0.02
+# the CcT sweep's layers at batch 16 take 40-45 ms on 2 cores, and at d/o = 4 the model put lowering 2 and 3 within
+# 0.4% of each other where 3 ran 10% faster (AVX-512 kernels, once lowering became a compiled kernel); on 16 cores
+# they take 20-40 ms, predicted 10-25: at d/o = 1/2 the model's lowering 2 ran 13% slower than lowering 1, unmeasured
+# below 20 ms
+CLOSE_CALL_MIN_SECONDS = 0.005
 # ... where the calibrated model finds another lowering within this factor of its best (a close call);
 # only those candidates are measured.  The model's error: within 10% on a 2-core AMD EPYC, but on a 2-core Intel
 # Xeon (AVX-512 kernels) lowering 3 ran 1.15-1.54x its prediction on the CcT sweep (1 and 2: 0.9-1.25x), and at
