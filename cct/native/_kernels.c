@@ -4,10 +4,10 @@
  * (col2im), ReLU's backward, BatchNorm's and Scale's passes over channel rows (each alone, and the two
  * forward as one), depthwise convolution (one input channel per group), Winograd's tile transforms, the SGD
  * solver's update step (and, at the end, a beta = 1 GEMM call into numpy's BLAS and a float32 GEMM of their own for
- * CPUs with AVX-512F or AVX2 and FMA).  Each kernel works on C-contiguous buffers (float32 or float64, chosen by the buffer's item size), walks
- * one channel plane (or image, or tile of channels, or value) at a time while it sits in the core's cache, and
- * releases the GIL, so the batch partitions' threads run it side by side.  Arguments are checked before any
- * memory is touched: a geometry that does not fit its buffers is a ValueError.
+ * CPUs with AVX-512F or AVX2 and FMA).  Each kernel works on C-contiguous buffers (float32 or float64, chosen by
+ * the buffer's item size), walks one channel plane (or image, or tile of channels, or value) at a time while it
+ * sits in the core's cache, and releases the GIL, so the batch partitions' threads run it side by side.  Arguments
+ * are checked before any memory is touched: a geometry that does not fit its buffers is a ValueError.
  *
  * MAX pooling (Caffe's scan): a window's maximum starts at -FLT_MAX and is replaced by each cell strictly
  * greater, kernel offsets in row-major order, so the winner is the first cell equal to the maximum and NaN
@@ -1626,41 +1626,42 @@ static const double WINO_AT2[8] = {1, 1, 1, 0, 0, 1, -1, -1};
 DEFINE_WINO_LINE(wino_line_f32, float)
 DEFINE_WINO_LINE(wino_line_f64, double)
 
-/* src -> dst tile by tile with t (ao x ai) a constant once inlined: per block of channels, down the rows into tmp
- * (ao x ai vectors), then across into the tile's ao² rows of dst */
-#define DEFINE_WINO_TILES_BODY(NAME, T, LINE)                                                                \
-    static CCT_ALWAYS_INLINE void NAME(const T *src, T *dst, Py_ssize_t n, Py_ssize_t rows, Py_ssize_t cols,  \
-                                       Py_ssize_t C, Py_ssize_t th, Py_ssize_t tw, Py_ssize_t step,           \
+/* one tile's block of `cb` channels: down its rows into tmp (ao x ai vectors), then across into its ao² rows of out
+ * (C apart); t (ao x ai) a constant once inlined */
+#define DEFINE_WINO_TILE_PASS(NAME, T, LINE)                                                                 \
+    static CCT_ALWAYS_INLINE void NAME(const T *base, Py_ssize_t cols, Py_ssize_t C, T *out, const double *t,\
+                                       int ai, int ao, Py_ssize_t cb, T *tmp) {                              \
+        for (int l = 0; l < ai; l++)                                                                         \
+            LINE(base + l * C, cols * C, tmp + l * WINO_BLOCK, ai * WINO_BLOCK, t, ai, ao, cb);              \
+        for (int i = 0; i < ao; i++)                                                                         \
+            LINE(tmp + i * ai * WINO_BLOCK, WINO_BLOCK, out + i * ao * C, C, t, ai, ao, cb);                 \
+    }
+DEFINE_WINO_TILE_PASS(wino_tile_pass_f32, float, wino_line_f32)
+DEFINE_WINO_TILE_PASS(wino_tile_pass_f64, double, wino_line_f64)
+
+#define DEFINE_WINO_TILES_BODY(NAME, T, PASS)                                                                \
+    static CCT_ALWAYS_INLINE void NAME(const T *src, T *dst, Py_ssize_t n, Py_ssize_t rows, Py_ssize_t cols, \
+                                       Py_ssize_t C, Py_ssize_t th, Py_ssize_t tw, Py_ssize_t step,          \
                                        const double *t, int ai, int ao) {                                    \
         T tmp[8 * 8 * WINO_BLOCK];                                                                           \
-        const Py_ssize_t block = (Py_ssize_t)ao * ao * C, full = C / WINO_BLOCK * WINO_BLOCK;                 \
+        const Py_ssize_t block = (Py_ssize_t)ao * ao * C;                                                    \
         for (Py_ssize_t img = 0; img < n; img++)                                                             \
             for (Py_ssize_t ti = 0; ti < th; ti++)                                                           \
                 for (Py_ssize_t tj = 0; tj < tw; tj++) {                                                     \
                     const T *base = src + ((img * rows + ti * step) * cols + tj * step) * C;                 \
                     T *out = dst + ((img * th + ti) * tw + tj) * block;                                      \
                     for (Py_ssize_t c0 = 0; c0 < C; c0 += WINO_BLOCK) {                                      \
-                        const Py_ssize_t cb = c0 < full ? WINO_BLOCK : C - c0;                               \
                         for (int k = 0; k < ai; k++)    /* the block after next: its cells' lines */         \
-                            for (int l = 0; l < ai; l++) CCT_PREFETCH(base + (k * cols + l) * C + c0 + 2 * WINO_BLOCK); \
-                        if (cb == WINO_BLOCK) {                                                              \
-                            for (int l = 0; l < ai; l++)                                                     \
-                                LINE(base + l * C + c0, cols * C, tmp + l * WINO_BLOCK, ai * WINO_BLOCK, t, ai, ao, \
-                                     WINO_BLOCK);                                                            \
-                            for (int i = 0; i < ao; i++)                                                     \
-                                LINE(tmp + i * ai * WINO_BLOCK, WINO_BLOCK, out + i * ao * C + c0, C, t, ai, ao, \
-                                     WINO_BLOCK);                                                            \
-                        } else {                                                                             \
-                            for (int l = 0; l < ai; l++)                                                     \
-                                LINE(base + l * C + c0, cols * C, tmp + l * WINO_BLOCK, ai * WINO_BLOCK, t, ai, ao, cb); \
-                            for (int i = 0; i < ao; i++)                                                     \
-                                LINE(tmp + i * ai * WINO_BLOCK, WINO_BLOCK, out + i * ao * C + c0, C, t, ai, ao, cb); \
-                        }                                                                                    \
+                            for (int l = 0; l < ai; l++) CCT_PREFETCH(base + (k * cols + l) * C + c0 + 2 * WINO_BLOCK);\
+                        if (C - c0 >= WINO_BLOCK)                                                            \
+                            PASS(base + c0, cols, C, out + c0, t, ai, ao, WINO_BLOCK, tmp);                  \
+                        else                                                                                 \
+                            PASS(base + c0, cols, C, out + c0, t, ai, ao, C - c0, tmp);                      \
                     }                                                                                        \
                 }                                                                                            \
     }
-DEFINE_WINO_TILES_BODY(wino_tiles_body_f32, float, wino_line_f32)
-DEFINE_WINO_TILES_BODY(wino_tiles_body_f64, double, wino_line_f64)
+DEFINE_WINO_TILES_BODY(wino_tiles_body_f32, float, wino_tile_pass_f32)
+DEFINE_WINO_TILES_BODY(wino_tiles_body_f64, double, wino_tile_pass_f64)
 
 #define DEFINE_WINOGRAD_TILES(NAME, T, BODY)                                                                 \
     CCT_CLONES static void NAME(const T *src, T *dst, Py_ssize_t n, Py_ssize_t rows, Py_ssize_t cols,         \
@@ -1677,11 +1678,24 @@ DEFINE_WINO_TILES_BODY(wino_tiles_body_f64, double, wino_line_f64)
 DEFINE_WINOGRAD_TILES(winograd_tiles_f32, float, wino_tiles_body_f32)
 DEFINE_WINOGRAD_TILES(winograd_tiles_f64, double, wino_tiles_body_f64)
 
-/* per tile and block of output channels: down (m x a vectors into tmp), across (m x m into out), then each
- * channel's cells inside the output written with the bias and the ReLU; t = Aᵀ (m x a) */
-#define DEFINE_WINO_UNTILE_BODY(NAME, T, LINE)                                                               \
-    static CCT_ALWAYS_INLINE void NAME(const T *src, T *y, const T *bias, Py_ssize_t n, Py_ssize_t O,         \
-                                       Py_ssize_t ho, Py_ssize_t wo, Py_ssize_t th, Py_ssize_t tw,            \
+/* one tile's block of `cb` output channels (M[i][j] at base + (i·a + j)·O): down into tmp (m x a vectors), across
+ * into out (m x m vectors); t = Aᵀ (m x a) */
+#define DEFINE_WINO_UNTILE_PASS(NAME, T, LINE)                                                               \
+    static CCT_ALWAYS_INLINE void NAME(const T *base, Py_ssize_t O, T *out, const double *t, int m, int a,   \
+                                       Py_ssize_t cb, T *tmp) {                                              \
+        for (int j = 0; j < a; j++)                                                                          \
+            LINE(base + j * O, a * O, tmp + j * WINO_BLOCK, a * WINO_BLOCK, t, a, m, cb);                    \
+        for (int r = 0; r < m; r++)                                                                          \
+            LINE(tmp + r * a * WINO_BLOCK, WINO_BLOCK, out + r * m * WINO_BLOCK, WINO_BLOCK, t, a, m, cb);   \
+    }
+DEFINE_WINO_UNTILE_PASS(wino_untile_pass_f32, float, wino_line_f32)
+DEFINE_WINO_UNTILE_PASS(wino_untile_pass_f64, double, wino_line_f64)
+
+/* per tile and block of output channels: the pass above, then each channel's cells inside the output written with
+ * the bias and the ReLU */
+#define DEFINE_WINO_UNTILE_BODY(NAME, T, PASS)                                                               \
+    static CCT_ALWAYS_INLINE void NAME(const T *src, T *y, const T *bias, Py_ssize_t n, Py_ssize_t O,        \
+                                       Py_ssize_t ho, Py_ssize_t wo, Py_ssize_t th, Py_ssize_t tw,           \
                                        const double *t, int m, int a, int rectify) {                         \
         T tmp[8 * 8 * WINO_BLOCK], out[8 * 8 * WINO_BLOCK];                                                  \
         for (Py_ssize_t img = 0; img < n; img++)                                                             \
@@ -1692,21 +1706,11 @@ DEFINE_WINOGRAD_TILES(winograd_tiles_f64, double, wino_tiles_body_f64)
                     const Py_ssize_t s1 = wo - tj * m < m ? wo - tj * m : m;                                 \
                     for (Py_ssize_t o0 = 0; o0 < O; o0 += WINO_BLOCK) {                                      \
                         const Py_ssize_t ob = O - o0 < WINO_BLOCK ? O - o0 : WINO_BLOCK;                     \
-                        const T *base = tile + o0;  /* M[i][j] at (i·a + j)·O */                             \
-                        for (int q = 0; q < a * a; q++) CCT_PREFETCH(base + q * O + 2 * WINO_BLOCK);         \
-                        if (ob == WINO_BLOCK) {                                                              \
-                            for (int j = 0; j < a; j++)                                                      \
-                                LINE(base + j * O, a * O, tmp + j * WINO_BLOCK, a * WINO_BLOCK, t, a, m, WINO_BLOCK); \
-                            for (int r = 0; r < m; r++)                                                      \
-                                LINE(tmp + r * a * WINO_BLOCK, WINO_BLOCK, out + r * m * WINO_BLOCK, WINO_BLOCK, t, \
-                                     a, m, WINO_BLOCK);                                                      \
-                        } else {                                                                             \
-                            for (int j = 0; j < a; j++)                                                      \
-                                LINE(base + j * O, a * O, tmp + j * WINO_BLOCK, a * WINO_BLOCK, t, a, m, ob); \
-                            for (int r = 0; r < m; r++)                                                      \
-                                LINE(tmp + r * a * WINO_BLOCK, WINO_BLOCK, out + r * m * WINO_BLOCK, WINO_BLOCK, t, \
-                                     a, m, ob);                                                              \
-                        }                                                                                    \
+                        for (int q = 0; q < a * a; q++) CCT_PREFETCH(tile + q * O + o0 + 2 * WINO_BLOCK);    \
+                        if (ob == WINO_BLOCK)                                                                \
+                            PASS(tile + o0, O, out, t, m, a, WINO_BLOCK, tmp);                               \
+                        else                                                                                 \
+                            PASS(tile + o0, O, out, t, m, a, ob, tmp);                                       \
                         for (Py_ssize_t c = 0; c < ob; c++) {                                                \
                             T *row = y + ((img * O + o0 + c) * ho + ti * m) * wo + tj * m;                   \
                             for (Py_ssize_t r = 0; r < r1; r++)                                              \
@@ -1719,8 +1723,8 @@ DEFINE_WINOGRAD_TILES(winograd_tiles_f64, double, wino_tiles_body_f64)
                     }                                                                                        \
                 }                                                                                            \
     }
-DEFINE_WINO_UNTILE_BODY(wino_untile_body_f32, float, wino_line_f32)
-DEFINE_WINO_UNTILE_BODY(wino_untile_body_f64, double, wino_line_f64)
+DEFINE_WINO_UNTILE_BODY(wino_untile_body_f32, float, wino_untile_pass_f32)
+DEFINE_WINO_UNTILE_BODY(wino_untile_body_f64, double, wino_untile_pass_f64)
 
 #define DEFINE_WINOGRAD_UNTILE(NAME, T, BODY)                                                                \
     CCT_CLONES static void NAME(const T *src, T *y, const T *bias, Py_ssize_t n, Py_ssize_t O, Py_ssize_t ho,  \
