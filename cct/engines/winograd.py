@@ -316,9 +316,11 @@ class WinogradEngine(ConvEngine):
         th, tw = _ceil(ho, m), _ceil(wo, m)
         p = n * th * tw
         v = self._tiles(part, x, pad, th, tw)
+        # compiled: the products laid out tile by tile, then the output tiles' transform, cut, bias and ReLU in one
+        # pass into y
         compiled = native.kernels_for(y, *(() if bias is None else (bias,)))
-        if compiled is not None:  # the products tile by tile, then the output tiles' transform, cut, bias and ReLU
-            tiled = self._buffer(part, "z", (p, a * a, o), x)  # in one pass into y
+        if compiled is not None:
+            tiled = self._buffer(part, "z", (p, a * a, o), x)
             prod = tiled.transpose(1, 0, 2)
         else:
             prod = self._buffer(part, "z", (a * a, p, o), x)
