@@ -1652,7 +1652,8 @@ DEFINE_WINO_TILE_PASS(wino_tile_pass_f64, double, wino_line_f64)
                     T *out = dst + ((img * th + ti) * tw + tj) * block;                                      \
                     for (Py_ssize_t c0 = 0; c0 < C; c0 += WINO_BLOCK) {                                      \
                         for (int k = 0; k < ai; k++)    /* the block after next: its cells' lines */         \
-                            for (int l = 0; l < ai; l++) CCT_PREFETCH(base + (k * cols + l) * C + c0 + 2 * WINO_BLOCK);\
+                            for (int l = 0; l < ai; l++)                                                     \
+                                CCT_PREFETCH(base + (k * cols + l) * C + c0 + 2 * WINO_BLOCK);               \
                         if (C - c0 >= WINO_BLOCK)                                                            \
                             PASS(base + c0, cols, C, out + c0, t, ai, ao, WINO_BLOCK, tmp);                  \
                         else                                                                                 \
@@ -3585,10 +3586,10 @@ static PyMethodDef methods[] = {
      "12 x 32 tiles over packed panels; False (nothing done) where the CPU has neither AVX-512F nor AVX2 with FMA "
      "(or the vector width in use is 16 bytes) or the arrays do not fit"},
     {"panel_conv_forward", panel_conv_forward, METH_VARARGS,
-     "panel_conv_forward(x, w, bias, y, geometry, first=0, last=-1, rectify=False): y = the 2-D convolution of x with w "
-     "(o, c*kh*kw) (+ bias; then, rectify, numpy's maximum(y, 0)) for one group (lowering() geometry) on each image's output cells [first, last) (-1: all), lowered span "
-     "by span into the panel GEMM's panels; False (nothing done) where the CPU has neither AVX-512F nor "
-     "AVX2 with FMA or the arguments do not fit"},
+     "panel_conv_forward(x, w, bias, y, geometry, first=0, last=-1, rectify=False): y = the 2-D convolution of x "
+     "with w (o, c*kh*kw) (+ bias; then, rectify, numpy's maximum(y, 0)) for one group (lowering() geometry) on "
+     "each image's output cells [first, last) (-1: all), lowered span by span into the panel GEMM's panels; False "
+     "(nothing done) where the CPU has neither AVX-512F nor AVX2 with FMA or the arguments do not fit"},
     {"panel_weight_grad", panel_weight_grad, METH_VARARGS,
      "panel_weight_grad(x, dy, dw, geometry): dw (o, c*kh*kw) += the weight gradient of a 2-D convolution of one "
      "group (lowering() geometry, dilation 1 along the rows) over the images, by the panel GEMM's tiles on lowered "
