@@ -49,18 +49,10 @@ class LayerRunner:
             net.layers[relu].reshape(net.bottom_vecs[relu], net.top_vecs[relu])
         return norm.forward_scaled(net.bottom_vecs[i], net.top_vecs[i], scale, rectify=relu is not None)
 
-    def forward_rectified_sum(self, net: NetCore, i: int, relu: int) -> bool:
-        """Layer ``i`` (an Eltwise) and ``relu``, the plain ReLU in place on its top, as one step where the compiled
-        kernels take them (:meth:`cct.layers.eltwise.EltwiseLayer.forward_rectified`); False, nothing run,
-        otherwise."""
-        layer = net.layers[i]
-        layer.reshape(net.bottom_vecs[i], net.top_vecs[i])
-        net.layers[relu].reshape(net.bottom_vecs[relu], net.top_vecs[relu])
-        return layer.forward_rectified(net.bottom_vecs[i], net.top_vecs[i])
-
-    def forward_rectified_conv(self, net: NetCore, i: int, relu: int) -> bool:
-        """Layer ``i`` (a Convolution) and ``relu``, the plain ReLU in place on its top, as one step
-        (:meth:`cct.layers.conv.Convolution.forward_rectified`); False, nothing run, otherwise."""
+    def forward_rectified(self, net: NetCore, i: int, relu: int) -> bool:
+        """Layer ``i`` (an Eltwise or a Convolution) and ``relu``, the plain ReLU in place on its top, as one step
+        where the layer takes them (:meth:`cct.layers.eltwise.EltwiseLayer.forward_rectified`: the compiled kernels;
+        :meth:`cct.layers.conv.Convolution.forward_rectified`: one bottom); False, nothing run, otherwise."""
         layer = net.layers[i]
         layer.reshape(net.bottom_vecs[i], net.top_vecs[i])
         net.layers[relu].reshape(net.bottom_vecs[relu], net.top_vecs[relu])
@@ -100,8 +92,8 @@ class SerialExecutor(Executor):
         self._forward_pairs = forward_pairs(net) if plain else {}  # Scale -> the BatchNorm below it
         self._normalized = {i: j for j, i in self._forward_pairs.items()}  # BatchNorm -> the Scale above it
         self._rectified = rectified_scales(net, self._forward_pairs) if plain else {}  # Scale -> the ReLU above it
-        self._rectified_sums = rectified_sums(net) if plain else {}  # Eltwise -> the ReLU above it
-        self._rectified_convs = rectified_convs(net) if plain else {}  # Convolution -> the ReLU above it
+        # Eltwise or Convolution -> the ReLU above it
+        self._rectified_tops = {**rectified_sums(net), **rectified_convs(net)} if plain else {}
         # the top layer of each BatchNorm -> Scale (-> ReLU) run: (BatchNorm, Scale, ReLU or None)
         self._scaled_runs = {relu if relu is not None else j: (i, j, relu) for j, i in self._forward_pairs.items()
                              for relu in (self._rectified.get(j),)}
@@ -155,11 +147,8 @@ class SerialExecutor(Executor):
             relu = relu if relu is not None and relu <= end else None
             if self.runner.forward_normalized(net, i, above, relu):
                 return (above if relu is None else relu) + 1, 0.0
-        relu = self._rectified_sums.get(i) if fuse else None
-        if relu is not None and relu <= end and self.runner.forward_rectified_sum(net, i, relu):
-            return relu + 1, 0.0
-        relu = self._rectified_convs.get(i) if fuse else None
-        if relu is not None and relu <= end and self.runner.forward_rectified_conv(net, i, relu):
+        relu = self._rectified_tops.get(i) if fuse else None
+        if relu is not None and relu <= end and self.runner.forward_rectified(net, i, relu):
             return relu + 1, 0.0
         below = self._forward_pairs.get(i) if fuse else None
         if below is not None and below >= start:  # the BatchNorm before it ran in this pass: its copy is current

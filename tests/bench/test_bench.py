@@ -51,7 +51,7 @@ def simulated_clock(monkeypatch):
     wall clock, so every pass lasts exactly the same."""
     now = [0.0]
     forward, backward = LayerRunner.forward_layer, LayerRunner.backward_layer
-    rectified = LayerRunner.forward_rectified_conv
+    rectified = LayerRunner.forward_rectified
 
     def fwd(self, net, i):
         now[0] += (i + 1) * 1e-3
@@ -66,7 +66,7 @@ def simulated_clock(monkeypatch):
         return backward(self, net, i)
 
     monkeypatch.setattr(LayerRunner, "forward_layer", fwd)
-    monkeypatch.setattr(LayerRunner, "forward_rectified_conv", fwd_rectified)
+    monkeypatch.setattr(LayerRunner, "forward_rectified", fwd_rectified)
     monkeypatch.setattr(LayerRunner, "backward_layer", bwd)
     monkeypatch.setattr(timing, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
     return now
