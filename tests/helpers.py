@@ -81,7 +81,7 @@ def at_vector_width(width: int):
         compiled.vector_width(previous)
 
 
-def run_batch_in_one_range(n: int, body, work: float = 0.0) -> int:
+def run_batch_in_one_range(n: int, body, work: float = 0.0, parts: int | None = None) -> int:
     """A stand-in for :func:`cct.runtime.partition.run_batch`: the whole range in one call, as one thread runs it."""
     body(0, 0, n)
     return 1
@@ -92,8 +92,10 @@ def run_batch_in_ranges(parts: int, seen: list):
     recorded in ``seen``."""
     from cct.runtime.partition import batch_ranges
 
-    def run(n: int, body, work: float = 0.0) -> int:
-        ranges = batch_ranges(n, parts)
+    count = parts
+
+    def run(n: int, body, work: float = 0.0, parts: int | None = None) -> int:  # the stand-in's count, not parts
+        ranges = batch_ranges(n, count)
         for r0, r1 in ranges:
             seen.append((r0, r1))
             body(0, r0, r1)

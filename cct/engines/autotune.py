@@ -59,9 +59,10 @@ RATES_VERSION = 8
 # kernel; 22: types 1 and 2's 2-D lowering and col2im compiled; 25: part of the batch at least an image per batch
 # partition, a beaten lowering measured again before the whole batch's candidates are picked; 26: Winograd's kernel
 # transforms over the partitions; 27: part of the batch at least a chunk of Winograd's tiles per partition, one
-# settling step; 28: the images-last 2-D lowering and col2im compiled; 29: Winograd's tile transforms compiled):
-# entries measured by another version are measured again
-ENGINE_MEASURE_VERSION = 29
+# settling step; 28: the images-last 2-D lowering and col2im compiled; 29: Winograd's tile transforms compiled; 30:
+# Winograd's weight gradient by positions over all partitions' tiles): entries measured by another version are
+# measured again
+ENGINE_MEASURE_VERSION = 30
 # measured images per partition: enough that the largest buffer of all partitions together exceeds this
 # (out of the last-level cache, like the full layer) and that a GEMM has this many columns, at most the
 # largest of the candidates' chunks of a partition

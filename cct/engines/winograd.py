@@ -38,11 +38,14 @@ gain on a layer of some size — measured, or where the models decide predicted 
 The batch is split into the batch partitions (:mod:`cct.runtime.partition`) and each partition walks its
 images in chunks whose buffers (padded input, tiles, transformed tiles and products, output tiles) share the
 lowering engine's budget (``lowering_max_mb``, ``CCT_LOWERING_MAX_MB``: 32 MiB per layer call, split between
-the partitions), but hold at least ``MIN_CHUNK_TILES`` tiles (the channel GEMMs' rows).  The buffers are slots
+the partitions), but hold at least ``MIN_CHUNK_TILES`` tiles (the channel GEMMs' rows).  The weight gradient
+runs the partitions' chunks together, a round of the batch at a time: the partitions transform their tiles into
+one array, then the a² positions' GEMMs run over all its tiles, split over the cores, into one accumulator (on
+many cores a partition's own tiles are few: the GEMMs' inner dimension would be short).  The buffers are slots
 of the thread's workspace that the net's lowering engines share (:func:`cct.engines.lowering.shared_workspace`)
-— the lowering engine's own slot names, the partitions' weight-gradient accumulators included, since every
-slot is scratch for the duration of one call (only the output tiles' channels-innermost copy has a slot of its
-own) —, so the engine adds memory only where it needs more than they do.
+— the lowering engine's own slot names, the weight gradient's accumulator included, since every slot is scratch
+for the duration of one call (only the output tiles' channels-innermost copy has a slot of its own) —, so the
+engine adds memory only where it needs more than they do.
 """
 from __future__ import annotations
 
@@ -81,9 +84,9 @@ TILES = tuple(sorted(_TRANSFORMS))
 # PyTorch's; 1.03-1.06x at 128)
 MIN_CHUNK_TILES = 128
 # of the weight gradient's measured choice (2: tiles with the channels innermost; 3: the kernel-side transform over
-# the partitions; 4: one choice per geometry whatever the batch; 5: the tiles' transforms compiled): choices measured
-# by another version are measured again
-WGRAD_MEASURE_VERSION = 5
+# the partitions; 4: one choice per geometry whatever the batch; 5: the tiles' transforms compiled; 6: the GEMMs by
+# positions over all partitions' tiles): choices measured by another version are measured again
+WGRAD_MEASURE_VERSION = 6
 
 
 class WinogradEngine(ConvEngine):
@@ -179,15 +182,17 @@ class WinogradEngine(ConvEngine):
             # channel GEMMs in ~25 ms
             kernels = (9 + a * a) * pairs / rates.transpose_elems + g.group * gemm_seconds(a * a, 9, og * cg, rates)
             forward = one_pass(g.in_channels, g.out_channels, in_cells, out_cells) + kernels
-            # the weight gradient: both tile transforms and the (m+2)² GEMMs (Og x tiles)·(tiles x Cg) chunk by
-            # chunk, then, once per call, the partitions' (a², pairs) sums added up and transformed back to 9 taps
+            # the weight gradient: both tile transforms and the (m+2)² GEMMs (Og x tiles)·(tiles x Cg) round by
+            # round (all partitions' chunks of tiles at once), then, once per call, the (a², pairs) sums
+            # transformed back to 9 taps
             transforms = passes(g.in_channels * in_cells + g.out_channels * out_cells, g.in_channels, g.out_channels,
                                 m, tiles) if compiled else (
                 (a * a * g.in_channels * tiles + m * m * g.out_channels * tiles) / rates.transpose_elems
                 + gemm_seconds(a * a, a * a, g.in_channels * tiles, rates)
                 + gemm_seconds(a * a, m * m, g.out_channels * tiles, rates))
-            by_tiles = (g.group * a * a * chunks * gemm_seconds(og, chunk, cg, rates) + transforms
-                        + (parts * a * a + 9) * pairs / rates.transpose_elems
+            rounds = _ceil(g.num, parts * images)
+            by_tiles = (g.group * a * a * rounds * gemm_seconds(og, tiles / rounds, cg, rates) + transforms
+                        + (a * a + 9) * pairs / rates.transpose_elems
                         + g.group * gemm_seconds(9, a * a, og * cg, rates))
             backward = one_pass(g.out_channels, g.in_channels, out_cells, in_cells) + kernels + min(weights, by_tiles)
             out.append(Estimate("winograd", f"winograd {m}", forward, backward, int(parts * images * per_image)))
@@ -341,11 +346,11 @@ class WinogradEngine(ConvEngine):
         if rectify:
             relu_into(y, y)
 
-    def _tiles(self, part: int, x: Any, pad: tuple[int, int], th: int, tw: int) -> Any:
+    def _tiles(self, part: int, x: Any, pad: tuple[int, int], th: int, tw: int, out: Any | None = None) -> Any:
         """``V`` (a², n·th·tw, C): the transformed input tiles ``Bᵀ d B`` of ``x`` padded by ``pad``, in the
-        "yT" slot (the tiles themselves pass through "col").  Channels innermost, so that every copy moves
-        runs of C contiguous values (gathering the overlapping tiles of an (n, C, H, W) array moves runs of one
-        tile row's few cells: 4x slower on CaffeNet's conv3)."""
+        "yT" slot (the tiles themselves pass through "col"), or (``out``, (n·th·tw, a², C)) into ``out``.
+        Channels innermost, so that every copy moves runs of C contiguous values (gathering the overlapping
+        tiles of an (n, C, H, W) array moves runs of one tile row's few cells: 4x slower on CaffeNet's conv3)."""
         m, a = self.tile, self.tile + 2
         bb = self._constants(x.dtype)[0]
         n, c = x.shape[:2]
@@ -353,28 +358,27 @@ class WinogradEngine(ConvEngine):
         xp_ = self._padded(part, x, pad, th * m + 2, tw * m + 2)
         compiled = native.kernels_for(xp_)
         if compiled is not None:  # each tile's Bᵀ d B straight from the padded input (no gathered copy), tile by tile
-            tiled = self._buffer(part, "yT", (p, a * a, c), x)
+            tiled = self._buffer(part, "yT", (p, a * a, c), x) if out is None else out
             compiled.winograd_tiles(xp_, tiled, xp_.shape + (th, tw, m))
             return tiled.transpose(1, 0, 2)
-        v = self._buffer(part, "yT", (a * a, p, c), x)
         s = xp_.strides
         tiles = np.lib.stride_tricks.as_strided(xp_, (a, a, n, th, tw, c), (s[1], s[2], s[0], s[1] * m, s[2] * m, s[3]))
         d = self._buffer(part, "col", (a, a, n, th, tw, c), x)
         np.copyto(d, tiles)
-        np.matmul(bb, d.reshape(a * a, p * c), out=v.reshape(a * a, p * c))
-        return v
+        if out is None:
+            v = self._buffer(part, "yT", (a * a, p, c), x)
+            np.matmul(bb, d.reshape(a * a, p * c), out=v.reshape(a * a, p * c))
+            return v
+        np.copyto(out.transpose(1, 0, 2), np.matmul(bb, d.reshape(a * a, p * c)).reshape(a * a, p, c))
+        return out.transpose(1, 0, 2)
 
-    def _weight_products(self, part: int, x: Any, dy: Any, acc: Any, first: bool) -> None:
-        """``acc`` (G, a², Og, Cg) (``first``: assigned, else added to) += per transformed position ξ
-        ``(A dY Aᵀ)[ξ]ᵀ · (Bᵀ d B)[ξ]`` summed over the chunk's tiles: the weight gradient's sums before the
-        kernel-side transform (:meth:`_weight_grad`)."""
+    def _gradient_tiles(self, part: int, dy: Any, out: Any) -> None:
+        """``out`` (n·th·tw, a², O) = the transformed output-gradient tiles ``A dY Aᵀ`` of ``dy`` (n, O, Ho, Wo),
+        its m x m tiles completed with zeros past the output."""
         m, a = self.tile, self.tile + 2
-        aa = self._constants(x.dtype)[1]
-        n = x.shape[0]
-        o, (ho, wo) = dy.shape[1], dy.shape[2:]
+        n, o, ho, wo = dy.shape
         th, tw = _ceil(ho, m), _ceil(wo, m)
         p = n * th * tw
-        v = self._tiles(part, x, tuple(self._geom().pad), th, tw)
         dyp = self._buffer(part, "dwm_tmp", (n, th * m, tw * m, o), dy)  # whole tiles: zeros past the output
         if (ho, wo) != (th * m, tw * m):
             dyp[:, ho:] = 0
@@ -382,22 +386,12 @@ class WinogradEngine(ConvEngine):
         np.copyto(dyp[:, :ho, :wo], dy.transpose(0, 2, 3, 1))
         compiled = native.kernels_for(dyp)
         if compiled is not None:  # each m x m gradient tile's A dY Aᵀ straight from dyp, tile by tile
-            tiled = self._buffer(part, "z", (p, a * a, o), dy)
-            compiled.winograd_tiles(dyp, tiled, dyp.shape + (th, tw, m), True)
-            ut = tiled.transpose(1, 0, 2)
-        else:
-            ut = self._buffer(part, "z", (a * a, p, o), dy)
-            dt = self._buffer(part, "col", (m, m, n, th, tw, o), dy)  # the input tiles are transformed: free
-            np.copyto(dt, dyp.reshape(n, th, m, tw, m, o).transpose(2, 4, 0, 1, 3, 5))
-            np.matmul(aa.T, dt.reshape(m * m, p * o), out=ut.reshape(a * a, p * o))
-        groups, og, cg = acc.shape[0], acc.shape[2], acc.shape[3]
-        for gi in range(groups):
-            dyg, xg = ut[:, :, gi * og:(gi + 1) * og].transpose(0, 2, 1), v[:, :, gi * cg:(gi + 1) * cg]
-            if first:
-                np.matmul(dyg, xg, out=acc[gi])
-            else:  # BLAS adds into the accumulator: no product buffer as large as it, no pass adding one
-                for xi in range(a * a):
-                    matmul_accumulate(acc[gi, xi], dyg[xi], xg[xi])
+            compiled.winograd_tiles(dyp, out, dyp.shape + (th, tw, m), True)
+            return
+        aa = self._constants(dy.dtype)[1]
+        dt = self._buffer(part, "col", (m, m, n, th, tw, o), dy)
+        np.copyto(dt, dyp.reshape(n, th, m, tw, m, o).transpose(2, 4, 0, 1, 3, 5))
+        np.copyto(out.transpose(1, 0, 2), np.matmul(aa.T, dt.reshape(m * m, p * o)).reshape(a * a, p, o))
 
     def _weight_grad_method(self, x: Any, dy: Any, dw: Any) -> str:
         """How the weight gradient runs: ``"winograd"`` (:meth:`_weight_grad`) or ``"lowering"`` (the lowering
@@ -425,38 +419,61 @@ class WinogradEngine(ConvEngine):
         """``dw += Gᵀ [Σ_tiles (A dY Aᵀ) ⊙ (Bᵀ d B)] G``: the weight gradient by the transposed algorithm (for the
         3x3 kernel from each tile's m x m gradient and its (m+2)² input cells, the roles of F(m x m, 3 x 3)'s
         transforms exchanged), the sums over tiles and images as a² GEMMs (Og x tiles)·(tiles x Cg) per group —
-        2.25x (m = 2) and 4x (m = 4) fewer multiplications than the direct sums.  Per batch partition its own
-        accumulator in chunks of images, summed in partition order (over output channel ranges in the partitions:
-        16 of CaffeNet's conv3 accumulators are 100 MiB), then the small kernel-side transform in float64."""
+        2.25x (m = 2) and 4x (m = 4) fewer multiplications than the direct sums.
+
+        The batch runs in rounds of as many images as the partitions' chunks hold together: the partitions
+        transform their share of a round's tiles (input and gradient) into one array of the round's tiles, then
+        the a² positions' GEMMs over all of the round's tiles are split over the cores (:func:`_position_blocks`),
+        each adding into its own rows of the one accumulator.  Per partition, over only its own images, the GEMMs'
+        inner dimension would be short — on 16 cores CaffeNet's conv3 makes 64 tiles a partition, 1024 a round
+        (one core, AVX2 kernels: 46 against 68 GFLOP/s) — and each partition would need an accumulator of its own
+        (16 of conv3's are 226 MB) summed at the end.  Then the small kernel-side transform in float64, over
+        output channel ranges on the cores."""
         g = self._geom()
-        a = self.tile + 2
+        m, a = self.tile, self.tile + 2
         G = g.group
         og, cg = g.out_channels // G, g.in_channels // G
-        accs: dict[int, Any] = {}
+        n, per_image = x.shape[0], _image_tiles(g, m)
+        parts = len(self._ranges(n))
+        step = parts * _chunk_images(per_image, parts, _image_bytes(m, x.shape[1], dy.shape[1], dy.shape[2:],
+                                                                    x.itemsize))
+        acc = self._buffer(0, "dw_acc", (G, a * a, og, cg), dw)
+        cores = partitions_for(G * a * a * 4)
+        blocks = _position_blocks(G, a * a, og, cores)
+        for r0 in range(0, n, step):
+            r1 = min(n, r0 + step)
+            tiles = (r1 - r0) * per_image
+            v = self._buffer(0, "yT", (tiles, a * a, x.shape[1]), x)
+            u = self._buffer(0, "z", (tiles, a * a, dy.shape[1]), dy)
 
-        def chunk(part: int, c0: int, c1: int, first: bool) -> None:
-            if first:  # the partition's accumulator: the lowering engine's slot for its own, for this call
-                accs[part] = self._buffer(part, "dw_acc", (G, a * a, og, cg), dw)
-            self._weight_products(part, x[c0:c1], dy[c0:c1], accs[part], first)
+            def transform(part: int, i0: int, i1: int, r0: int = r0, v: Any = v, u: Any = u) -> None:
+                t0, t1 = i0 * per_image, i1 * per_image
+                self._tiles(part, x[r0 + i0:r0 + i1], tuple(g.pad), *_tile_grid(g, m), out=v[t0:t1])
+                self._gradient_tiles(part, dy[r0 + i0:r0 + i1], u[t0:t1])
 
-        self._in_chunks(x.shape[0], _image_bytes(self.tile, x.shape[1], dy.shape[1], dy.shape[2:], x.itemsize),
-                        chunk)
-        total = np.empty(accs[0].shape, np.float64)
+            run_partitions(batch_ranges(r1 - r0, parts), transform)
+
+            def products(_part: int, k0: int, k1: int, first: bool = r0 == 0, v: Any = v, u: Any = u) -> None:
+                for gi, xi, o0, o1 in blocks[k0:k1]:  # (Og' x tiles)·(tiles x Cg) into the accumulator's rows
+                    dyg = u[:, xi, gi * og + o0:gi * og + o1].T
+                    xg = v[:, xi, gi * cg:(gi + 1) * cg]
+                    if first:
+                        np.matmul(dyg, xg, out=acc[gi, xi, o0:o1])
+                    else:  # BLAS adds into the accumulator: no product buffer, no pass adding one
+                        matmul_accumulate(acc[gi, xi, o0:o1], dyg, xg)
+            run_batch(len(blocks), products, parts=cores)
         dw5 = dw.reshape(G, og, cg, 3, 3)  # a view whatever dw's strides: only its first axis is split
 
-        def add(_part: int, o0: int, o1: int) -> None:
-            """These output channels: their sums in partition order, then the kernel-side transform (9, a²) ·
-            (a², channels) into their rows of ``dw`` — on the partitions' cores, one BLAS thread each (a 512 -> 512
-            layer's 9.4 million sums, in float64, took 20-30 ms on one core)."""
-            into = total[:, :, o0:o1]
-            np.copyto(into, accs[0][:, :, o0:o1])
-            for part in range(1, len(accs)):
-                into += accs[part][:, :, o0:o1]
+        def transform_back(_part: int, o0: int, o1: int) -> None:
+            """These output channels' sums: the kernel-side transform (9, a²) · (a², channels) in float64 into
+            their rows of ``dw`` — on the cores, one BLAS thread each (a 512 -> 512 layer's 9.4 million sums took
+            20-30 ms on one core)."""
+            sums = acc[:, :, o0:o1].astype(np.float64)
             for gi in range(G):
-                k = self._gg.T @ into[gi].reshape(a * a, -1)  # (9, channels · Cg)
+                k = self._gg.T @ sums[gi].reshape(a * a, -1)  # (9, channels · Cg)
                 dw5[gi, o0:o1] += k.reshape(3, 3, o1 - o0, cg).transpose(2, 3, 0, 1).astype(dw.dtype)
         with blas_threads(1):
-            run_batch(og, add, work=float(len(accs) * G * a * a * cg))
+            run_batch(og, transform_back, work=float(G * a * a * cg))
 
     def _in_chunks(self, n: int, per_image: int, fn: Any) -> None:
         """``fn(part, c0, c1, first)`` over the batch partitions, each in chunks of images ``[c0, c1)`` that fit its
@@ -502,7 +519,25 @@ class WinogradEngine(ConvEngine):
 
 def _image_tiles(g: ConvGeometry, m: int) -> int:
     """Output tiles of one image at F(m x m, 3 x 3)."""
-    return _ceil(g.out_shape[0], m) * _ceil(g.out_shape[1], m)
+    return math.prod(_tile_grid(g, m))
+
+
+def _tile_grid(g: ConvGeometry, m: int) -> tuple[int, int]:
+    """Output tiles of an image at F(m x m, 3 x 3) down and across."""
+    return _ceil(g.out_shape[0], m), _ceil(g.out_shape[1], m)
+
+
+def _position_blocks(groups: int, positions: int, og: int, cores: int) -> list[tuple[int, int, int, int]]:
+    """The weight gradient's GEMMs as ``(group, position, o0, o1)`` blocks for ``cores`` cores: each group's
+    ``positions`` GEMMs, their ``og`` output channels cut in as many ranges (up to 4, of 32 channels at least)
+    as balance the cores best — on 16 cores 36 whole GEMMs leave the busiest core 3 where the mean is 2.25,
+    in quarters 9 each."""
+    def busiest(b: int) -> float:  # the busiest core's work in whole GEMMs
+        return _ceil(groups * positions * b, cores) / b
+    cuts = min((b for b in range(1, 5) if b == 1 or og // b >= 32), key=lambda b: (busiest(b), b))
+    edges = [og * i // cuts for i in range(cuts + 1)]
+    return [(gi, xi, edges[i], edges[i + 1]) for gi in range(groups) for xi in range(positions)
+            for i in range(cuts)]
 
 
 def _chunk_images(tiles: int, parts: int, per_image: int) -> int:

@@ -90,19 +90,19 @@ def test_chunks_and_partitions_give_the_same_result(monkeypatch, min_tiles, chun
     settings.set("partitions", 2)
     eng = WinogradEngine(4)
     sizes = []
-    conv, products = eng._conv, eng._weight_products
+    conv, grads = eng._conv, eng._gradient_tiles
     monkeypatch.setattr(eng, "_conv", lambda part, x, *a: (sizes.append(len(x)), conv(part, x, *a))[1])
-    monkeypatch.setattr(eng, "_weight_products", lambda part, x, *a: (sizes.append(len(x)), products(part, x, *a))[1])
+    monkeypatch.setattr(eng, "_gradient_tiles", lambda part, dy, *a: (sizes.append(len(dy)), grads(part, dy, *a))[1])
     split = _run(eng, g, x, w, b, dy)
     assert eng.batch_partitions() == 2 and max(sizes) == chunk and len(sizes) > 3
     for a, c in zip(whole, split):
         np.testing.assert_allclose(a, c, rtol=1e-12, atol=1e-12)
 
 
-def test_partitions_weight_gradients_are_summed_by_output_channel_ranges_in_partition_order(monkeypatch):
-    """The partitions' accumulators are summed over output channel ranges in the partitions themselves, each
-    value's additions in partition order: bit for bit the sum one thread makes; they take the lowering engine's
-    accumulator slot of the shared workspace."""
+def test_the_weight_gradients_position_products_split_over_the_cores_bit_for_bit(monkeypatch):
+    """The a² positions' GEMMs over a round's tiles, and the kernel-side transform over output channel ranges,
+    split over the cores: bit for bit what one thread makes; one accumulator, in the lowering engine's
+    accumulator slot of the shared workspace (none per partition)."""
     g, x, w, b, dy = _operands(6, 12, 6, 2, 9, 9, 1, np.float32, seed=5)  # 3 output, 6 input channels a group
     monkeypatch.setattr(winograd, "MIN_CHUNK_TILES", 1)
     ranges = []
@@ -114,12 +114,29 @@ def test_partitions_weight_gradients_are_summed_by_output_channel_ranges_in_part
         dw = np.full_like(w, 0.25)
         with settings.override(partitions=3):
             eng._weight_grad(x, dy, dw)
-        assert set(eng._workspace.part(0)) >= {"dw_acc"} and "wgrad" not in eng._workspace.part(0)
+        assert "dw_acc" in eng._workspace.part(0) and all("dw_acc" not in eng._workspace.part(p) for p in (1, 2))
         return dw
 
     split = dw_with(run_batch_in_ranges(3, ranges))  # first: a sum left out would not find the whole sum's values
     np.testing.assert_array_equal(split.view(np.uint32), dw_with(run_batch_in_one_range).view(np.uint32))
-    assert len(ranges) == 3 and ranges[0][0] == 0 and ranges[-1][1] == 3  # 3 output channels per group
+    # 2 groups x 16 positions' GEMMs (one round), then 3 output channels a group, each in 3 ranges
+    assert ranges == [(0, 11), (11, 22), (22, 32), (0, 1), (1, 2), (2, 3)]
+
+
+@pytest.mark.parametrize("groups,positions,og,cores,cuts", [
+    (1, 36, 384, 16, 4),   # 36 GEMMs on 16 cores: 3 on the busiest where the mean is 2.25; quarters: 9 each
+    (1, 36, 384, 2, 1),    # 18 each
+    (2, 36, 192, 16, 2),   # 72 on 16: 5 against 4.5; halves 9 each (quarters of 48 channels: also 9, more calls)
+    (1, 16, 48, 6, 1),     # 48 channels: no cuts under 32 channels
+    (1, 36, 64, 16, 2),
+])
+def test_the_weight_gradients_gemms_are_cut_to_balance_the_cores(groups, positions, og, cores, cuts):
+    blocks = winograd._position_blocks(groups, positions, og, cores)
+    assert len(blocks) == groups * positions * cuts
+    for gi in range(groups):
+        for xi in range(positions):  # each group's positions cover the output channels once, in order
+            edges = [(o0, o1) for g_, x_, o0, o1 in blocks if (g_, x_) == (gi, xi)]
+            assert edges[0][0] == 0 and edges[-1][1] == og and all(a[1] == b[0] for a, b in zip(edges, edges[1:]))
 
 
 def test_the_weight_gradient_adds_into_a_strided_gradient_too(monkeypatch):
