@@ -83,6 +83,8 @@ TILES = tuple(sorted(_TRANSFORMS))
 # 256 tiles conv4's F(4x4,3x3) took 56 MiB per partition (CaffeNet, conv3 on the FFT: peak RSS 1.11-1.14x
 # PyTorch's; 1.03-1.06x at 128)
 MIN_CHUNK_TILES = 128
+# output channels per block of the weight gradient's kernel-side transform
+TRANSFORM_BACK_CHANNELS = 16
 # of the weight gradient's measured choice (2: tiles with the channels innermost; 3: the kernel-side transform over
 # the partitions; 4: one choice per geometry whatever the batch; 5: the tiles' transforms compiled; 6: the GEMMs by
 # positions over all partitions' tiles): choices measured by another version are measured again
@@ -427,8 +429,8 @@ class WinogradEngine(ConvEngine):
         each adding into its own rows of the one accumulator.  Per partition, over only its own images, the GEMMs'
         inner dimension would be short — on 16 cores CaffeNet's conv3 makes 64 tiles a partition, 1024 a round
         (one core, AVX2 kernels: 46 against 68 GFLOP/s) — and each partition would need an accumulator of its own
-        (16 of conv3's are 226 MB) summed at the end.  Then the small kernel-side transform in float64, over
-        output channel ranges on the cores."""
+        (16 of conv3's are 226 MB) summed at the end.  Then the small kernel-side transform, over output channel
+        ranges on the cores."""
         g = self._geom()
         m, a = self.tile, self.tile + 2
         G = g.group
@@ -464,16 +466,22 @@ class WinogradEngine(ConvEngine):
             run_batch(len(blocks), products, parts=cores)
         dw5 = dw.reshape(G, og, cg, 3, 3)  # a view whatever dw's strides: only its first axis is split
 
-        def transform_back(_part: int, o0: int, o1: int) -> None:
-            """These output channels' sums: the kernel-side transform (9, a²) · (a², channels) in float64 into
-            their rows of ``dw`` — on the cores, one BLAS thread each (a 512 -> 512 layer's 9.4 million sums took
-            20-30 ms on one core)."""
-            sums = acc[:, :, o0:o1].astype(np.float64)
-            for gi in range(G):
-                k = self._gg.T @ sums[gi].reshape(a * a, -1)  # (9, channels · Cg)
-                dw5[gi, o0:o1] += k.reshape(3, 3, o1 - o0, cg).transpose(2, 3, 0, 1).astype(dw.dtype)
+        gg_t = self._constants(acc.dtype)[2].T  # (9, a²)
+        step = TRANSFORM_BACK_CHANNELS
+
+        def transform_back(_part: int, b0: int, b1: int) -> None:
+            """These blocks of output channels' sums: the kernel-side transform (9, a²) · (a², channels) into their
+            rows of ``dw`` — on the cores, one BLAS thread each (a 512 -> 512 layer's 9.4 million sums took 20-30
+            ms on one core in float64; in the sums' own float32, CaffeNet's conv3 5.8 against 13 ms on one core,
+            1e-7 of the largest value apart).  Blocks of a fixed size whatever the cores: the same products, so
+            the same bits, however the blocks are shared out."""
+            for o0 in range(b0 * step, min(og, b1 * step), step):
+                o1 = min(og, o0 + step)
+                for gi in range(G):
+                    k = gg_t @ acc[gi, :, o0:o1].reshape(a * a, -1)  # (9, channels · Cg)
+                    dw5[gi, o0:o1] += k.reshape(3, 3, o1 - o0, cg).transpose(2, 3, 0, 1)
         with blas_threads(1):
-            run_batch(og, transform_back, work=float(G * a * a * cg))
+            run_batch(_ceil(og, step), transform_back, work=float(G * a * a * cg * step))
 
     def _in_chunks(self, n: int, per_image: int, fn: Any) -> None:
         """``fn(part, c0, c1, first)`` over the batch partitions, each in chunks of images ``[c0, c1)`` that fit its

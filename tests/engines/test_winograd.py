@@ -105,6 +105,7 @@ def test_the_weight_gradients_position_products_split_over_the_cores_bit_for_bit
     accumulator slot of the shared workspace (none per partition)."""
     g, x, w, b, dy = _operands(6, 12, 6, 2, 9, 9, 1, np.float32, seed=5)  # 3 output, 6 input channels a group
     monkeypatch.setattr(winograd, "MIN_CHUNK_TILES", 1)
+    monkeypatch.setattr(winograd, "TRANSFORM_BACK_CHANNELS", 1)  # the kernel-side transform in blocks of 1 channel
     ranges = []
 
     def dw_with(run):
@@ -119,7 +120,7 @@ def test_the_weight_gradients_position_products_split_over_the_cores_bit_for_bit
 
     split = dw_with(run_batch_in_ranges(3, ranges))  # first: a sum left out would not find the whole sum's values
     np.testing.assert_array_equal(split.view(np.uint32), dw_with(run_batch_in_one_range).view(np.uint32))
-    # 2 groups x 16 positions' GEMMs (one round), then 3 output channels a group, each in 3 ranges
+    # 2 groups x 16 positions' GEMMs (one round), then 3 blocks of output channels a group, each in 3 ranges
     assert ranges == [(0, 11), (11, 22), (22, 32), (0, 1), (1, 2), (2, 3)]
 
 
