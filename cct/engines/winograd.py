@@ -429,21 +429,21 @@ class WinogradEngine(ConvEngine):
         each adding into its own rows of the one accumulator.  Per partition, over only its own images, the GEMMs'
         inner dimension would be short — on 16 cores CaffeNet's conv3 makes 64 tiles a partition, 1024 a round
         (one core, AVX2 kernels: 46 against 68 GFLOP/s) — and each partition would need an accumulator of its own
-        (16 of conv3's are 226 MB) summed at the end.  Then the small kernel-side transform, over output channel
-        ranges on the cores."""
+        (16 of conv3's are 226 MB) summed at the end.  Then the small kernel-side transform, over blocks of output
+        channels on the cores."""
         g = self._geom()
         m, a = self.tile, self.tile + 2
         G = g.group
         og, cg = g.out_channels // G, g.in_channels // G
         n, per_image = x.shape[0], _image_tiles(g, m)
         parts = len(self._ranges(n))
-        step = parts * _chunk_images(per_image, parts, _image_bytes(m, x.shape[1], dy.shape[1], dy.shape[2:],
-                                                                    x.itemsize))
+        round_images = parts * _chunk_images(per_image, parts, _image_bytes(m, x.shape[1], dy.shape[1], dy.shape[2:],
+                                                                            x.itemsize))
         acc = self._buffer(0, "dw_acc", (G, a * a, og, cg), dw)
         cores = partitions_for(G * a * a * 4)
         blocks = _position_blocks(G, a * a, og, cores)
-        for r0 in range(0, n, step):
-            r1 = min(n, r0 + step)
+        for r0 in range(0, n, round_images):
+            r1 = min(n, r0 + round_images)
             tiles = (r1 - r0) * per_image
             v = self._buffer(0, "yT", (tiles, a * a, x.shape[1]), x)
             u = self._buffer(0, "z", (tiles, a * a, dy.shape[1]), dy)
@@ -467,7 +467,7 @@ class WinogradEngine(ConvEngine):
         dw5 = dw.reshape(G, og, cg, 3, 3)  # a view whatever dw's strides: only its first axis is split
 
         gg_t = self._constants(acc.dtype)[2].T  # (9, a²)
-        step = TRANSFORM_BACK_CHANNELS
+        block = TRANSFORM_BACK_CHANNELS
 
         def transform_back(_part: int, b0: int, b1: int) -> None:
             """These blocks of output channels' sums: the kernel-side transform (9, a²) · (a², channels) into their
@@ -475,13 +475,13 @@ class WinogradEngine(ConvEngine):
             ms on one core in float64; in the sums' own float32, CaffeNet's conv3 5.8 against 13 ms on one core,
             1e-7 of the largest value apart).  Blocks of a fixed size whatever the cores: the same products, so
             the same bits, however the blocks are shared out."""
-            for o0 in range(b0 * step, min(og, b1 * step), step):
-                o1 = min(og, o0 + step)
+            for o0 in range(b0 * block, min(og, b1 * block), block):
+                o1 = min(og, o0 + block)
                 for gi in range(G):
                     k = gg_t @ acc[gi, :, o0:o1].reshape(a * a, -1)  # (9, channels · Cg)
                     dw5[gi, o0:o1] += k.reshape(3, 3, o1 - o0, cg).transpose(2, 3, 0, 1)
         with blas_threads(1):
-            run_batch(_ceil(og, step), transform_back, work=float(G * a * a * cg * step))
+            run_batch(_ceil(og, block), transform_back, work=float(G * a * a * cg * block))
 
     def _in_chunks(self, n: int, per_image: int, fn: Any) -> None:
         """``fn(part, c0, c1, first)`` over the batch partitions, each in chunks of images ``[c0, c1)`` that fit its
