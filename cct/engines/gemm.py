@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from cct.device import get_array_module
-from cct.runtime.threads import blas_threads
+from cct.runtime.threads import blas_threads, thread_budget
 
 # GEMMs below this many flops run on one BLAS thread.  On an idle 2-core machine a second OpenBLAS thread already
 # pays from ~1.5 MFLOP (20x9 by 9x4096: 17.5 -> 11.8 us; 64x200x500, 12.8 MFLOP: 105 -> 58 us), but below a few
@@ -19,13 +19,25 @@ from cct.runtime.threads import blas_threads
 # a core busy, every threaded call waits for a time slice whatever this threshold (digits: 7.0 ms at 16 MFLOP,
 # 7.5 at 4, 2.25 on one thread): on a loaded machine give cct one thread (OPENBLAS_NUM_THREADS=1).
 SMALL_GEMM_FLOPS = 4e6
+# A bigger GEMM runs on one BLAS thread per this many flops, up to the thread budget: a multi-threaded OpenBLAS call
+# wakes each of its workers (asleep between calls: cct.runtime.threads), one after the other, so a GEMM of a few
+# MFLOP spread over 16 threads spends more on the wake-ups than it gains — on a 16-core Xeon the digits LeNet ran
+# 3.67 ms an iteration with 16 BLAS threads and 3.36 with 4, and makes no partitioned call there.  Half the
+# threshold above: on 2 cores the rule is that threshold's (two threads from 4 MFLOP).
+GEMM_FLOPS_PER_THREAD = 2e6
 
 
 def gemm_threads(flops: float, xp: Any = np) -> AbstractContextManager[Any]:
-    """The BLAS thread setting for a GEMM (or a run of GEMMs, each) of ``flops``: one thread when small
-    (host arrays only), else the current one."""
-    if xp is np and flops < SMALL_GEMM_FLOPS:
+    """The BLAS thread setting for a GEMM (or a run of GEMMs, each) of ``flops``: one thread when small, one per
+    ``GEMM_FLOPS_PER_THREAD`` where that is fewer than the calling thread's budget (host arrays only), else the
+    current one."""
+    if xp is not np:
+        return contextlib.nullcontext()
+    if flops < SMALL_GEMM_FLOPS:
         return blas_threads(1)
+    threads = int(flops / GEMM_FLOPS_PER_THREAD)
+    if threads < thread_budget():
+        return blas_threads(max(1, threads))
     return contextlib.nullcontext()
 
 

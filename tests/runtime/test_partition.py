@@ -283,7 +283,7 @@ def test_one_image_is_pooled_over_the_partitions_by_its_channel_planes(text, num
 
 def test_small_gemms_run_on_one_blas_thread(monkeypatch):
     """InnerProduct and the lowering engine run GEMMs below SMALL_GEMM_FLOPS on one BLAS thread (robust on a
-    busy machine), bigger ones with the current setting."""
+    busy machine), bigger ones with the current setting (where their flops would keep more threads busy)."""
     from threadpoolctl import threadpool_info
 
     from cct.engines import gemm
@@ -296,6 +296,7 @@ def test_small_gemms_run_on_one_blas_thread(monkeypatch):
         return real(*a, **k)
 
     x = np.random.default_rng(0).standard_normal((4, 3, 6, 6)).astype(np.float32)
+    monkeypatch.setattr(gemm, "GEMM_FLOPS_PER_THREAD", 1.0)
     with partition.blas_threads(2):
         for flops_limit, expected in ((1e12, 1), (0.0, 2)):
             monkeypatch.setattr(gemm, "SMALL_GEMM_FLOPS", flops_limit)
@@ -307,6 +308,24 @@ def test_small_gemms_run_on_one_blas_thread(monkeypatch):
                 run.forward()
                 monkeypatch.setattr(np, "matmul", real)
                 assert seen and set(seen) == {expected}, (text, seen)
+
+
+@pytest.mark.parametrize("flops,budget,threads", [
+    (1e6, 16, 1),      # small: one thread
+    (1e7, 16, 5),      # one thread per GEMM_FLOPS_PER_THREAD, fewer than the budget
+    (3.3e7, 16, 16),   # enough for every thread of the budget: the current setting
+    (1e7, 2, 2),       # on 2 threads the same as SMALL_GEMM_FLOPS alone
+    (1e7, 4, 4),
+])
+def test_gemm_threads_one_per_share_of_flops_never_above_the_budget(monkeypatch, flops, budget, threads):
+    """A GEMM's BLAS threads: one below SMALL_GEMM_FLOPS, then one per GEMM_FLOPS_PER_THREAD (2 MFLOP) up to the
+    calling thread's budget — which it never raises (no block where the budget is the limit)."""
+    from cct.engines import gemm
+
+    monkeypatch.setattr(gemm, "thread_budget", lambda: budget)
+    block = gemm.gemm_threads(flops)
+    got = block.n if isinstance(block, partition.blas_threads) else budget
+    assert got == threads
 
 
 @pytest.mark.parametrize("size", [0, 5, 3 * (1 << 20) + 7])
