@@ -94,7 +94,7 @@ def run_batch_in_ranges(parts: int, seen: list):
 
     count = parts
 
-    def run(n: int, body, work: float = 0.0, parts: int | None = None) -> int:  # the stand-in's count, not parts
+    def run(n: int, body, work: float = 0.0, parts: int | None = None) -> int:  # parts: ignored, count ranges
         ranges = batch_ranges(n, count)
         for r0, r1 in ranges:
             seen.append((r0, r1))

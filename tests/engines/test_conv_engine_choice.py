@@ -855,8 +855,8 @@ def test_where_the_models_decide_winograd_needs_its_margin(monkeypatch):
     assert choice.choose_conv_engine(conv1_1)[0] == "lowering"
     monkeypatch.setattr(choice, "MODEL_WINOGRAD_MARGIN", 1.01 * t_low / model["winograd 4"])
     assert choice.choose_conv_engine(conv4_2)[0] == "lowering"  # predicted faster, but not by the margin
-    # a margin the models of both tiles meet, and neither twice as slow (F(4x4,3x3) slowed by 2 is just within
-    # the real margin's reach)
+    # a margin both tiles' models meet and neither meets slowed by 2 (with the real one, F(4x4,3x3) slowed by 2
+    # sits at the margin's edge)
     monkeypatch.setattr(choice, "MODEL_WINOGRAD_MARGIN", 1.4)
     assert max(model.values()) * 1.4 < t_low < min(model.values()) * 2 * 1.4
 

@@ -100,7 +100,7 @@ def test_chunks_and_partitions_give_the_same_result(monkeypatch, min_tiles, chun
 
 
 def test_the_weight_gradients_position_products_split_over_the_cores_bit_for_bit(monkeypatch):
-    """The a² positions' GEMMs over a round's tiles, and the kernel-side transform over output channel ranges,
+    """The a² positions' GEMMs over a round's tiles, and the kernel-side transform over blocks of output channels,
     split over the cores: bit for bit what one thread makes; one accumulator, in the lowering engine's
     accumulator slot of the shared workspace (none per partition)."""
     g, x, w, b, dy = _operands(6, 12, 6, 2, 9, 9, 1, np.float32, seed=5)  # 3 output, 6 input channels a group
