@@ -1626,18 +1626,21 @@ static const double WINO_AT2[8] = {1, 1, 1, 0, 0, 1, -1, -1};
 DEFINE_WINO_LINE(wino_line_f32, float)
 DEFINE_WINO_LINE(wino_line_f64, double)
 
-/* one tile's block of `cb` channels: down its rows into tmp (ao x ai vectors), then across into its ao² rows of out
- * (C apart); t (ao x ai) a constant once inlined */
-#define DEFINE_WINO_TILE_PASS(NAME, T, LINE)                                                                 \
-    static CCT_ALWAYS_INLINE void NAME(const T *base, Py_ssize_t cols, Py_ssize_t C, T *out, const double *t,\
-                                       int ai, int ao, Py_ssize_t cb, T *tmp) {                              \
+/* one tile's block of `cb` channels, the transform t (ao x ai) applied down its columns into tmp (ao x ai vectors),
+ * then across into out: the tile's cell (r, c) at src + r·s_row + c·s_col, the result's (i, j) at out + i·o_row +
+ * j·o_col; t a constant once inlined.  The input tiles' pass (C-vector cells of the moved input into the tile's a²
+ * rows) and the output tiles' (a² product rows into an m x m block of vectors) are this with their strides. */
+#define DEFINE_WINO_PASS(NAME, T, LINE)                                                                      \
+    static CCT_ALWAYS_INLINE void NAME(const T *src, Py_ssize_t s_row, Py_ssize_t s_col, T *out,             \
+                                       Py_ssize_t o_row, Py_ssize_t o_col, const double *t, int ai, int ao,  \
+                                       Py_ssize_t cb, T *tmp) {                                              \
         for (int l = 0; l < ai; l++)                                                                         \
-            LINE(base + l * C, cols * C, tmp + l * WINO_BLOCK, ai * WINO_BLOCK, t, ai, ao, cb);              \
+            LINE(src + l * s_col, s_row, tmp + l * WINO_BLOCK, ai * WINO_BLOCK, t, ai, ao, cb);              \
         for (int i = 0; i < ao; i++)                                                                         \
-            LINE(tmp + i * ai * WINO_BLOCK, WINO_BLOCK, out + i * ao * C, C, t, ai, ao, cb);                 \
+            LINE(tmp + i * ai * WINO_BLOCK, WINO_BLOCK, out + i * o_row, o_col, t, ai, ao, cb);              \
     }
-DEFINE_WINO_TILE_PASS(wino_tile_pass_f32, float, wino_line_f32)
-DEFINE_WINO_TILE_PASS(wino_tile_pass_f64, double, wino_line_f64)
+DEFINE_WINO_PASS(wino_pass_f32, float, wino_line_f32)
+DEFINE_WINO_PASS(wino_pass_f64, double, wino_line_f64)
 
 #define DEFINE_WINO_TILES_BODY(NAME, T, PASS)                                                                \
     static CCT_ALWAYS_INLINE void NAME(const T *src, T *dst, Py_ssize_t n, Py_ssize_t rows, Py_ssize_t cols, \
@@ -1655,14 +1658,14 @@ DEFINE_WINO_TILE_PASS(wino_tile_pass_f64, double, wino_line_f64)
                             for (int l = 0; l < ai; l++)                                                     \
                                 CCT_PREFETCH(base + (k * cols + l) * C + c0 + 2 * WINO_BLOCK);               \
                         if (C - c0 >= WINO_BLOCK)                                                            \
-                            PASS(base + c0, cols, C, out + c0, t, ai, ao, WINO_BLOCK, tmp);                  \
+                            PASS(base + c0, cols * C, C, out + c0, ao * C, C, t, ai, ao, WINO_BLOCK, tmp);   \
                         else                                                                                 \
-                            PASS(base + c0, cols, C, out + c0, t, ai, ao, C - c0, tmp);                      \
+                            PASS(base + c0, cols * C, C, out + c0, ao * C, C, t, ai, ao, C - c0, tmp);       \
                     }                                                                                        \
                 }                                                                                            \
     }
-DEFINE_WINO_TILES_BODY(wino_tiles_body_f32, float, wino_tile_pass_f32)
-DEFINE_WINO_TILES_BODY(wino_tiles_body_f64, double, wino_tile_pass_f64)
+DEFINE_WINO_TILES_BODY(wino_tiles_body_f32, float, wino_pass_f32)
+DEFINE_WINO_TILES_BODY(wino_tiles_body_f64, double, wino_pass_f64)
 
 #define DEFINE_WINOGRAD_TILES(NAME, T, BODY)                                                                 \
     CCT_CLONES static void NAME(const T *src, T *dst, Py_ssize_t n, Py_ssize_t rows, Py_ssize_t cols,         \
@@ -1679,21 +1682,8 @@ DEFINE_WINO_TILES_BODY(wino_tiles_body_f64, double, wino_tile_pass_f64)
 DEFINE_WINOGRAD_TILES(winograd_tiles_f32, float, wino_tiles_body_f32)
 DEFINE_WINOGRAD_TILES(winograd_tiles_f64, double, wino_tiles_body_f64)
 
-/* one tile's block of `cb` output channels (M[i][j] at base + (i·a + j)·O): down into tmp (m x a vectors), across
- * into out (m x m vectors); t = Aᵀ (m x a) */
-#define DEFINE_WINO_UNTILE_PASS(NAME, T, LINE)                                                               \
-    static CCT_ALWAYS_INLINE void NAME(const T *base, Py_ssize_t O, T *out, const double *t, int m, int a,   \
-                                       Py_ssize_t cb, T *tmp) {                                              \
-        for (int j = 0; j < a; j++)                                                                          \
-            LINE(base + j * O, a * O, tmp + j * WINO_BLOCK, a * WINO_BLOCK, t, a, m, cb);                    \
-        for (int r = 0; r < m; r++)                                                                          \
-            LINE(tmp + r * a * WINO_BLOCK, WINO_BLOCK, out + r * m * WINO_BLOCK, WINO_BLOCK, t, a, m, cb);   \
-    }
-DEFINE_WINO_UNTILE_PASS(wino_untile_pass_f32, float, wino_line_f32)
-DEFINE_WINO_UNTILE_PASS(wino_untile_pass_f64, double, wino_line_f64)
-
-/* per tile and block of output channels: the pass above, then each channel's cells inside the output written with
- * the bias and the ReLU */
+/* per tile and block of output channels: the pass (M[i][j] at tile + (i·a + j)·O, t = Aᵀ) into an m x m block of
+ * vectors, then each channel's cells inside the output written with the bias and the ReLU */
 #define DEFINE_WINO_UNTILE_BODY(NAME, T, PASS)                                                               \
     static CCT_ALWAYS_INLINE void NAME(const T *src, T *y, const T *bias, Py_ssize_t n, Py_ssize_t O,        \
                                        Py_ssize_t ho, Py_ssize_t wo, Py_ssize_t th, Py_ssize_t tw,           \
@@ -1709,9 +1699,9 @@ DEFINE_WINO_UNTILE_PASS(wino_untile_pass_f64, double, wino_line_f64)
                         const Py_ssize_t ob = O - o0 < WINO_BLOCK ? O - o0 : WINO_BLOCK;                     \
                         for (int q = 0; q < a * a; q++) CCT_PREFETCH(tile + q * O + o0 + 2 * WINO_BLOCK);    \
                         if (ob == WINO_BLOCK)                                                                \
-                            PASS(tile + o0, O, out, t, m, a, WINO_BLOCK, tmp);                               \
+                            PASS(tile + o0, a * O, O, out, m * WINO_BLOCK, WINO_BLOCK, t, a, m, WINO_BLOCK, tmp); \
                         else                                                                                 \
-                            PASS(tile + o0, O, out, t, m, a, ob, tmp);                                       \
+                            PASS(tile + o0, a * O, O, out, m * WINO_BLOCK, WINO_BLOCK, t, a, m, ob, tmp);    \
                         for (Py_ssize_t c = 0; c < ob; c++) {                                                \
                             T *row = y + ((img * O + o0 + c) * ho + ti * m) * wo + tj * m;                   \
                             for (Py_ssize_t r = 0; r < r1; r++)                                              \
@@ -1724,8 +1714,8 @@ DEFINE_WINO_UNTILE_PASS(wino_untile_pass_f64, double, wino_line_f64)
                     }                                                                                        \
                 }                                                                                            \
     }
-DEFINE_WINO_UNTILE_BODY(wino_untile_body_f32, float, wino_untile_pass_f32)
-DEFINE_WINO_UNTILE_BODY(wino_untile_body_f64, double, wino_untile_pass_f64)
+DEFINE_WINO_UNTILE_BODY(wino_untile_body_f32, float, wino_pass_f32)
+DEFINE_WINO_UNTILE_BODY(wino_untile_body_f64, double, wino_pass_f64)
 
 #define DEFINE_WINOGRAD_UNTILE(NAME, T, BODY)                                                                \
     CCT_CLONES static void NAME(const T *src, T *y, const T *bias, Py_ssize_t n, Py_ssize_t O, Py_ssize_t ho,  \
