@@ -440,7 +440,7 @@ class WinogradEngine(ConvEngine):
         round_images = parts * _chunk_images(per_image, parts, _image_bytes(m, x.shape[1], dy.shape[1], dy.shape[2:],
                                                                             x.itemsize))
         acc = self._buffer(0, "dw_acc", (G, a * a, og, cg), dw)
-        cores = partitions_for(G * a * a * 4)
+        cores = partitions_for(G * a * a * 4)  # the cores, at most one per block of the finest cut (quarters)
         blocks = _position_blocks(G, a * a, og, cores)
         for r0 in range(0, n, round_images):
             r1 = min(n, r0 + round_images)

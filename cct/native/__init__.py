@@ -96,8 +96,7 @@ def describe() -> str:
     return (f"compiled, {width} vectors (MAX and AVE pooling of up to 8 spatial axes; LRN across channels, "
             "beta 0.75; 2-D lowering, images first or last, and its layout moves; ReLU backward, and forward after a "
             "sum; BatchNorm and Scale per channel; SoftmaxWithLoss backward; depthwise convolution; Winograd's tile "
-            "transforms; SGD update; "
-            "gradients' finiteness; accumulating GEMM calls; "
+            "transforms; SGD update; gradients' finiteness; accumulating GEMM calls; "
             f"{'float32 panel GEMMs' if panel_gemms() else 'no panel GEMMs: neither AVX-512F nor AVX2 with FMA'}"
             "), numpy bodies elsewhere")
 
